@@ -1,0 +1,40 @@
+"""flowcore: BERT-flow calibration of sentence embeddings.
+
+Direction convention, everywhere: `z, logdet = flow(x)` maps data -> latent, and `logdet`
+is log|det dz/dx| per row; `flow.inverse(z)` maps back.
+
+Public names are imported lazily so that `import flowcore` stays cheap.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Glow": "flowcore.glow",
+    "CONFIGS": "flowcore.glow",
+    "fit": "flowcore.train",
+    "FlowCalibrator": "flowcore.calibrator",
+    "Encoder": "flowcore.encoder",
+    "Whitening": "flowcore.whitening",
+    "get_backend": "flowcore.backend",
+    "set_backend": "flowcore.backend",
+    "use_backend": "flowcore.backend",
+    "BackendUnavailableError": "flowcore.backend",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flowcore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

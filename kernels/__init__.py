@@ -1,0 +1,23 @@
+"""Fused Triton kernels for the flow ops, each beside its pure-PyTorch `_ref` twin.
+
+Imported as `flowcore.kernels` (never as a top-level `kernels`).
+"""
+from flowcore.kernels.actnorm import actnorm, actnorm_inverse, actnorm_inverse_ref, actnorm_ref
+from flowcore.kernels.coupling import (
+    additive_coupling,
+    additive_coupling_inverse,
+    additive_coupling_inverse_ref,
+    additive_coupling_ref,
+    affine_coupling,
+    affine_coupling_inverse,
+    affine_coupling_inverse_ref,
+    affine_coupling_ref,
+)
+from flowcore.kernels.invertible_linear import (
+    actnorm_linear,
+    actnorm_linear_ref,
+    folded_linear,
+    folded_linear_ref,
+    lu_inverse,
+    lu_inverse_ref,
+)

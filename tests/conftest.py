@@ -1,0 +1,28 @@
+"""Test setup. TRITON_INTERPRET must be set before any kernel module is imported, so that the
+Triton kernels run on the CPU in the interpreter."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sts")
+
+
+@pytest.fixture(scope="session")
+def sts_data_dir() -> Path:
+    """The read-only STS folder (`../shared/data/sts`, or $FLOWCORE_DATA)."""
+    if not (STS_DATA / "STSBenchmark").is_dir():
+        pytest.fail(f"STS data not found at {STS_DATA}; set FLOWCORE_DATA")
+    return STS_DATA
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)
+    yield
