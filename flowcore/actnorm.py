@@ -1,0 +1,60 @@
+"""ActNorm: per-feature affine y = (x + loc) * exp(logs) with data-dependent initialisation.
+
+On the first forward pass in training mode, loc and logs are set so that the batch leaves with
+zero mean and unit variance per feature. The `initialized` flag is a buffer, so it is saved with
+the weights and a loaded model is never re-initialised.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flowcore import kernels
+
+
+class ActNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.loc = nn.Parameter(torch.zeros(dim))
+        self.logs = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("initialized", torch.tensor(False))
+
+    @torch.no_grad()
+    def initialize(self, x: torch.Tensor) -> None:
+        """Set loc = -mean and logs = -log(std) from the batch `x` (B, D)."""
+        if x.shape[0] < 2:
+            raise ValueError(
+                f"ActNorm's data-dependent initialisation needs at least 2 rows in the first training "
+                f"batch, got {x.shape[0]}; use a larger batch size"
+            )
+        mean = x.mean(dim=0)
+        std = x.std(dim=0, unbiased=False)
+        floor = 16 * torch.finfo(x.dtype).eps * mean.abs()
+        constant = (std <= floor) | (std == 0)
+        if bool(constant.any()):
+            features = torch.nonzero(constant).flatten().tolist()
+            shown = ", ".join(map(str, features[:10])) + (" ..." if len(features) > 10 else "")
+            raise ValueError(
+                f"feature(s) {shown} have zero variance in the first training batch, so ActNorm cannot "
+                f"scale them to unit variance; drop constant features or use a larger, shuffled batch"
+            )
+        self.loc.copy_(-mean)
+        self.logs.copy_(-torch.log(std))
+        self.initialized.fill_(True)
+
+    def maybe_initialize(self, x: torch.Tensor) -> None:
+        if self.training and not bool(self.initialized):
+            self.initialize(x.detach())
+
+    def logdet(self) -> torch.Tensor:
+        return self.logs.sum()
+
+    def forward(self, x: torch.Tensor):
+        self.maybe_initialize(x)
+        y = kernels.actnorm(x, self.loc, self.logs)
+        return y, self.logdet().expand(x.shape[0])
+
+    def inverse(self, y: torch.Tensor):
+        x = kernels.actnorm_inverse(y, self.loc, self.logs)
+        return x, (-self.logdet()).expand(y.shape[0])

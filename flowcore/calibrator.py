@@ -1,0 +1,122 @@
+"""`FlowCalibrator`: fit a Glow on sentence vectors, then map any number of vectors to the
+calibrated (isotropic Gaussian) space, scikit-learn style."""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from flowcore.glow import CONFIGS, Glow
+from flowcore.serialization import FlowFileError, load_flow, save_flow
+from flowcore.train import fit
+from flowcore.validation import check_matrix
+
+CHUNK_ROWS = 65536
+
+
+class FlowCalibrator:
+    """Unsupervised BERT-flow calibration of embeddings.
+
+    `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood; `transform(X)` returns
+    the latent z as float32 numpy. `metadata` is a dict of JSON-able values saved with the model
+    (the CLI records the encoder and pooling there).
+    """
+
+    def __init__(self, config: str = "l2_d3_w32", epochs: int = 1, batch_size: int = 32,
+                 lr: float = 1e-3, seed: int = 0, device=None):
+        if config not in CONFIGS:
+            raise ValueError(f"unknown flow config {config!r}; choose one of {', '.join(CONFIGS)}")
+        self.config = config
+        self.epochs, self.batch_size, self.lr, self.seed = epochs, batch_size, lr, seed
+        self.device = torch.device(device) if device is not None else None
+        self.flow: Glow | None = None
+        self.losses: list[float] = []
+        self.metadata: dict = {}
+
+    @property
+    def dim(self) -> int:
+        return self._fitted().dim
+
+    def _fitted(self) -> Glow:
+        if self.flow is None:
+            raise RuntimeError("this FlowCalibrator is not fitted yet; call .fit(X) or FlowCalibrator.load(path)")
+        return self.flow
+
+    def fit(self, X, progress: bool = True) -> "FlowCalibrator":
+        data = check_matrix(X, min_rows=2)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            flow = Glow.from_config(self.config, data.shape[1])
+        if self.device is not None:
+            flow.to(self.device)
+        self.losses = fit(flow, data, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
+                          seed=self.seed, progress=progress)
+        self.flow = flow.eval()
+        return self
+
+    def _map(self, X, inverse: bool, chunk_rows: int) -> np.ndarray:
+        flow = self._fitted()
+        parameter = next(flow.parameters())
+        rows = len(X)
+        out = np.empty((rows, flow.dim), dtype=np.float32)
+        for start in range(0, rows, chunk_rows):
+            chunk = check_matrix(X[start : start + chunk_rows], dim=flow.dim, row_offset=start,
+                                 name="Z" if inverse else "X")
+            chunk = chunk.to(device=parameter.device, dtype=parameter.dtype)
+            with torch.inference_mode():
+                mapped = flow.inverse(chunk) if inverse else flow(chunk)[0]
+            out[start : start + len(chunk)] = mapped.float().cpu().numpy()
+        return out
+
+    def transform(self, X, chunk_rows: int = CHUNK_ROWS) -> np.ndarray:
+        """Calibrated vectors z (float32 numpy), computed `chunk_rows` rows at a time."""
+        if np.ndim(X) != 2:
+            check_matrix(np.asarray(X))
+        return self._map(X, inverse=False, chunk_rows=chunk_rows)
+
+    def transform_iter(self, chunks: Iterable) -> Iterator[np.ndarray]:
+        """Calibrate a stream of (rows, dim) arrays, yielding one float32 array per input chunk."""
+        offset = 0
+        for chunk in chunks:
+            try:
+                yield self.transform(chunk)
+            except ValueError as error:
+                raise ValueError(f"in the chunk starting at row {offset}: {error}") from None
+            offset += len(chunk)
+
+    def inverse_transform(self, Z, chunk_rows: int = CHUNK_ROWS) -> np.ndarray:
+        """Map calibrated vectors back to the embedding space."""
+        if np.ndim(Z) != 2:
+            check_matrix(np.asarray(Z), name="Z")
+        return self._map(Z, inverse=True, chunk_rows=chunk_rows)
+
+    def save(self, path) -> None:
+        flow = self._fitted()
+        info = {
+            "glow": flow.config,
+            "config": self.config,
+            "dtype": str(next(flow.parameters()).dtype).removeprefix("torch."),
+            "training": {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
+                         "seed": self.seed, "losses": self.losses},
+            "metadata": self.metadata,
+        }
+        save_flow(path, flow.state_dict(), info)
+
+    @classmethod
+    def load(cls, path, device=None) -> "FlowCalibrator":
+        tensors, info = load_flow(path)
+        try:
+            training = info["training"]
+            calibrator = cls(config=info["config"], epochs=training["epochs"], batch_size=training["batch_size"],
+                             lr=training["lr"], seed=training["seed"], device=device)
+            flow = Glow(**info["glow"]).to(getattr(torch, info["dtype"]))
+            flow.load_state_dict(tensors, strict=True)
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+            raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}") from None
+        if device is not None:
+            flow.to(device)
+        calibrator.flow = flow.eval()
+        calibrator.losses = training.get("losses", [])
+        calibrator.metadata = info.get("metadata", {})
+        return calibrator

@@ -1,0 +1,56 @@
+"""Coupling layers: the first half of the features conditions a transform of the second half.
+
+x1 = x[:, :d // 2] passes through; the conditioner NN(x1) = Linear(d1 -> width) -> ReLU ->
+Linear(width -> width) -> ReLU -> Linear (zero-initialised, so each coupling starts as the
+identity) gives h, and
+- affine:   shift = h[:, 0::2], scale = sigmoid(h[:, 1::2] + 2), z2 = (x2 + shift) * scale,
+            log-det = sum(log scale);
+- additive: z2 = x2 + h, log-det 0.
+Odd dimensions work: x2 takes the extra feature.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flowcore import kernels
+
+COUPLINGS = ("affine", "additive")
+
+
+class Coupling(nn.Module):
+    def __init__(self, dim: int, width: int = 32, kind: str = "affine"):
+        super().__init__()
+        if kind not in COUPLINGS:
+            raise ValueError(f"unknown coupling {kind!r}; choose one of {', '.join(COUPLINGS)}")
+        if dim < 2:
+            raise ValueError(f"a coupling layer needs at least 2 features, got {dim}")
+        self.kind = kind
+        self.split = dim // 2
+        second = dim - self.split
+        out = 2 * second if kind == "affine" else second
+        self.net = nn.Sequential(
+            nn.Linear(self.split, width), nn.ReLU(),
+            nn.Linear(width, width), nn.ReLU(),
+            nn.Linear(width, out),
+        )
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, x: torch.Tensor):
+        x1, x2 = x[:, : self.split], x[:, self.split :]
+        h = self.net(x1)
+        if self.kind == "affine":
+            z2, logdet = kernels.affine_coupling(x2, h)
+        else:
+            z2, logdet = kernels.additive_coupling(x2, h), x.new_zeros(x.shape[0])
+        return torch.cat([x1, z2], dim=1), logdet
+
+    def inverse(self, z: torch.Tensor):
+        z1, z2 = z[:, : self.split], z[:, self.split :]
+        h = self.net(z1)
+        if self.kind == "affine":
+            x2, logdet = kernels.affine_coupling_inverse(z2, h)
+        else:
+            x2, logdet = kernels.additive_coupling_inverse(z2, h), z.new_zeros(z.shape[0])
+        return torch.cat([z1, x2], dim=1), -logdet

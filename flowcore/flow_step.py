@@ -1,0 +1,74 @@
+"""One Glow step: ActNorm -> invertible linear -> coupling, data -> latent.
+
+Training runs ActNorm fused into the linear map (`kernels.actnorm_linear`). In eval mode, when no
+gradient is wanted, the ActNorm is folded into the assembled weight once, W' = W diag(exp(logs)),
+b = W' loc, so the step costs one GEMM + bias; the folded weight is cached and rebuilt whenever a
+parameter changes (tracked by the tensors' version counters) or the module returns to training.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flowcore import kernels
+from flowcore.actnorm import ActNorm
+from flowcore.coupling import Coupling
+from flowcore.invertible_linear import LULinear, ReversePermutation
+
+PERMUTATIONS = ("lu", "reverse")
+
+
+class FlowStep(nn.Module):
+    def __init__(self, dim: int, width: int = 32, coupling: str = "affine", permutation: str = "lu"):
+        super().__init__()
+        if permutation not in PERMUTATIONS:
+            raise ValueError(f"unknown permutation {permutation!r}; choose one of {', '.join(PERMUTATIONS)}")
+        self.actnorm = ActNorm(dim)
+        self.mixing = LULinear(dim) if permutation == "lu" else ReversePermutation(dim)
+        self.coupling = Coupling(dim, width, coupling)
+        self._folded: tuple | None = None
+
+    def train(self, mode: bool = True):
+        self._folded = None
+        return super().train(mode)
+
+    def _fast_path(self) -> bool:
+        if self.training:
+            return False
+        return not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
+
+    def _folded_weight(self):
+        """(W', b, logdet) of ActNorm + linear, rebuilt when any of their parameters changed."""
+        params = (self.actnorm.loc, self.actnorm.logs, *self.mixing.parameters())
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if self._folded is None or self._folded[0] != key:
+            with torch.no_grad():
+                weight = self.mixing.weight() * torch.exp(self.actnorm.logs)
+                bias = weight @ self.actnorm.loc
+                logdet = self.actnorm.logdet() + self.mixing.logdet()
+            self._folded = (key, weight, bias, logdet)
+        return self._folded[1:]
+
+    def _mix(self, x: torch.Tensor):
+        loc, logs = self.actnorm.loc, self.actnorm.logs
+        if isinstance(self.mixing, ReversePermutation):
+            if not self._fast_path():
+                self.actnorm.maybe_initialize(x)
+            return kernels.actnorm(x, loc, logs).flip(1), self.actnorm.logdet()
+        if self._fast_path():
+            weight, bias, logdet = self._folded_weight()
+            return kernels.folded_linear(x, weight, bias), logdet
+        self.actnorm.maybe_initialize(x)
+        y = kernels.actnorm_linear(x, loc, logs, self.mixing.weight())
+        return y, self.actnorm.logdet() + self.mixing.logdet()
+
+    def forward(self, x: torch.Tensor):
+        y, logdet = self._mix(x)
+        z, coupling_logdet = self.coupling(y)
+        return z, coupling_logdet + logdet
+
+    def inverse(self, z: torch.Tensor):
+        y, logdet = self.coupling.inverse(z)
+        y, mixing_logdet = self.mixing.inverse(y)
+        x, actnorm_logdet = self.actnorm.inverse(y)
+        return x, logdet + mixing_logdet + actnorm_logdet

@@ -1,0 +1,98 @@
+"""The multi-scale Glow of BERT-flow for sentence vectors (a 1x1 image with D channels).
+
+`levels` levels of `depth` steps (ActNorm -> invertible linear -> coupling). After each level but
+the last, the second half of the features leaves as latent under a standard normal prior and the
+first half continues. Latents keep the positions of the features they came from, so z has the
+layout and size of x.
+
+Direction: `z, logdet = glow(x)` maps data -> latent, `logdet` = log|det dz/dx| per row;
+`glow.inverse(z)` returns x; `glow.log_prob(x)` = log N(z; 0, I) + logdet.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from flowcore.flow_step import FlowStep
+
+CONFIGS = {
+    "l2_d2_w32": dict(levels=2, depth=2, width=32),
+    "l2_d3_w16": dict(levels=2, depth=3, width=16),
+    "l2_d3_w32": dict(levels=2, depth=3, width=32),
+    "l3_d2_w32": dict(levels=3, depth=2, width=32),
+    "l3_d3_w16": dict(levels=3, depth=3, width=16),
+    "l3_d3_w32": dict(levels=3, depth=3, width=32),
+}
+
+
+class Glow(nn.Module):
+    def __init__(self, dim: int, levels: int = 2, depth: int = 3, width: int = 32,
+                 coupling: str = "affine", permutation: str = "lu"):
+        super().__init__()
+        for name, value in (("dim", dim), ("levels", levels), ("depth", depth), ("width", width)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Glow {name} must be a positive integer, got {value!r}")
+        self.level_dims = [dim // 2**level for level in range(levels)]
+        if self.level_dims[-1] < 2:
+            raise ValueError(
+                f"a Glow with {levels} levels halves the features {levels - 1} time(s); dim={dim} leaves "
+                f"{self.level_dims[-1]} feature(s) for the last level, which needs at least 2"
+            )
+        self.dim = dim
+        self.config = dict(dim=dim, levels=levels, depth=depth, width=width,
+                           coupling=coupling, permutation=permutation)
+        self.levels = nn.ModuleList(
+            nn.ModuleList(FlowStep(size, width, coupling, permutation) for _ in range(depth))
+            for size in self.level_dims
+        )
+
+    @classmethod
+    def from_config(cls, name: str, dim: int | None = None, **overrides) -> "Glow":
+        """An official configuration such as `l2_d3_w32` (levels, depth, width) for `dim` features."""
+        if name not in CONFIGS:
+            raise ValueError(f"unknown Glow config {name!r}; choose one of {', '.join(CONFIGS)}")
+        if dim is None:
+            raise TypeError(f"Glow.from_config needs the embedding width, e.g. Glow.from_config({name!r}, dim=768)")
+        return cls(dim, **{**CONFIGS[name], **overrides})
+
+    def _check(self, x: torch.Tensor, what: str) -> None:
+        if x.dim() != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"Glow({self.dim}) {what} expects shape (batch, {self.dim}), got {tuple(x.shape)}")
+
+    def forward(self, x: torch.Tensor):
+        self._check(x, "forward")
+        h, logdet, leaving = x, x.new_zeros(x.shape[0]), []
+        for index, steps in enumerate(self.levels):
+            for step in steps:
+                h, step_logdet = step(h)
+                logdet = logdet + step_logdet
+            if index + 1 < len(self.levels):
+                keep = self.level_dims[index + 1]
+                leaving.append(h[:, keep:])
+                h = h[:, :keep]
+        return torch.cat([h, *reversed(leaving)], dim=1), logdet
+
+    def inverse(self, z: torch.Tensor, return_logdet: bool = False):
+        """x from z; with `return_logdet`, also log|det dx/dz| per row (the negative of forward's)."""
+        self._check(z, "inverse")
+        h, logdet = z[:, : self.level_dims[-1]], z.new_zeros(z.shape[0])
+        for index in reversed(range(len(self.levels))):
+            if index + 1 < len(self.levels):
+                h = torch.cat([h, z[:, self.level_dims[index + 1] : self.level_dims[index]]], dim=1)
+            for step in reversed(self.levels[index]):
+                h, step_logdet = step.inverse(h)
+                logdet = logdet + step_logdet
+        return (h, logdet) if return_logdet else h
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        z, logdet = self(x)
+        return -0.5 * (z * z).sum(dim=1) - 0.5 * self.dim * math.log(2 * math.pi) + logdet
+
+    def bits_per_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """The training loss of the official code: mean negative log-likelihood in bits per dimension."""
+        return -self.log_prob(x).mean() / (self.dim * math.log(2.0))
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{key}={value}" for key, value in self.config.items())

@@ -1,0 +1,36 @@
+"""Input checks shared by training, the calibrator and the CLI: clear errors that name the row."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X",
+                 row_offset: int = 0) -> torch.Tensor:
+    """Return `X` as a 2-D tensor (no copy where possible) after checking shape and finiteness.
+
+    Raises ValueError naming the problem: not 2-D, wrong width, too few rows, or the rows
+    holding NaN/Inf (numbered from `row_offset`, for callers that check a chunk at a time).
+    """
+    if isinstance(X, torch.Tensor):
+        tensor = X
+    else:
+        array = np.asarray(X)
+        if array.dtype == object or not np.issubdtype(array.dtype, np.number):
+            raise ValueError(f"{name} must be a numeric array, got dtype {array.dtype}")
+        tensor = torch.from_numpy(array)
+    if tensor.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (rows x features), got shape {tuple(tensor.shape)}")
+    if not (tensor.is_floating_point()):
+        tensor = tensor.to(torch.get_default_dtype())
+    if dim is not None and tensor.shape[1] != dim:
+        raise ValueError(f"{name} has {tensor.shape[1]} features per row but the flow expects {dim}")
+    if tensor.shape[0] < min_rows:
+        raise ValueError(f"{name} has {tensor.shape[0]} row(s); at least {min_rows} are needed")
+    finite_rows = torch.isfinite(tensor).all(dim=1)
+    if not bool(finite_rows.all()):
+        bad = torch.nonzero(~finite_rows).flatten() + row_offset
+        shown = ", ".join(str(int(i)) for i in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ValueError(f"{name} has NaN or Inf values in row(s) {shown}{more} (0-based)")
+    return tensor
