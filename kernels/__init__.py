@@ -1,7 +1,10 @@
 """Fused Triton kernels for the flow ops, each beside its pure-PyTorch `_ref` twin.
 
-Imported as `flowcore.kernels` (never as a top-level `kernels`).
+Imported as `flowcore.kernels` (never as a top-level `kernels`). `launch_counts` maps each
+op name to the number of Triton launches its host launcher made (eager calls), so callers
+can prove the Triton backend really ran.
 """
+from flowcore.kernels._launch import launch_counts
 from flowcore.kernels.actnorm import actnorm, actnorm_inverse, actnorm_inverse_ref, actnorm_ref
 from flowcore.kernels.coupling import (
     additive_coupling,

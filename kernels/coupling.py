@@ -5,13 +5,23 @@ Given x2 (B, d2) and the conditioner output h:
   z2 = (x2 + shift) * scale, logdet = sum(log(scale)) per row; inverse x2 = z2 / scale - shift.
 - additive (h is (B, d2)): z2 = x2 + h, logdet 0.
 `*_ref` are the pure-PyTorch twins; the others dispatch on `flowcore.backend.resolve`.
+
+Triton path (x2/z2 and h: 2-D, any strides; outputs contiguous in the input's dtype; float64
+computes in float64, everything else in float32): one pass per row block reads h once,
+splits it into shift and scale, writes z2 and the row's log-det (summed in registers across
+the row, so deterministic); the backward recomputes scale from h and writes d(input) and the
+interleaved dh in one elementwise pass.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
+from flowcore.kernels import _launch
 
 
 def affine_coupling_ref(x2, h):
@@ -36,21 +46,205 @@ def additive_coupling_inverse_ref(z2, h):
     return z2 - h
 
 
+@triton.jit
+def _load_shift_raw(
+    h_ptr, rows, col_start, B, D2, stride_hb, stride_hd,
+    compute: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """shift = h[rows, 2c], raw = h[rows, 2c + 1] + 2 for the BLOCK_D columns c from col_start,
+    read as one contiguous (BLOCK_B, 2 * BLOCK_D) tile of h."""
+    cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
+    mask = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
+    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols2[None, :] * stride_hd, mask=mask, other=0.0)
+    shift, raw = tl.split(tl.reshape(h.to(compute), (BLOCK_B, BLOCK_D, 2)))
+    return shift, raw + 2.0
+
+
+@triton.jit
+def _affine_fwd_kernel(
+    inp_ptr, h_ptr, out_ptr, logdet_ptr,
+    B, D2, stride_ib, stride_id, stride_hb, stride_hd,
+    INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program per row block: walks the columns, writes z2 (or x2) and the row log-dets."""
+    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    logdet = tl.zeros((BLOCK_B, BLOCK_D), dtype=compute)
+    for d0 in range(0, D2, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        mask = (rows[:, None] < B) & (cols[None, :] < D2)
+        inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0)
+        shift, raw = _load_shift_raw(h_ptr, rows, d0, B, D2, stride_hb, stride_hd, compute, BLOCK_B, BLOCK_D)
+        scale = 1.0 / (1.0 + tl.exp(-raw))
+        if INVERSE:
+            out = inp.to(compute) / scale - shift
+        else:
+            out = (inp.to(compute) + shift) * scale
+        tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+        log_sigmoid = tl.minimum(raw, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(raw)))
+        logdet += tl.where(mask, log_sigmoid, 0.0)
+    tl.store(logdet_ptr + rows, tl.sum(logdet, axis=1).to(logdet_ptr.dtype.element_ty), mask=rows < B)
+
+
+@triton.jit
+def _affine_bwd_kernel(
+    grad_ptr, grad_logdet_ptr, inp_ptr, h_ptr, dinp_ptr, dh_ptr,
+    B, D2, stride_gb, stride_gd, stride_gl, stride_ib, stride_id, stride_hb, stride_hd,
+    INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Elementwise: d(input) and the interleaved dh = [dshift, draw] from the output grad g and
+    the log-det grad gl. With s = sigmoid(raw) and ds/draw = s(1 - s):
+    forward  z = (x + shift) s : dx = dshift = g s,  draw = (1 - s)(g z + gl);
+    inverse  x = z / s - shift : dz = g / s, dshift = -g, draw = (1 - s)(gl - g z / s)."""
+    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    col_start = tl.program_id(1) * BLOCK_D
+    cols = col_start + tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < B) & (cols[None, :] < D2)
+    g = tl.load(grad_ptr + rows[:, None] * stride_gb + cols[None, :] * stride_gd, mask=mask, other=0.0).to(compute)
+    gl = tl.load(grad_logdet_ptr + rows * stride_gl, mask=rows < B, other=0.0).to(compute)[:, None]
+    inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
+    shift, raw = _load_shift_raw(h_ptr, rows, col_start, B, D2, stride_hb, stride_hd, compute, BLOCK_B, BLOCK_D)
+    scale = 1.0 / (1.0 + tl.exp(-raw))
+    if INVERSE:
+        dinp = g / scale
+        dshift = -g
+        draw = (1.0 - scale) * (gl - g * inp / scale)
+    else:
+        dinp = g * scale
+        dshift = dinp
+        draw = (1.0 - scale) * (g * (inp + shift) * scale + gl)
+    tl.store(dinp_ptr + rows[:, None] * D2 + cols[None, :], dinp.to(dinp_ptr.dtype.element_ty), mask=mask)
+    dh = tl.reshape(tl.join(dshift, draw), (BLOCK_B, 2 * BLOCK_D))
+    cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
+    mask2 = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
+    tl.store(dh_ptr + rows[:, None] * (2 * D2) + cols2[None, :], dh.to(dh_ptr.dtype.element_ty), mask=mask2)
+
+
+@triton.jit
+def _additive_kernel(
+    inp_ptr, h_ptr, out_ptr, B, D2, stride_ib, stride_id, stride_hb, stride_hd,
+    SUBTRACT: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < B) & (cols[None, :] < D2)
+    inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
+    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :] * stride_hd, mask=mask, other=0.0).to(compute)
+    out = inp - h if SUBTRACT else inp + h
+    tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _blocks(D2: int) -> tuple[int, int]:
+    if _launch.INTERPRETED:  # few, large programs: the interpreter pays per program
+        return 128, min(triton.next_power_of_2(D2), 512)
+    return 16, min(triton.next_power_of_2(D2), 128)
+
+
+@triton_op("flowcore::affine_coupling_fwd", mutates_args=())
+def _affine_fwd(inp: torch.Tensor, h: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    B, D2 = inp.shape
+    out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
+    logdet = torch.empty((B,), dtype=inp.dtype, device=inp.device)
+    block_b, block_d = _blocks(D2)
+    _launch.record_launch("affine_coupling_inverse" if inverse else "affine_coupling")
+    wrap_triton(_affine_fwd_kernel)[(triton.cdiv(B, block_b),)](
+        inp, h, out, logdet, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1),
+        INVERSE=inverse, FP64=_launch.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+    )
+    return out, logdet
+
+
+@triton_op("flowcore::affine_coupling_bwd", mutates_args=())
+def _affine_bwd(
+    grad: torch.Tensor, grad_logdet: torch.Tensor, inp: torch.Tensor, h: torch.Tensor, inverse: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    B, D2 = inp.shape
+    dinp = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
+    dh = torch.empty((B, 2 * D2), dtype=h.dtype, device=h.device)
+    block_b, block_d = _blocks(D2)
+    _launch.record_launch("affine_coupling_inverse_backward" if inverse else "affine_coupling_backward")
+    wrap_triton(_affine_bwd_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
+        grad, grad_logdet, inp, h, dinp, dh,
+        B, D2, grad.stride(0), grad.stride(1), grad_logdet.stride(0), inp.stride(0), inp.stride(1),
+        h.stride(0), h.stride(1),
+        INVERSE=inverse, FP64=_launch.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+    )
+    return dinp, dh
+
+
+@triton_op("flowcore::additive_coupling_fwd", mutates_args=())
+def _additive_fwd(inp: torch.Tensor, h: torch.Tensor, subtract: bool) -> torch.Tensor:
+    B, D2 = inp.shape
+    out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
+    block_b, block_d = _blocks(D2)
+    _launch.record_launch("additive_coupling_inverse" if subtract else "additive_coupling")
+    wrap_triton(_additive_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
+        inp, h, out, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1),
+        SUBTRACT=subtract, FP64=_launch.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+    )
+    return out
+
+
+class _AffineCoupling(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, h, inverse):
+        ctx.save_for_backward(inp, h)
+        ctx.inverse = inverse
+        return _affine_fwd(inp, h, inverse)
+
+    @staticmethod
+    def backward(ctx, grad, grad_logdet):
+        inp, h = ctx.saved_tensors
+        dinp, dh = _affine_bwd(grad, grad_logdet, inp, h, ctx.inverse)
+        return dinp, dh, None
+
+
+class _AdditiveCoupling(torch.autograd.Function):
+    """The backward is the identity (and -identity for h when subtracting): no kernel needed."""
+
+    @staticmethod
+    def forward(ctx, inp, h, subtract):
+        ctx.subtract = subtract
+        return _additive_fwd(inp, h, subtract)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, (-grad if ctx.subtract else grad), None
+
+
+def _check_coupling(op: str, inp, h, h_width_factor: int) -> None:
+    _launch.require_matrix(f"{op} input", inp)
+    _launch.require_matrix(f"{op} conditioner output h", h, h_width_factor * inp.shape[1])
+    if h.shape[0] != inp.shape[0]:
+        raise ValueError(f"{op}: input has {inp.shape[0]} rows but h has {h.shape[0]}")
+    _launch.require_launchable(inp, op)
+
+
 def affine_coupling(x2, h):
     if resolve(x2) == "triton":
-        raise NotImplementedError("triton affine coupling: filled in by the Triton kernels issue")
+        _check_coupling("affine_coupling", x2, h, 2)
+        return _AffineCoupling.apply(x2, h, False)
     return affine_coupling_ref(x2, h)
 
 
 def affine_coupling_inverse(z2, h):
     if resolve(z2) == "triton":
-        raise NotImplementedError("triton affine coupling inverse: filled in by the Triton kernels issue")
+        _check_coupling("affine_coupling_inverse", z2, h, 2)
+        return _AffineCoupling.apply(z2, h, True)
     return affine_coupling_inverse_ref(z2, h)
 
 
 def additive_coupling(x2, h):
+    if resolve(x2) == "triton":
+        _check_coupling("additive_coupling", x2, h, 1)
+        return _AdditiveCoupling.apply(x2, h, False)
     return additive_coupling_ref(x2, h)
 
 
 def additive_coupling_inverse(z2, h):
+    if resolve(z2) == "triton":
+        _check_coupling("additive_coupling_inverse", z2, h, 1)
+        return _AdditiveCoupling.apply(z2, h, True)
     return additive_coupling_inverse_ref(z2, h)
