@@ -14,11 +14,12 @@ class TrainingDivergedError(FloatingPointError):
 
 
 def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
-        device=None, progress: bool = True) -> list[float]:
+        device=None, progress: bool = True, init_rows: int = 1024) -> list[float]:
     """Train `flow` on the rows of `X` (numpy array or tensor); returns the per-epoch mean losses.
 
-    Works in the flow's dtype (float64 included). The first batch initialises every ActNorm from
-    the data; batches are shuffled with a generator seeded by `seed`, so the same seed gives the
+    Works in the flow's dtype (float64 included). Before the first step, every ActNorm is
+    initialised from the data (as Glow's `n_batch_init`): the first `max(batch_size, init_rows)`
+    shuffled rows, so that a small training batch does not give noisy statistics. Batches are shuffled with a generator seeded by `seed`, so the same seed gives the
     same result. A non-finite loss or gradient stops training with `TrainingDivergedError`
     before any weight is touched.
     """
@@ -41,10 +42,11 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         for epoch in range(epochs):
             order = torch.randperm(rows, generator=generator).to(data.device)
             total = 0.0
+            if epoch == 0:
+                with torch.no_grad():
+                    flow(data[order[: max(batch_size, init_rows)]])
             for step in range(steps_per_epoch):
                 batch = data[order[step * batch_size : (step + 1) * batch_size]]
-                if epoch == 0 and step == 0 and batch.shape[0] < 2:
-                    batch = data[order[:2]]
                 loss = flow.bits_per_dim(batch)
                 where = f"epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}"
                 if not torch.isfinite(loss):

@@ -14,6 +14,11 @@ import torch  # noqa: E402
 STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sts")
 
 
+# Tests run many tiny ops; one thread avoids OpenMP spin-waits that make them 10-50x slower
+# whenever the two cores are shared with anything else.
+torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def sts_data_dir() -> Path:
     """The read-only STS folder (`../shared/data/sts`, or $FLOWCORE_DATA)."""

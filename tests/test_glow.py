@@ -1,0 +1,111 @@
+"""Glow structure, configs, the eval-mode folded fast path and its cache."""
+import pytest
+import torch
+
+import flowcore
+from flowcore.glow import CONFIGS, Glow
+from flow_contract import randomize
+
+
+def trained_like_glow(dim=16, **kwargs):
+    torch.manual_seed(0)
+    glow = randomize(Glow(dim, **{"levels": 2, "depth": 2, "width": 8, **kwargs}), std=0.1)
+    glow.train()
+    glow(torch.randn(64, dim) * 2 + 1)  # initialise ActNorms
+    return glow
+
+
+def test_public_api_names():
+    assert flowcore.Glow is Glow and set(CONFIGS) == {
+        "l2_d2_w32", "l2_d3_w16", "l2_d3_w32", "l3_d2_w32", "l3_d3_w16", "l3_d3_w32"}
+    glow = Glow.from_config("l3_d3_w16", 40)
+    assert (len(glow.levels), len(glow.levels[0]), glow.config["width"]) == (3, 3, 16)
+    assert glow.level_dims == [40, 20, 10]
+
+
+def test_from_config_errors_are_clear():
+    with pytest.raises(ValueError, match="unknown Glow config 'l9'"):
+        Glow.from_config("l9", 8)
+    with pytest.raises(TypeError, match="needs the embedding width"):
+        Glow.from_config("l2_d3_w32")
+    with pytest.raises(ValueError, match="needs at least 2"):
+        Glow(3, levels=2)
+    with pytest.raises(ValueError, match="unknown coupling"):
+        Glow(8, coupling="spline")
+    with pytest.raises(ValueError, match="expects shape \\(batch, 8\\)"):
+        Glow(8)(torch.zeros(2, 9))
+
+
+def test_latents_keep_positions_of_features_that_left():
+    """Features that leave after level 1 are not touched by level 2."""
+    glow = trained_like_glow(16)
+    glow.eval()
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        h = x
+        for step in glow.levels[0]:
+            h, _ = step(h)
+        z, _ = glow(x)
+    torch.testing.assert_close(z[:, 8:], h[:, 8:])
+
+
+def test_log_prob_and_bits_per_dim():
+    glow = trained_like_glow(16).double()
+    x = torch.randn(7, 16, dtype=torch.float64)
+    z, logdet = glow(x)
+    expected = torch.distributions.Normal(0.0, 1.0).log_prob(z).sum(1) + logdet
+    torch.testing.assert_close(glow.log_prob(x), expected)
+    torch.testing.assert_close(glow.bits_per_dim(x), -expected.mean() / (16 * torch.log(torch.tensor(2.0, dtype=torch.float64))))
+
+
+@pytest.mark.parametrize("permutation", ["lu", "reverse"])
+def test_eval_fast_path_equals_training_path(permutation):
+    glow = trained_like_glow(16, permutation=permutation).double()
+    x = torch.randn(33, 16, dtype=torch.float64)
+    z_train, logdet_train = glow(x)
+    glow.eval()
+    with torch.no_grad():
+        z_eval, logdet_eval = glow(x)
+    torch.testing.assert_close(z_eval, z_train, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(logdet_eval, logdet_train, rtol=1e-12, atol=1e-12)
+
+
+def test_eval_cache_follows_parameter_changes():
+    glow = trained_like_glow(16).eval()
+    x = torch.randn(10, 16)
+    step = glow.levels[0][0]
+    with torch.no_grad():
+        glow(x)
+        cached = step._folded[1]
+        glow(x)
+        assert step._folded[1] is cached, "the folded weight must be reused while parameters are unchanged"
+        step.mixing.upper.add_(0.05)  # an in-place update, as an optimizer makes
+        z_after, _ = glow(x)
+    assert step._folded[1] is not cached
+    with torch.enable_grad():
+        z_fresh, _ = glow(x)  # grad-enabled eval call recomputes without the cache
+    torch.testing.assert_close(z_after, z_fresh.detach(), rtol=1e-5, atol=1e-5)
+    glow.train()
+    assert step._folded is None
+
+
+def test_eval_mode_still_gives_gradients_when_asked():
+    glow = trained_like_glow(16).eval()
+    glow.bits_per_dim(torch.randn(10, 16)).backward()
+    assert all(p.grad is not None for p in glow.parameters())
+
+
+def test_lu_weight_and_logdet():
+    from flowcore.invertible_linear import LULinear
+    layer = randomize(LULinear(9).double(), std=0.2)
+    weight = layer.weight()
+    torch.testing.assert_close(torch.linalg.slogdet(weight)[1], layer.logdet())
+    lower, upper = layer.factors()
+    assert torch.equal(torch.diagonal(lower), torch.ones(9, dtype=torch.float64))
+    torch.testing.assert_close(weight, (lower @ upper)[layer.perm])
+
+
+def test_lu_initialisation_is_a_rotation():
+    from flowcore.invertible_linear import LULinear
+    weight = LULinear(12).double().weight()
+    torch.testing.assert_close(weight @ weight.T, torch.eye(12, dtype=torch.float64), rtol=1e-6, atol=1e-6)
