@@ -1,6 +1,8 @@
 """Input checks shared by training, the calibrator and the CLI: clear errors that name the row."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -18,7 +20,9 @@ def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X
         array = np.asarray(X)
         if array.dtype == object or not np.issubdtype(array.dtype, np.number):
             raise ValueError(f"{name} must be a numeric array, got dtype {array.dtype}")
-        tensor = torch.from_numpy(array)
+        with warnings.catch_warnings():  # read-only (memory-mapped) input is only ever read
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            tensor = torch.from_numpy(array)
     if tensor.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows x features), got shape {tuple(tensor.shape)}")
     if not (tensor.is_floating_point()):

@@ -1,0 +1,107 @@
+"""FlowCalibrator: fit/transform/inverse, chunking, streaming, files that cannot be misread."""
+import json
+
+import numpy as np
+import pytest
+
+import flowcore
+from flowcore.serialization import FlowFileError
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(600, 10)) @ rng.normal(size=(10, 10)) + 2).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def calibrator(data):
+    return flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=3).fit(data, progress=False)
+
+
+def test_transform_inverse_and_types(calibrator, data):
+    Z = calibrator.transform(data)
+    assert Z.dtype == np.float32 and Z.shape == data.shape
+    np.testing.assert_allclose(calibrator.inverse_transform(Z), data, atol=1e-4, rtol=1e-4)
+    assert calibrator.dim == 10 and len(calibrator.losses) == 2
+
+
+def test_chunked_and_streaming_transform_match(calibrator, data):
+    whole = calibrator.transform(data)
+    # a GEMM's rounding may depend on how many rows it sees, so chunked output is close, not equal
+    np.testing.assert_allclose(calibrator.transform(data, chunk_rows=7), whole, rtol=1e-5, atol=1e-5)
+    streamed = list(calibrator.transform_iter(data[i : i + 100] for i in range(0, 600, 100)))
+    assert len(streamed) == 6
+    np.testing.assert_allclose(np.concatenate(streamed), whole, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(streamed[2], calibrator.transform(data[200:300]))
+
+
+def test_same_seed_same_model(data, calibrator):
+    again = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=3).fit(data, progress=False)
+    np.testing.assert_array_equal(again.transform(data), calibrator.transform(data))
+
+
+def test_save_load_round_trip(calibrator, data, tmp_path):
+    calibrator.metadata = {"encoder": "default", "pooling": "mean"}
+    path = tmp_path / "model.flow"
+    calibrator.save(path)
+    loaded = flowcore.FlowCalibrator.load(path)
+    np.testing.assert_array_equal(loaded.transform(data), calibrator.transform(data))
+    assert loaded.metadata == {"encoder": "default", "pooling": "mean"}
+    assert loaded.config == "l2_d2_w32" and loaded.losses == calibrator.losses
+    assert all(bool(m.initialized) for m in loaded.flow.modules() if hasattr(m, "initialized"))
+    assert b"pickle" not in path.read_bytes()[:200]
+
+
+def test_bad_inputs_are_refused(calibrator, data):
+    with pytest.raises(ValueError, match="has 9 features per row but the flow expects 10"):
+        calibrator.transform(data[:, :9])
+    bad = data.copy()
+    bad[123, 0] = np.inf
+    with pytest.raises(ValueError, match=r"row\(s\) 123"):
+        calibrator.transform(bad, chunk_rows=50)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        calibrator.transform(data[0])
+    with pytest.raises(ValueError, match="at least 2 are needed"):
+        flowcore.FlowCalibrator().fit(data[:1])
+    with pytest.raises(ValueError, match="unknown flow config"):
+        flowcore.FlowCalibrator(config="big")
+    with pytest.raises(RuntimeError, match="not fitted yet"):
+        flowcore.FlowCalibrator().transform(data)
+    with pytest.raises(ValueError, match="must be a numeric array"):
+        calibrator.transform([["a"] * 10])
+
+
+def test_damaged_files_are_named(calibrator, tmp_path):
+    path = tmp_path / "model.flow"
+    calibrator.save(path)
+    blob = path.read_bytes()
+
+    truncated = tmp_path / "truncated.flow"
+    truncated.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(FlowFileError, match="truncated.flow: not a readable flow file"):
+        flowcore.FlowCalibrator.load(truncated)
+
+    corrupted = tmp_path / "corrupted.flow"
+    flipped = bytearray(blob)
+    flipped[-10] ^= 0xFF
+    corrupted.write_bytes(bytes(flipped))
+    with pytest.raises(FlowFileError, match="corrupted.flow: corrupted flow file"):
+        flowcore.FlowCalibrator.load(corrupted)
+
+    with pytest.raises(FlowFileError, match="missing.flow: no such flow file"):
+        flowcore.FlowCalibrator.load(tmp_path / "missing.flow")
+
+    from flowcore.serialization import load_flow, save_flow
+    tensors, info = load_flow(path)
+    info["glow"]["dim"] = 12
+    mismatched = tmp_path / "mismatched.flow"
+    save_flow(mismatched, tensors, info)
+    with pytest.raises(FlowFileError, match="mismatched.flow: flow file does not match its recorded configuration"):
+        flowcore.FlowCalibrator.load(mismatched)
+
+    from safetensors.torch import save_file
+    foreign = tmp_path / "foreign.flow"
+    save_file({"w": tensors["levels.0.0.actnorm.loc"]}, str(foreign), metadata={"info": json.dumps(info)})
+    with pytest.raises(FlowFileError, match="foreign.flow: not a flowcore flow file"):
+        flowcore.FlowCalibrator.load(foreign)
