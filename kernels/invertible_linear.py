@@ -166,10 +166,18 @@ def _linear_bwd_dw_kernel(
         tl.store(part_db_ptr + split * N + ns, tl.sum(acc_db, axis=1), mask=ns < db_columns)
 
 
-def _gemm_blocks(dtype: torch.dtype) -> tuple[int, int, int, dict]:
+def _interpreter_blocks(B: int, D: int) -> tuple[int, int, int, dict]:
+    """Few, large tiles (the interpreter pays per program), shrunk to small inputs because its
+    dot products cost per padded element."""
+    block_b = min(max(triton.next_power_of_2(B), 16), 128)
+    block_d = min(max(triton.next_power_of_2(D), 16), 128)
+    return block_b, block_d, block_d, {}
+
+
+def _gemm_blocks(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
     """(BLOCK_B, BLOCK_N, BLOCK_K, launch options) for the GEMM kernels."""
-    if _launch.INTERPRETED:  # few, large programs: the interpreter pays per program
-        return 128, 128, 128, {}
+    if _launch.INTERPRETED:
+        return _interpreter_blocks(B, D)
     if dtype == torch.float64:
         return 64, 64, 32, {"num_warps": 4, "num_stages": 2}
     if dtype == torch.float32:
@@ -177,10 +185,10 @@ def _gemm_blocks(dtype: torch.dtype) -> tuple[int, int, int, dict]:
     return 128, 128, 64, {"num_warps": 8, "num_stages": 3}
 
 
-def _dw_blocks(dtype: torch.dtype) -> tuple[int, int, int, dict]:
+def _dw_blocks(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
     """(BLOCK_B, BLOCK_N, BLOCK_K, launch options) for the split-batch dW kernel."""
     if _launch.INTERPRETED:
-        return 128, 128, 128, {}
+        return _interpreter_blocks(B, D)
     if dtype == torch.float64:
         return 32, 64, 64, {"num_warps": 4, "num_stages": 2}
     return 64, 64, 64, {"num_warps": 4, "num_stages": 3}
@@ -198,7 +206,7 @@ def _linear_fwd(
     B, K = x.shape
     N = weight.shape[0]
     z = torch.empty((B, N), dtype=x.dtype, device=x.device)
-    block_b, block_n, block_k, options = _gemm_blocks(x.dtype)
+    block_b, block_n, block_k, options = _gemm_blocks(x.dtype, B, max(N, K))
     _launch.record_launch("actnorm_linear" if has_actnorm else "folded_linear")
     grid = (triton.cdiv(B, block_b) * triton.cdiv(N, block_n),)
     wrap_triton(_linear_fwd_kernel)[grid](
@@ -219,7 +227,7 @@ def _linear_bwd_dx(
     B, K = x.shape
     N = weight.shape[0]
     dx = torch.empty((B, K), dtype=x.dtype, device=x.device)
-    block_b, block_n, block_k, options = _gemm_blocks(x.dtype)
+    block_b, block_n, block_k, options = _gemm_blocks(x.dtype, B, max(N, K))
     row_blocks = triton.cdiv(B, block_b)
     part_rows = row_blocks if has_actnorm else 0
     part_loc = torch.empty((part_rows, K), dtype=_partial_dtype(x), device=x.device)
@@ -242,7 +250,7 @@ def _linear_bwd_dw(
     """Per-split partials of dW = dz.T @ actnorm(x) and (with a bias) db = dz.sum(0)."""
     B, K = x.shape
     N = dz.shape[1]
-    block_b, block_n, block_k, options = _dw_blocks(x.dtype)
+    block_b, block_n, block_k, options = _dw_blocks(x.dtype, B, max(N, K))
     tiles = triton.cdiv(N, block_n) * triton.cdiv(K, block_k)
     splits = _launch.row_splits(triton.cdiv(B, block_b), tiles, x.device)
     part_dw = torch.empty((splits, N, K), dtype=_partial_dtype(x), device=x.device)

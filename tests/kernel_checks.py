@@ -1,0 +1,56 @@
+"""Shared checks for the Triton kernel tests: run an op on backend `triton` and compare its
+outputs and every gradient with its `_ref` twin (same dtype) and with a float64 reference."""
+from __future__ import annotations
+
+import torch
+
+from flowcore.backend import use_backend
+from flowcore.kernels import launch_counts
+
+# Max |error| allowed, relative to the largest |value| of the float64 reference.
+TOLERANCE = {torch.float64: 1e-11, torch.float32: 5e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def as_tuple(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def assert_close_scaled(actual, same_dtype, float64, what: str) -> None:
+    """`actual` is within the dtype's tolerance of both the same-dtype and the float64 reference."""
+    tolerance = TOLERANCE[actual.dtype] * max(float64.abs().max().item(), 1e-30)
+    for name, expected in (("_ref", same_dtype), ("float64 reference", float64)):
+        error = (actual.double() - expected.double()).abs().max().item()
+        assert error <= tolerance, f"{what}: max |triton - {name}| = {error:.3e} > {tolerance:.3e}"
+
+
+def check_op(op, ref, inputs: tuple, what: str, grad_seed: int = 1, backward_kernels: bool = True) -> None:
+    """Outputs and gradients w.r.t. every floating input of `op` (run on backend triton) equal
+    those of `ref` in the same dtype and of `ref` in float64. `backward_kernels`: the backward
+    launches Triton kernels too (the additive coupling's gradient is the identity)."""
+    leaves = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
+    leaves64 = tuple(t.detach().double().requires_grad_(t.is_floating_point()) for t in inputs)
+    leaves_ref = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
+    before = sum(launch_counts.values())
+    with use_backend("triton"):
+        outputs = as_tuple(op(*leaves))
+    assert sum(launch_counts.values()) > before, f"{what}: no Triton kernel was launched"
+    expected = as_tuple(ref(*leaves_ref))
+    expected64 = as_tuple(ref(*leaves64))
+    generator = torch.Generator().manual_seed(grad_seed)
+    cotangents = [torch.randn(o.shape, generator=generator, dtype=torch.float64) for o in expected64]
+    for index, (out, exp, exp64) in enumerate(zip(outputs, expected, expected64)):
+        assert out.dtype == exp.dtype and out.shape == exp.shape, f"{what}: output {index} dtype/shape"
+        assert_close_scaled(out, exp, exp64, f"{what} output {index}")
+
+    def grads(outs, leaves_):
+        wrt = [t for t in leaves_ if t.requires_grad]
+        return torch.autograd.grad(outs, wrt, [c.to(o.dtype) for c, o in zip(cotangents, outs)])
+
+    before = sum(launch_counts.values())
+    with use_backend("triton"):
+        actual_grads = grads(outputs, leaves)
+    if backward_kernels:
+        assert sum(launch_counts.values()) > before, f"{what}: the backward launched no Triton kernel"
+    for index, (g, g_ref, g64) in enumerate(zip(actual_grads, grads(expected, leaves_ref), grads(expected64, leaves64))):
+        assert g.dtype == g_ref.dtype and g.shape == g_ref.shape, f"{what}: gradient {index} dtype/shape"
+        assert_close_scaled(g, g_ref, g64, f"{what} gradient {index}")
