@@ -1,0 +1,104 @@
+"""Sentence poolings: which hidden states of a frozen encoder make a sentence vector, and how.
+
+Indices follow Hugging Face's `hidden_states`: 0 is the embedding-layer output, i the output of
+the i-th transformer layer, and negative indices count from the last layer. Every pooling but
+`cls` is an attention-mask-aware token mean (special tokens included, padding excluded); a
+pooling over several layers averages them first.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+
+# name -> hidden-state indices it averages (as Hugging Face would index them).
+NAMED_POOLINGS: dict[str, tuple[int, ...]] = {
+    "cls": (-1,),  # last layer, first token
+    "mean": (-1,),  # last layer
+    "last2-avg": (-2, -1),  # last two layers
+    "first-last-avg": (1, -1),  # first and last transformer layer (BERT-flow's "avg-last-2")
+    "static-avg": (0,),  # embedding layer only: no transformer layer runs
+}
+_LAYERS_PREFIX = "layers="
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """A pooling bound to an encoder depth: `name` is canonical, `hidden_states` non-negative."""
+
+    name: str
+    hidden_states: tuple[int, ...]
+    first_token: bool
+
+    def __call__(self, states: list[torch.Tensor], attention_mask: torch.Tensor) -> torch.Tensor:
+        """Pool `states` (one (B, T, D) tensor per index in `hidden_states`) into float32 (B, D)."""
+        if self.first_token:
+            return states[0][:, 0].float()
+        averaged = states[0].float()
+        for state in states[1:]:
+            averaged = averaged + state.float()
+        mask = attention_mask.unsqueeze(-1).to(averaged.dtype)
+        summed = (averaged * mask).sum(dim=1)
+        return summed / (mask.sum(dim=1).clamp(min=1.0) * len(states))
+
+
+def parse_pooling(pooling: str, layers=None) -> tuple[str, tuple[int, ...]]:
+    """Check a pooling request before any model is loaded; return (kind, requested indices).
+
+    `kind` is a named pooling or "layers"; `layers` (a list of hidden-state indices) overrides
+    the default pooling, and the canonical string form "layers=1,6" is accepted as `pooling`.
+    """
+    if layers is not None:
+        if pooling not in ("first-last-avg", "layers") and not str(pooling).startswith(_LAYERS_PREFIX):
+            raise ValueError(f"give either pooling={pooling!r} or layers={list(layers)!r}, not both")
+        return "layers", _check_layer_list(layers)
+    if not isinstance(pooling, str):
+        raise TypeError(f"pooling must be a string, not {type(pooling).__name__}")
+    if pooling in NAMED_POOLINGS:
+        return pooling, NAMED_POOLINGS[pooling]
+    if pooling.startswith(_LAYERS_PREFIX):
+        text = pooling[len(_LAYERS_PREFIX):].strip("[] ")
+        try:
+            indices = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"pooling {pooling!r}: expected comma-separated integers, e.g. 'layers=1,6'") from None
+        return "layers", _check_layer_list(indices)
+    choices = ", ".join(list(NAMED_POOLINGS) + ["layers=I,J,..."])
+    raise ValueError(f"unknown pooling {pooling!r}; choose one of: {choices}")
+
+
+def bind_pooling(kind: str, indices: tuple[int, ...], num_layers: int) -> Pooling:
+    """Resolve negative indices against an encoder with `num_layers` transformer layers."""
+    resolved = []
+    for index in indices:
+        if not -(num_layers + 1) <= index <= num_layers:
+            raise ValueError(
+                f"layer {index} does not exist: this encoder has hidden states 0..{num_layers} "
+                f"(0 = embeddings, {num_layers} = last layer; negative indices count from the end)"
+            )
+        resolved.append(index % (num_layers + 1))
+    if kind == "layers":
+        if len(set(resolved)) != len(resolved):
+            raise ValueError(f"layers {list(indices)} name the same hidden state twice (this encoder has {num_layers} layers)")
+        resolved.sort()
+        name = _LAYERS_PREFIX + ",".join(str(index) for index in resolved)
+    else:
+        name = kind
+    return Pooling(name=name, hidden_states=tuple(resolved), first_token=kind == "cls")
+
+
+def _check_layer_list(layers) -> tuple[int, ...]:
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"layers must be a list of integers, not {type(layers).__name__}")
+    indices = []
+    for index in layers:
+        if isinstance(index, bool):
+            raise TypeError(f"layers must hold integers; got {index!r}")
+        try:
+            indices.append(operator.index(index))
+        except TypeError:
+            raise TypeError(f"layers must hold integers; got {index!r}") from None
+    if not indices:
+        raise ValueError("layers is empty; give at least one hidden-state index")
+    return tuple(indices)

@@ -1,0 +1,279 @@
+"""flowcore.Encoder: every pooling against an independent transformers computation, `mean`
+against sentence-transformers, and batching, caching, errors and the CLI on a tiny random BERT."""
+import argparse
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from flowcore.encoder import Encoder, default_model_path, threads_for
+
+WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
+
+
+def _sts_sentences(sts_data_dir, count):
+    """The first `count` distinct sentences of the STS-B test file (tab-separated, no quoting)."""
+    sentences = []
+    with open(sts_data_dir / "STSBenchmark" / "sts-test.csv", encoding="utf-8") as lines:
+        for line in lines:
+            columns = line.rstrip("\n").split("\t")
+            for sentence in columns[5:7]:
+                if sentence not in sentences:
+                    sentences.append(sentence)
+            if len(sentences) >= count:
+                return sentences[:count]
+    return sentences
+
+
+def _cosines(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A random 3-layer BERT with a small word vocabulary, saved like a hub model folder."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
+    tokenizer = BertTokenizerFast.from_pretrained(folder, model_max_length=64)
+    config = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def _random_sentences(count, seed=0, max_words=40):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(0, max_words))) for _ in range(count)]
+
+
+# ---- the default model against independent computations -------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_sentences(sts_data_dir):
+    return _sts_sentences(sts_data_dir, 24) + ["", "   ", "Short."]
+
+
+@pytest.fixture(scope="module")
+def reference_hidden_states(real_sentences):
+    """hidden_states of all-MiniLM-L6-v2 straight from transformers, with the padded attention mask."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    model = AutoModel.from_pretrained(default_model_path()).eval()
+    batch = tokenizer(real_sentences, padding=True, truncation=True, max_length=512, return_tensors="pt")
+    with torch.no_grad():
+        output = model(**batch, output_hidden_states=True)
+    return [state.double() for state in output.hidden_states], batch["attention_mask"].double()
+
+
+def _plain_masked_mean(state, mask):
+    return (state * mask[:, :, None]).sum(1) / mask.sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("pooling, expected", [
+    ("cls", lambda hs, mask: hs[-1][:, 0]),
+    ("mean", lambda hs, mask: _plain_masked_mean(hs[-1], mask)),
+    ("last2-avg", lambda hs, mask: (_plain_masked_mean(hs[-2], mask) + _plain_masked_mean(hs[-1], mask)) / 2),
+    ("first-last-avg", lambda hs, mask: (_plain_masked_mean(hs[1], mask) + _plain_masked_mean(hs[-1], mask)) / 2),
+    ("static-avg", lambda hs, mask: _plain_masked_mean(hs[0], mask)),
+    ("layers=2,4,5", lambda hs, mask: sum(_plain_masked_mean(hs[i], mask) for i in (2, 4, 5)) / 3),
+])
+def test_every_pooling_matches_transformers(pooling, expected, real_sentences, reference_hidden_states):
+    hidden_states, mask = reference_hidden_states
+    want = expected(hidden_states, mask).numpy()
+    got = Encoder(pooling=pooling).encode(real_sentences, batch_size=5)
+    assert got.shape == (len(real_sentences), 384) and got.dtype == np.float32
+    assert _cosines(got, want).min() > 0.99999
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_mean_matches_sentence_transformers(real_sentences):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(default_model_path(), device="cpu").encode(real_sentences, batch_size=7)
+    got = Encoder(pooling="mean").encode(real_sentences, normalize=True)
+    assert _cosines(got, reference).min() > 0.99999
+    np.testing.assert_allclose(got, reference, atol=1e-5)
+
+
+def test_default_encoder_attributes():
+    encoder = Encoder()
+    assert (encoder.model_id, encoder.pooling, encoder.dim) == ("default", "first-last-avg", 384)
+    assert Encoder(layers=[-1, 1]).pooling == "layers=1,6"
+    assert Encoder(pooling="layers=6,1").pooling == "layers=1,6"
+    assert Encoder(pooling="mean")._loaded is encoder._loaded  # a second Encoder reuses the loaded weights
+
+
+# ---- batching, caching and stopping early (tiny BERT) -----------------------------------------------
+
+def test_order_is_kept_when_batches_are_length_sorted(tiny_bert):
+    encoder = Encoder(tiny_bert, pooling="mean")
+    sentences = _random_sentences(60, seed=1)
+    assert len({len(s.split()) for s in sentences}) > 20  # shuffled lengths, so sorting reorders
+    together = encoder.encode(sentences, batch_size=7, max_tokens=100)
+    one_by_one = np.concatenate([encoder.encode([sentence]) for sentence in sentences])
+    np.testing.assert_allclose(together, one_by_one, rtol=1e-5, atol=1e-6)
+
+
+def test_batches_respect_sentence_count_and_token_budget(tiny_bert):
+    encoder = Encoder(tiny_bert, pooling="mean")
+    shapes = []
+    hook = encoder._loaded.model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        encoder.encode(_random_sentences(80, seed=2), batch_size=16, max_tokens=200)
+    finally:
+        hook.remove()
+    assert sum(rows for rows, _ in shapes) == len(set(_random_sentences(80, seed=2)))
+    assert all(rows <= 16 and (rows * width <= 200 or rows == 1) for rows, width in shapes)
+    assert [width for _, width in shapes] == sorted((width for _, width in shapes), reverse=True)
+
+
+def test_identical_sentences_are_encoded_once(tiny_bert):
+    encoder = Encoder(tiny_bert, pooling="mean")
+    sentences = ["the cat sat", "a dog ran", "the cat sat", "", "a dog ran", "the cat sat", ""]
+    encoded_rows = []
+    hook = encoder._loaded.model.register_forward_pre_hook(
+        lambda module, args, kwargs: encoded_rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        vectors = encoder.encode(sentences)
+    finally:
+        hook.remove()
+    assert sum(encoded_rows) == 3
+    np.testing.assert_array_equal(vectors[0], vectors[2])
+    np.testing.assert_array_equal(vectors[1], vectors[4])
+    assert not np.allclose(vectors[0], vectors[1])
+
+
+@pytest.mark.parametrize("pooling, layers_run", [("static-avg", 0), ("layers=1", 1), ("first-last-avg", 3)])
+def test_forward_stops_after_the_deepest_needed_layer(tiny_bert, pooling, layers_run):
+    encoder = Encoder(tiny_bert, pooling=pooling)
+    ran = []
+    hooks = [layer.register_forward_hook(lambda module, args, output, i=i: ran.append(i))
+             for i, layer in enumerate(encoder._loaded.layers)]
+    try:
+        encoder.encode(["the cat sat on the mat", "a dog"])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert ran == list(range(layers_run))
+
+
+def test_pooler_head_is_not_run(tiny_bert):
+    assert Encoder(tiny_bert)._loaded.model.pooler is None
+
+
+def test_local_folder_model_id_is_absolute(tiny_bert, monkeypatch):
+    monkeypatch.chdir(os.path.dirname(tiny_bert))
+    encoder = Encoder(os.path.basename(tiny_bert), pooling="static-avg")
+    assert encoder.model_id == tiny_bert and encoder.dim == 16 and encoder.pooling == "static-avg"
+
+
+def test_empty_whitespace_and_over_long_texts(tiny_bert):
+    encoder = Encoder(tiny_bert, pooling="first-last-avg", max_length=10)
+    long_text = " ".join(WORDS)
+    with pytest.warns(UserWarning, match=r"2 of 5 texts were longer than 10 tokens"):
+        vectors = encoder.encode(["", "   ", long_text, "the cat", long_text], normalize=True)
+    assert np.isfinite(vectors).all()
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # exactly max_length tokens is not truncation
+        encoder.encode([" ".join(WORDS[:8])])
+
+
+def test_progress_bar_shows_rate(tiny_bert, capsys):
+    Encoder(tiny_bert).encode(_random_sentences(20), show_progress_bar=True)
+    assert "sent/s" in capsys.readouterr().err
+    Encoder(tiny_bert).encode(_random_sentences(20))
+    assert capsys.readouterr().err == ""
+
+
+def test_cpu_threads_back_off_under_load_and_are_restored(tiny_bert):
+    assert threads_for(cpus=8, busy_elsewhere=0.1, ceiling=8) == 8
+    assert threads_for(cpus=8, busy_elsewhere=3.0, ceiling=8) == 5
+    assert threads_for(cpus=2, busy_elsewhere=0.7, ceiling=2) == 1
+    assert threads_for(cpus=2, busy_elsewhere=5.0, ceiling=2) == 1
+    assert threads_for(cpus=16, busy_elsewhere=0.0, ceiling=4) == 4
+    before = torch.get_num_threads()
+    Encoder(tiny_bert).encode(_random_sentences(30))
+    assert torch.get_num_threads() == before
+
+
+# ---- errors ----------------------------------------------------------------------------------------
+
+def test_bad_sentences_give_clear_errors(tiny_bert):
+    encoder = Encoder(tiny_bert)
+    with pytest.raises(TypeError, match=r"sentences\[2\] is int"):
+        encoder.encode(["a", "b", 3])
+    with pytest.raises(TypeError, match=r"sentences\[0\] is NoneType"):
+        encoder.encode([None])
+    with pytest.raises(ValueError, match="empty list"):
+        encoder.encode([])
+    with pytest.raises(TypeError, match="not a single string"):
+        encoder.encode("the cat")
+    with pytest.raises(ValueError, match="batch_size"):
+        encoder.encode(["a"], batch_size=0)
+
+
+def test_bad_pooling_and_model_give_clear_errors(tiny_bert, tmp_path):
+    with pytest.raises(ValueError, match="unknown pooling 'max'.*first-last-avg"):
+        Encoder(tiny_bert, pooling="max")
+    with pytest.raises(ValueError, match="layer 4 does not exist.*0..3"):
+        Encoder(tiny_bert, layers=[1, 4])
+    with pytest.raises(ValueError, match="same hidden state twice"):
+        Encoder(tiny_bert, layers=[3, -1])
+    with pytest.raises(ValueError, match="either pooling='mean' or layers"):
+        Encoder(tiny_bert, pooling="mean", layers=[1])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Encoder(str(tmp_path / "missing" / "folder"))
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        Encoder(str(tmp_path))
+
+
+def test_uncached_hub_name_says_how_to_pass_a_local_folder():
+    with pytest.raises(FileNotFoundError, match=r"not in the Hugging Face cache.*local folder.*Encoder\(model="):
+        Encoder("nobody/no-such-model-xyz")
+
+
+# ---- CLI ---------------------------------------------------------------------------------------------
+
+def _run_encode_cli(argv):
+    from flowcore.cli import encode as encode_cli
+
+    parser = argparse.ArgumentParser(prog="flowcore")
+    encode_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["encode", *argv])
+    return args.func(args)
+
+
+def test_cli_encode_writes_one_row_per_line(tiny_bert, tmp_path, capsys):
+    lines = ["the cat sat", "", "a dog ran fast", "the cat sat"]
+    (tmp_path / "sents.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "emb.npy"
+    status = _run_encode_cli(["--input", str(tmp_path / "sents.txt"), "--out", str(out), "--model", tiny_bert,
+                              "--pooling", "mean", "--batch-size", "2", "--max-length", "16"])
+    assert status == 0
+    written = np.load(out)
+    np.testing.assert_allclose(written, Encoder(tiny_bert, pooling="mean").encode(lines), rtol=1e-5, atol=1e-6)
+    assert "wrote 4 embeddings (4 x 16, pooling mean)" in capsys.readouterr().out
+
+
+def test_cli_encode_bad_input_is_reported(tiny_bert, tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        _run_encode_cli(["--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "e.npy")])
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.txt is empty"):
+        _run_encode_cli(["--input", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "e.npy")])
+    (tmp_path / "latin1.txt").write_bytes(b"the cat\r\nthe caf\xe9 dog\nred\n")
+    _run_encode_cli(["--input", str(tmp_path / "latin1.txt"), "--out", str(tmp_path / "e.npy"), "--model", tiny_bert])
+    assert np.load(tmp_path / "e.npy").shape == (3, 16)
+    err = capsys.readouterr().err
+    assert "1 line(s) of" in err and "(lines 2)" in err
