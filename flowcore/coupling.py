@@ -38,7 +38,7 @@ class Coupling(nn.Module):
         nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, x: torch.Tensor):
-        x1, x2 = x[:, : self.split], x[:, self.split :]
+        x1, x2 = x.split([self.split, x.shape[1] - self.split], dim=1)
         h = self.net(x1)
         if self.kind == "affine":
             z2, logdet = kernels.affine_coupling(x2, h)
@@ -47,7 +47,7 @@ class Coupling(nn.Module):
         return torch.cat([x1, z2], dim=1), logdet
 
     def inverse(self, z: torch.Tensor):
-        z1, z2 = z[:, : self.split], z[:, self.split :]
+        z1, z2 = z.split([self.split, z.shape[1] - self.split], dim=1)
         h = self.net(z1)
         if self.kind == "affine":
             x2, logdet = kernels.affine_coupling_inverse(z2, h)

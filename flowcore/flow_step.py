@@ -1,9 +1,11 @@
 """One Glow step: ActNorm -> invertible linear -> coupling, data -> latent.
 
-Training runs ActNorm fused into the linear map (`kernels.actnorm_linear`). In eval mode, when no
-gradient is wanted, the ActNorm is folded into the assembled weight once, W' = W diag(exp(logs)),
-b = W' loc, so the step costs one GEMM + bias; the folded weight is cached and rebuilt whenever a
-parameter changes (tracked by the tensors' version counters) or the module returns to training.
+ActNorm is folded into the assembled LU weight, W' = W diag(exp(logs)), b = W' loc, so ActNorm +
+1x1 cost one GEMM + bias (`kernels.folded_linear`) and no pass over the batch of their own; in
+training the fold is differentiated through (d x d work), which is cheaper than back-propagating
+through an elementwise ActNorm on (batch x d). In eval mode, when no gradient is wanted, the
+folded weight is cached and rebuilt whenever a parameter changes (tracked by the tensors' version
+counters) or the module returns to training.
 """
 from __future__ import annotations
 
@@ -37,16 +39,18 @@ class FlowStep(nn.Module):
             return False
         return not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
 
-    def _folded_weight(self):
-        """(W', b, logdet) of ActNorm + linear, rebuilt when any of their parameters changed."""
+    def _fold(self):
+        """(W', b, logdet) of ActNorm + LU linear."""
+        weight = self.mixing.weight() * torch.exp(self.actnorm.logs)
+        return weight, weight @ self.actnorm.loc, self.actnorm.logdet() + self.mixing.logdet()
+
+    def _cached_fold(self):
+        """`_fold()` without autograd, rebuilt only when one of its parameters changed."""
         params = (self.actnorm.loc, self.actnorm.logs, *self.mixing.parameters())
         key = tuple((p.data_ptr(), p._version) for p in params)
         if self._folded is None or self._folded[0] != key:
             with torch.no_grad():
-                weight = self.mixing.weight() * torch.exp(self.actnorm.logs)
-                bias = weight @ self.actnorm.loc
-                logdet = self.actnorm.logdet() + self.mixing.logdet()
-            self._folded = (key, weight, bias, logdet)
+                self._folded = (key, *self._fold())
         return self._folded[1:]
 
     def _mix(self, x: torch.Tensor):
@@ -56,11 +60,11 @@ class FlowStep(nn.Module):
                 self.actnorm.maybe_initialize(x)
             return kernels.actnorm(x, loc, logs).flip(1), self.actnorm.logdet()
         if self._fast_path():
-            weight, bias, logdet = self._folded_weight()
-            return kernels.folded_linear(x, weight, bias), logdet
-        self.actnorm.maybe_initialize(x)
-        y = kernels.actnorm_linear(x, loc, logs, self.mixing.weight())
-        return y, self.actnorm.logdet() + self.mixing.logdet()
+            weight, bias, logdet = self._cached_fold()
+        else:
+            self.actnorm.maybe_initialize(x)
+            weight, bias, logdet = self._fold()
+        return kernels.folded_linear(x, weight, bias), logdet
 
     def forward(self, x: torch.Tensor):
         y, logdet = self._mix(x)

@@ -70,8 +70,8 @@ class Glow(nn.Module):
                 logdet = logdet + step_logdet
             if index + 1 < len(self.levels):
                 keep = self.level_dims[index + 1]
-                leaving.append(h[:, keep:])
-                h = h[:, :keep]
+                h, out = h.split([keep, h.shape[1] - keep], dim=1)
+                leaving.append(out)
         return torch.cat([h, *reversed(leaving)], dim=1), logdet
 
     def inverse(self, z: torch.Tensor, return_logdet: bool = False):

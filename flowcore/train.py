@@ -33,7 +33,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     data = data.to(device=parameter.device, dtype=parameter.dtype)
     rows = data.shape[0]
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(flow.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(flow.parameters(), lr=lr, foreach=True)
     steps_per_epoch = math.ceil(rows / batch_size)
     flow.train()
     epoch_losses = []
