@@ -374,12 +374,15 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
             rejects.append(entry.reject)
 
 
-def sample_texts(path: str | os.PathLike, max_rows: int, seed: int = 0, text_field: str = "text",
+def sample_texts(path: str | os.PathLike, max_rows: int | None, seed: int = 0, text_field: str = "text",
                  rejects: list[Reject] | None = None) -> list[str]:
-    """A reproducible uniform random sample of at most `max_rows` good texts, in file order.
+    """A reproducible uniform random sample of at most `max_rows` good texts (all of them when
+    `max_rows` is None), in file order.
 
     One pass with reservoir sampling (memory: `max_rows` texts); the same file, `max_rows` and
     `seed` always give the same sample. Rejected rows go to `rejects` as in `read_texts`."""
+    if max_rows is None:
+        return [text for _, _, text in read_texts(path, text_field, rejects=rejects)]
     if max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
     rng = random.Random(seed)

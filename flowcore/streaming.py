@@ -16,6 +16,7 @@ output (null vectors in .parquet output).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,7 +37,7 @@ OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
 MANIFEST_FORMAT = "flowcore-calibrate-manifest"
 MANIFEST_VERSION = 1
 TEXT_CHUNK_ROWS = 1024
-EMBEDDING_CHUNK_BYTES = 32 << 20
+EMBEDDING_CHUNK_BYTES = 8 << 20
 QUEUE_DEPTH = 2
 # Test hook: seconds each chunk spends in the writer (half before its data is written, half
 # before it is recorded as done), so that a test's SIGKILL lands in the middle of a job.
@@ -88,7 +89,7 @@ class CalibrationSummary:
 
 def default_chunk_rows(source: TextCorpus | EmbeddingFile, dim: int) -> int:
     """Text: chunks of a fixed count of sentences; embeddings: the power of two nearest below
-    ~32 MiB of float32 rows."""
+    ~8 MiB of float32 rows."""
     if source.kind == "text":
         return TEXT_CHUNK_ROWS
     rows = max(1, EMBEDDING_CHUNK_BYTES // (4 * dim))
@@ -442,12 +443,14 @@ class CalibrationJob:
 
     `transform` maps finite float32 (n, dim) rows to calibrated rows, `encode` (text sources)
     maps a list of sentences to embeddings; `pins` (e.g. the flow file hash, the encoder) are
-    recorded in the manifest so that resuming a different job is refused."""
+    recorded in the manifest so that resuming a different job is refused. `threads`, when given,
+    fixes torch's CPU thread count for the run and is pinned too: float results depend on it."""
 
     def __init__(self, source: TextCorpus | EmbeddingFile, out: str | os.PathLike,
                  transform: Callable[[np.ndarray], np.ndarray], dim: int,
                  encode: Callable[[list[str]], np.ndarray] | None = None, pins: dict | None = None,
-                 chunk_rows: int | None = None, restart: bool = False, progress: bool = True):
+                 chunk_rows: int | None = None, restart: bool = False, progress: bool = True,
+                 threads: int | None = None):
         self.source, self.transform, self.dim, self.encode = source, transform, dim, encode
         self.out = Path(out)
         self.format = detect_format(self.out, OUTPUT_FORMATS)
@@ -459,7 +462,10 @@ class CalibrationJob:
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
         self.restart, self.progress = restart, progress
-        self.pins = pins or {}
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.threads = threads
+        self.pins = {**(pins or {}), **({"threads": threads} if threads is not None else {})}
         self.manifest_path = self.out.with_name(self.out.name + ".manifest.json")
         self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
 
@@ -515,7 +521,8 @@ class CalibrationJob:
             if earlier is None:
                 self._commit(identity, rows, progress)
             try:
-                self._stream(output, rejects, identity, rows, progress)
+                with _torch_threads(self.threads):
+                    self._stream(output, rejects, identity, rows, progress)
             finally:
                 output.close()
         output.finish(total_chunks)
@@ -556,6 +563,22 @@ class CalibrationJob:
             bar.close()
         if progress.rows != rows:
             raise ValueError(f"{self.source.path} changed while being read: expected {rows} rows, read {progress.rows}")
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """torch's CPU thread count set to `threads` (None: left alone) for the block."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class _BackgroundConsumer:
@@ -625,10 +648,18 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
                    embeddings: str | os.PathLike | None = None, text_field: str = "text", id_field: str | None = None,
                    vector_field: str = "embedding", model: str | None = None, pooling: str | None = None,
                    batch_size: int = 64, chunk_rows: int | None = None, restart: bool = False,
-                   progress: bool = True, encoder_factory: Callable | None = None) -> CalibrationSummary:
+                   progress: bool = True, threads: int | None = None,
+                   encoder_factory: Callable | None = None) -> CalibrationSummary:
     """Calibrate a text corpus (`input`) or stored embeddings (`embeddings`) with the flow file
     at `flow_path` into `out`. For text, `model`/`pooling` default to what the flow records;
-    anything the flow was not fitted for is refused before work starts."""
+    anything the flow was not fitted for is refused before work starts.
+
+    `threads` (torch CPU threads) defaults to torch's count for embeddings and to 1 for text:
+    the encoder lowers its thread count while other processes load the CPUs, and its float
+    results depend on that count, so only a single thread keeps text output bit-reproducible
+    (what makes a resumed job byte-identical to an uninterrupted one)."""
+    import torch
+
     from flowcore.calibrator import FlowCalibrator
 
     if (input is None) == (embeddings is None):
@@ -646,8 +677,10 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
         encoder = _encoder_for(calibrator, model, pooling, encoder_factory)
         pins["encoder"] = {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": batch_size}
     check_compatible(calibrator, source, encoder, requested_model if embeddings is None else None)
+    if threads is None:
+        threads = torch.get_num_threads() if encoder is None else 1
     job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, _encode_function(encoder, batch_size),
-                         pins=pins, chunk_rows=chunk_rows, restart=restart, progress=progress)
+                         pins=pins, chunk_rows=chunk_rows, restart=restart, progress=progress, threads=threads)
     return job.run()
 
 

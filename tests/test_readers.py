@@ -158,7 +158,7 @@ def test_sample_texts_is_reproducible_uniform_and_in_file_order(tmp_path):
     assert sample == sample_texts(path, 5, seed=3)
     assert len(sample) == 5 and len(set(sample)) == 5
     assert sample == sorted(sample, key=lambda text: int(text[1:]))
-    assert sample_texts(path, 50, seed=0) == [f"s{i}" for i in range(20)]
+    assert sample_texts(path, 50, seed=0) == sample_texts(path, None) == [f"s{i}" for i in range(20)]
     rejects = []
     sample_texts(path, 5, rejects=rejects)
     assert [(r.row, r.reason) for r in rejects] == [(20, EMPTY_LINE)]

@@ -26,7 +26,11 @@ def register(subparsers) -> None:
     parser.add_argument("--pooling", default=None, help="pooling for text input (default: the one the flow records)")
     parser.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     parser.add_argument("--chunk-rows", type=int, default=None,
-                        help="rows per chunk (resume granularity); default: 1024 sentences, or ~32 MiB of vectors")
+                        help="rows per chunk (resume granularity); default: 1024 sentences, or ~8 MiB of vectors")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads (pinned for resuming: results depend on it); default: torch's count for "
+                        "embeddings, 1 for text, whose encoder otherwise adapts its thread count to the machine's load "
+                        "and so would not be bit-reproducible")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -39,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         args.flow, args.out, input=args.input, embeddings=args.embeddings, text_field=args.text_field,
         id_field=args.id_field, vector_field=args.vector_field, model=args.model, pooling=args.pooling,
         batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart,
-        progress=not args.no_progress,
+        progress=not args.no_progress, threads=args.threads,
     )
     print(summary)
     return 0

@@ -1,0 +1,437 @@
+"""The resumable calibration job: results match the in-memory flow, bad rows are reported and
+kept as NaN, a job killed with SIGKILL resumes to byte-identical output, changed jobs and
+mismatched flows are refused, and memory stays flat on a large memory-mapped input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from flowcore import FlowCalibrator
+from flowcore.readers import EMPTY_LINE, NON_FINITE, EmbeddingFile, TextCorpus
+from flowcore.streaming import SLOW_CHUNKS_ENV, CalibrationJob, JobMismatchError, calibrate_file, iter_calibrated
+
+DIM = 8
+CLI = [sys.executable, "-m", "flowcore"]
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory):
+    """A small flow fitted on random 8-wide vectors, saved to a file."""
+    rng = np.random.default_rng(0)
+    calibrator = FlowCalibrator(seed=0).fit(rng.normal(size=(256, DIM)).astype(np.float32), progress=False)
+    path = tmp_path_factory.mktemp("flow") / "model.flow"
+    calibrator.save(path)
+    return path, FlowCalibrator.load(path)
+
+
+def embeddings_with_bad_rows(path: Path, rows: int = 600, dim: int = DIM) -> np.ndarray:
+    matrix = np.random.default_rng(1).normal(size=(rows, dim)).astype(np.float32)
+    matrix[5, 2] = np.nan
+    matrix[rows // 2, 0] = np.inf
+    matrix[rows - 1] = -np.inf
+    np.save(path, matrix)
+    return matrix
+
+
+def leftovers(folder: Path, out: Path) -> list[str]:
+    """Anything a job leaves beside its output except the output and its rejects file."""
+    keep = {out.name, out.name + ".rejects.jsonl"}
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(out.name) and p.name not in keep)
+
+
+def read_rejects(out: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(f"{out}.rejects.jsonl").read_text().splitlines()]
+
+
+def test_npy_output_matches_the_in_memory_flow_and_keeps_bad_rows_as_nan(tmp_path, flow):
+    flow_path, calibrator = flow
+    matrix = embeddings_with_bad_rows(tmp_path / "in.npy")
+    out = tmp_path / "out.npy"
+    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=64, progress=False)
+
+    result = np.load(out)
+    bad = [5, 300, 599]
+    good = np.setdiff1d(np.arange(600), bad)
+    assert result.dtype == np.float32 and result.shape == (600, DIM)
+    np.testing.assert_allclose(result[good], calibrator.transform(matrix[good]), rtol=1e-5, atol=1e-5)
+    assert np.isnan(result[bad]).all()
+    assert [(r["row"], r["reason"]) for r in read_rejects(out)] == [(row, NON_FINITE) for row in bad]
+    assert (summary.rows, summary.rejected, summary.rows_this_run) == (600, 3, 600)
+    assert "600 rows" in str(summary) and "3 rejected (3 NaN/Inf)" in str(summary)
+    assert leftovers(tmp_path, out) == []
+
+
+def test_parquet_output_holds_row_numbers_and_null_vectors_for_rejects(tmp_path, flow):
+    flow_path, calibrator = flow
+    matrix = embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
+    out = tmp_path / "out.parquet"
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=64, progress=False)
+
+    table = pq.read_table(out)
+    assert table.column_names == ["id", "embedding"]
+    assert table.column("id").to_pylist() == list(range(200))
+    vectors = table.column("embedding").to_pylist()
+    assert [i for i, v in enumerate(vectors) if v is None] == [5, 100, 199]
+    np.testing.assert_allclose(np.array(vectors[0:5]), calibrator.transform(matrix[0:5]), rtol=1e-5, atol=1e-5)
+    assert pq.ParquetFile(out).num_row_groups == 4  # one per chunk
+    assert leftovers(tmp_path, out) == []
+
+
+def test_iterator_api_streams_calibrated_chunks(tmp_path, flow):
+    _, calibrator = flow
+    matrix = embeddings_with_bad_rows(tmp_path / "in.npy", rows=130)
+    chunks = list(iter_calibrated(calibrator, EmbeddingFile(tmp_path / "in.npy"), chunk_rows=50))
+    assert [(c.row_start, len(c.vectors)) for c in chunks] == [(0, 50), (50, 50), (100, 30)]
+    assert [r.row for c in chunks for r in c.rejects] == [5, 65, 129]
+    np.testing.assert_allclose(chunks[0].vectors[:5], calibrator.transform(matrix[:5]), rtol=1e-5, atol=1e-5)
+
+
+class Crash(Exception):
+    pass
+
+
+def crashing_after(calls: int):
+    """A transform that works `calls` times, then fails: a job stopped in the middle."""
+    state = {"calls": 0}
+
+    def transform(x):
+        state["calls"] += 1
+        if state["calls"] > calls:
+            raise Crash
+        return x * 2.0 + 1.0
+
+    return transform, state
+
+
+def run_job(source_path, out, transform, **options):
+    options.setdefault("chunk_rows", 50)
+    return CalibrationJob(EmbeddingFile(source_path), out, transform, DIM, progress=False, **options).run()
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+def test_stopped_job_resumes_from_its_last_chunk_to_identical_output(tmp_path, suffix):
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=430)
+    reference = tmp_path / f"reference{suffix}"
+    run_job(tmp_path / "in.npy", reference, crashing_after(10**6)[0])
+
+    out = tmp_path / f"out{suffix}"
+    done = 0
+    for more_chunks in (0, 2, 3):  # each run resumes where the previous one stopped
+        with pytest.raises(Crash):
+            run_job(tmp_path / "in.npy", out, crashing_after(more_chunks)[0])
+        done += more_chunks
+        assert not out.exists(), "an incomplete output must never look complete"
+        assert json.loads(Path(f"{out}.manifest.json").read_text())["done"]["chunks"] == done
+    transform, state = crashing_after(10**6)
+    summary = run_job(tmp_path / "in.npy", out, transform)
+
+    assert state["calls"] == 9 - 5  # 9 chunks of 50 rows; the first 5 were already done
+    assert summary.resumed_from == 250 and summary.rows == 430 and summary.rejected == 3
+    assert out.read_bytes() == reference.read_bytes()
+    assert read_rejects(out) == read_rejects(reference)
+    assert leftovers(tmp_path, out) == []
+
+
+def test_resuming_a_changed_job_is_refused_and_restart_starts_over(tmp_path):
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
+    out = tmp_path / "out.npy"
+    with pytest.raises(Crash):
+        run_job(tmp_path / "in.npy", out, crashing_after(2)[0], pins={"flow_sha256": "aaa"})
+
+    with pytest.raises(JobMismatchError, match=r"flow_sha256 was 'aaa', now 'bbb'.*--restart"):
+        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], pins={"flow_sha256": "bbb"})
+    with pytest.raises(JobMismatchError, match="chunk_rows was 50, now 40"):
+        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], pins={"flow_sha256": "aaa"}, chunk_rows=40)
+    stat = os.stat(tmp_path / "in.npy")
+    os.utime(tmp_path / "in.npy", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(JobMismatchError, match="input.mtime_ns"):
+        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], pins={"flow_sha256": "aaa"})
+
+    transform, state = crashing_after(99)
+    summary = run_job(tmp_path / "in.npy", out, transform, pins={"flow_sha256": "bbb"}, restart=True)
+    assert state["calls"] == 4 and summary.resumed_from == 0
+    assert np.isnan(np.load(out)[[5, 100, 199]]).all()
+
+
+def test_a_missing_partial_output_is_reported_not_silently_refilled(tmp_path):
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
+    out = tmp_path / "out.npy"
+    with pytest.raises(Crash):
+        run_job(tmp_path / "in.npy", out, crashing_after(2)[0])
+    Path(f"{out}.partial").unlink()
+    with pytest.raises(JobMismatchError, match=r"out.npy.partial is missing.*--restart"):
+        run_job(tmp_path / "in.npy", out, crashing_after(99)[0])
+
+
+def test_embeddings_of_another_width_are_refused_before_any_work(tmp_path, flow):
+    flow_path, _ = flow
+    np.save(tmp_path / "in.npy", np.zeros((10, DIM + 1), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"holds 9-wide vectors but the flow expects 8"):
+        calibrate_file(flow_path, tmp_path / "out.npy", embeddings=tmp_path / "in.npy", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
+
+
+class StandInEncoder:
+    """The Encoder interface (model_id, pooling, dim, encode) over a fixed random projection."""
+
+    def __init__(self, model="stand-in", pooling="mean", dim=DIM):
+        self.model_id, self.pooling, self.dim = model, pooling, dim
+
+    def encode(self, sentences, batch_size=32, show_progress_bar=False):
+        return np.array([[len(s) % 7 + i for i in range(self.dim)] for s in sentences], dtype=np.float32)
+
+
+def test_text_is_refused_with_another_encoder_pooling_or_width(tmp_path, flow):
+    _, calibrator = flow
+    calibrator.metadata = {"encoder": "stand-in", "pooling": "mean"}
+    calibrator.save(tmp_path / "text.flow")
+    (tmp_path / "c.txt").write_text("one\ntwo\n")
+
+    def calibrate(**options):
+        return calibrate_file(tmp_path / "text.flow", tmp_path / "out.npy", input=tmp_path / "c.txt",
+                              encoder_factory=StandInEncoder, progress=False, **options)
+
+    with pytest.raises(ValueError, match="fitted on embeddings from encoder 'stand-in', not 'other'"):
+        calibrate(model="other")
+    with pytest.raises(ValueError, match="fitted on 'mean' pooling, not 'cls'"):
+        calibrate(pooling="cls")
+    with pytest.raises(ValueError, match="--model/--pooling apply to text input"):
+        calibrate_file(tmp_path / "text.flow", tmp_path / "out.npy", embeddings=tmp_path / "c.txt", model="x")
+    assert not (tmp_path / "out.npy").exists() and not (tmp_path / "out.npy.manifest.json").exists()
+    summary = calibrate()  # model and pooling default to the recorded ones
+    assert summary.rows == 2 and np.isfinite(np.load(tmp_path / "out.npy")).all()
+
+
+def test_text_rows_are_encoded_calibrated_and_rejects_kept_in_place(tmp_path, flow):
+    _, calibrator = flow
+    calibrator.metadata = {"encoder": "stand-in", "pooling": "mean"}
+    calibrator.save(tmp_path / "text.flow")
+    (tmp_path / "c.txt").write_bytes(b"one\n\ntwo words\n\xff\nthree\n")
+    out = tmp_path / "out.npy"
+    calibrate_file(tmp_path / "text.flow", out, input=tmp_path / "c.txt", encoder_factory=StandInEncoder,
+                   chunk_rows=2, progress=False)
+    result = np.load(out)
+    expected = calibrator.transform(StandInEncoder().encode(["one", "two words", "three"]))
+    np.testing.assert_allclose(result[[0, 2, 4]], expected, rtol=1e-5, atol=1e-5)
+    assert np.isnan(result[[1, 3]]).all()
+    assert read_rejects(out) == [{"row": 1, "line": 2, "reason": EMPTY_LINE},
+                                 {"row": 3, "line": 4, "reason": "invalid UTF-8", "detail": "byte 0 of the line"}]
+
+
+def start_cli(args, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.Popen([*CLI, "calibrate", *map(str, args), "--no-progress"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_after_chunks(process, manifest: Path, chunks: int, extra_seconds: float) -> int:
+    """SIGKILL `process` `extra_seconds` after its manifest records `chunks` chunks done;
+    returns the chunks recorded at the kill."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"finished before it could be killed: {process.communicate()}"
+        try:
+            done = json.loads(manifest.read_text())["done"]["chunks"]
+        except (FileNotFoundError, json.JSONDecodeError):
+            done = -1
+        if done >= chunks:
+            time.sleep(extra_seconds)
+            process.send_signal(signal.SIGKILL)
+            process.communicate()
+            assert process.returncode == -signal.SIGKILL
+            return json.loads(manifest.read_text())["done"]["chunks"]
+        time.sleep(0.01)
+    raise AssertionError("no progress within 2 minutes")
+
+
+def assert_kill_and_resume_gives_identical_output(args, out: Path, reference: Path, kills):
+    """Kill the CLI with SIGKILL at each (chunks done, seconds later) point of `kills`, resume
+    each time, and compare the finished output with `reference`. Each chunk waits 0.15 s before
+    its write and 0.15 s before its commit, so the seconds choose where in a chunk a kill lands."""
+    manifest = Path(f"{out}.manifest.json")
+    slow = {SLOW_CHUNKS_ENV: "0.3"}
+    recorded = []
+    for chunks, extra in kills:
+        recorded.append(kill_after_chunks(start_cli(args, slow), manifest, chunks, extra))
+        assert not out.exists(), "an incomplete output must never look complete"
+    assert recorded == sorted(recorded)
+    finished = subprocess.run([*CLI, "calibrate", *map(str, args), "--no-progress"], capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    assert "resumed at row" in finished.stdout
+    assert out.read_bytes() == reference.read_bytes()
+    assert Path(f"{out}.rejects.jsonl").read_bytes() == Path(f"{reference}.rejects.jsonl").read_bytes()
+    assert leftovers(out.parent, out) == []
+
+
+def test_cli_killed_at_several_points_resumes_to_byte_identical_npy(tmp_path, flow):
+    flow_path, _ = flow
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=500)
+    reference = tmp_path / "reference.npy"
+    calibrate_file(flow_path, reference, embeddings=tmp_path / "in.npy", chunk_rows=50, progress=False)
+    out = tmp_path / "out.npy"
+    args = ["--flow", flow_path, "--embeddings", tmp_path / "in.npy", "--out", out, "--chunk-rows", 50]
+    # before any chunk is done; before a chunk's write; between a chunk's write and its commit
+    assert_kill_and_resume_gives_identical_output(args, out, reference, kills=[(0, 0.05), (2, 0.1), (6, 0.22)])
+    np.testing.assert_array_equal(np.isnan(np.load(out)).any(axis=1).nonzero()[0], [5, 250, 499])
+
+
+def test_cli_refuses_a_mismatched_flow_in_one_clean_line(tmp_path, flow, capsys):
+    from flowcore.cli import main
+
+    flow_path, _ = flow
+    np.save(tmp_path / "in.npy", np.zeros((4, 3), dtype=np.float32))
+    code = main(["calibrate", "--flow", str(flow_path), "--embeddings", str(tmp_path / "in.npy"),
+                 "--out", str(tmp_path / "out.npy")])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"flowcore calibrate: error: {tmp_path / 'in.npy'} holds 3-wide vectors but the flow expects {DIM}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
+
+
+CHILD_JOB = """
+import re, sys
+from flowcore.readers import EmbeddingFile
+from flowcore.streaming import CalibrationJob
+source = EmbeddingFile(sys.argv[1])
+CalibrationJob(source, sys.argv[2], lambda x: x * 2.0, source.dim, progress=False).run()
+print(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+"""
+
+
+def child_peak_rss_bytes(*args) -> int:
+    """Run the streaming job (reader, chunked transform, writer) in a child process and return
+    its peak resident memory (VmHWM: this process image only, unlike ru_maxrss, which keeps the
+    forking parent's high-water mark)."""
+    result = subprocess.run([sys.executable, "-c", CHILD_JOB, *map(str, args)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.split()[-1]) * 1024
+
+
+def test_memory_stays_flat_on_a_large_memory_mapped_input(tmp_path):
+    rows, dim = 300_000, 384  # 461 MB of float32
+    large = np.lib.format.open_memmap(tmp_path / "large.npy", mode="w+", dtype=np.float32, shape=(rows, dim))
+    for start in range(0, rows, 50_000):
+        large[start:start + 50_000] = np.random.default_rng(start).normal(size=(50_000, dim))
+    large.flush()
+    del large
+    np.save(tmp_path / "small.npy", np.ones((100, dim), dtype=np.float32))
+    size = os.path.getsize(tmp_path / "large.npy")
+
+    baseline = child_peak_rss_bytes(tmp_path / "small.npy", tmp_path / "small-out.npy")
+    peak = child_peak_rss_bytes(tmp_path / "large.npy", tmp_path / "large-out.npy")
+
+    assert peak - baseline < size / 5, f"peak RSS grew by {(peak - baseline) / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB input"
+    assert os.path.getsize(tmp_path / "large-out.npy") == size
+    out = np.load(tmp_path / "large-out.npy", mmap_mode="r")
+    np.testing.assert_array_equal(out[-3:], np.load(tmp_path / "large.npy", mmap_mode="r")[-3:] * 2.0)
+
+
+WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree".split()
+
+
+def tiny_bert(folder: Path, seed: int) -> str:
+    """A random 2-layer BERT with a small word vocabulary, saved like a hub model folder."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
+    tokenizer = BertTokenizerFast.from_pretrained(folder, model_max_length=64)
+    config = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=DIM * 2, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64)
+    torch.manual_seed(seed)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def sentences(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(1, 12))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def text_flow(tmp_path_factory):
+    """A flow fitted on a tiny BERT's first-last-avg vectors, recording that encoder; a second,
+    different tiny BERT."""
+    from flowcore import Encoder
+
+    folder = tmp_path_factory.mktemp("text-flow")
+    model = tiny_bert(folder / "bert", seed=0)
+    encoder = Encoder(model=model, pooling="first-last-avg")
+    calibrator = FlowCalibrator(seed=0).fit(encoder.encode(sentences(256, seed=0)), progress=False)
+    calibrator.metadata = {"encoder": encoder.model_id, "pooling": encoder.pooling}
+    calibrator.save(folder / "text.flow")
+    return folder / "text.flow", encoder, tiny_bert(folder / "other-bert", seed=1)
+
+
+def corpus_with_every_bad_row_kind(path: Path, good_rows: int) -> dict[int, str]:
+    """A jsonl corpus of good rows with every kind of bad row mixed in; returns {row: reason}."""
+    bad = [(b"", EMPTY_LINE), (b'{"id": "x", "text": "unterminated', "broken JSON"),
+           (b'{"id": "y", "title": "no text"}', "missing text field"), (b'{"id": "z", "text": "caf\xc3\x28"}', "invalid UTF-8"),
+           (b'{"id": "w", "text": "  "}', "empty text"), (b'{"text": "no id here"}', "missing id field")]
+    lines, reasons = [], {}
+    for index, text in enumerate(sentences(good_rows, seed=2)):
+        if index % 25 == 3:
+            line, reason = bad[(index // 25) % len(bad)]
+            reasons[len(lines)] = reason
+            lines.append(line)
+        lines.append(json.dumps({"id": f"s{index}", "text": text}).encode())
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return reasons
+
+
+def test_text_corpus_every_bad_row_kind_is_rejected_and_good_rows_calibrated(tmp_path, text_flow):
+    flow_path, encoder, _ = text_flow
+    reasons = corpus_with_every_bad_row_kind(tmp_path / "c.jsonl", good_rows=150)
+    out = tmp_path / "out.npy"
+    summary = calibrate_file(flow_path, out, input=tmp_path / "c.jsonl", id_field="id", chunk_rows=40, progress=False)
+
+    rejects = read_rejects(out)
+    assert {r["row"]: r["reason"] for r in rejects} == reasons
+    assert set(reasons.values()) == {EMPTY_LINE, "broken JSON", "missing text field", "invalid UTF-8", "empty text",
+                                     "missing id field"}
+    assert all(r["line"] == r["row"] + 1 for r in rejects)
+    assert summary.rejects == dict(Counter(reasons.values())) and summary.rows == 150 + len(reasons)
+    result = np.load(out)
+    good = [row for row in range(summary.rows) if row not in reasons]
+    assert np.isnan(result[sorted(reasons)]).all() and np.isfinite(result[good]).all()
+    calibrator = FlowCalibrator.load(flow_path)
+    np.testing.assert_allclose(result[good], calibrator.transform(encoder.encode(sentences(150, seed=2))),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_cli_killed_on_a_text_corpus_resumes_to_byte_identical_parquet(tmp_path, text_flow):
+    flow_path, _, _ = text_flow
+    corpus_with_every_bad_row_kind(tmp_path / "c.jsonl", good_rows=300)
+    options = dict(input=tmp_path / "c.jsonl", id_field="id", chunk_rows=32)
+    reference = tmp_path / "reference.parquet"
+    calibrate_file(flow_path, reference, progress=False, **options)
+    out = tmp_path / "out.parquet"
+    args = ["--flow", flow_path, "--input", tmp_path / "c.jsonl", "--id-field", "id", "--out", out, "--chunk-rows", 32]
+    assert_kill_and_resume_gives_identical_output(args, out, reference, kills=[(1, 0.22), (5, 0.05)])
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist()[:4] == ["s0", "s1", "s2", None]  # row 3 is an empty line
+
+
+def test_text_with_another_encoder_or_pooling_is_refused_before_any_work(tmp_path, text_flow, capsys):
+    from flowcore.cli import main
+
+    flow_path, encoder, other_model = text_flow
+    (tmp_path / "c.txt").write_text("the cat sat\n")
+    base = ["calibrate", "--flow", str(flow_path), "--input", str(tmp_path / "c.txt"), "--out", str(tmp_path / "o.npy")]
+    assert main(base + ["--model", other_model]) == 2
+    assert f"fitted on embeddings from encoder {encoder.model_id!r}" in capsys.readouterr().err
+    assert main(base + ["--pooling", "mean"]) == 2
+    assert "fitted on 'first-last-avg' pooling, not 'mean'" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+    assert main(base + ["--no-progress"]) == 0
+    assert "calibrated 1 rows: 1 ok, 0 rejected" in capsys.readouterr().out
