@@ -44,7 +44,7 @@ def check_op(op, ref, inputs: tuple, what: str, grad_seed: int = 1, backward_ker
 
     def grads(outs, leaves_):
         wrt = [t for t in leaves_ if t.requires_grad]
-        return torch.autograd.grad(outs, wrt, [c.to(o.dtype) for c, o in zip(cotangents, outs)])
+        return torch.autograd.grad(outs, wrt, [c.to(device=o.device, dtype=o.dtype) for c, o in zip(cotangents, outs)])
 
     before = sum(launch_counts.values())
     with use_backend("triton"):

@@ -1,0 +1,166 @@
+"""The Triton kernels compiled for a CUDA GPU: fp32 / bf16 / fp16 against `_ref` and float64,
+deterministic reductions, a Glow on both backends, and torch.compile of the registered ops.
+
+Skipped without CUDA, and when the kernels were imported under the interpreter (tests/conftest.py
+sets TRITON_INTERPRET=1 by default): run them with `python bench/gpu_check.py --out DIR`, or
+`TRITON_INTERPRET=0 pytest tests/test_kernels_gpu.py`.
+"""
+import copy
+
+import pytest
+import torch
+
+import flowcore
+from flowcore.backend import use_backend
+from flowcore.kernels import (
+    _launch,
+    actnorm,
+    actnorm_inverse,
+    actnorm_inverse_ref,
+    actnorm_linear,
+    actnorm_linear_ref,
+    actnorm_ref,
+    additive_coupling,
+    additive_coupling_ref,
+    affine_coupling,
+    affine_coupling_inverse,
+    affine_coupling_inverse_ref,
+    affine_coupling_ref,
+    folded_linear,
+    folded_linear_ref,
+    launch_counts,
+)
+from kernel_checks import check_op
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(_launch.INTERPRETED, reason="kernels imported under TRITON_INTERPRET=1; "
+                       "run with TRITON_INTERPRET=0 (bench/gpu_check.py does)"),
+]
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SHAPES = [(1, 96), (7, 383), (1023, 768), (4096, 1024), (300, 383)]
+
+
+@pytest.fixture(autouse=True)
+def _exact_float32_matmuls():
+    """Compare float32 GEMMs without TF32 on either side."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+
+def _cuda(*shape, dtype, scale=1.0, shift=0.0):
+    return (scale * torch.randn(*shape, device="cuda") + shift).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("rows,d", SHAPES)
+def test_actnorm_on_gpu(rows, d, dtype):
+    inputs = (_cuda(rows, d, dtype=dtype, scale=2.0, shift=1.0), _cuda(d, dtype=dtype), _cuda(d, dtype=dtype, scale=0.3))
+    check_op(actnorm, actnorm_ref, inputs, f"actnorm {dtype} {rows}x{d}")
+    check_op(actnorm_inverse, actnorm_inverse_ref, inputs, f"actnorm_inverse {dtype} {rows}x{d}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("rows,d", SHAPES)
+def test_linear_ops_on_gpu(rows, d, dtype):
+    x = _cuda(rows, d, dtype=dtype, shift=0.5)
+    weight = (torch.linalg.qr(torch.randn(d, d, device="cuda"))[0] + 0.1 * torch.randn(d, d, device="cuda")).to(dtype)
+    loc, logs, bias = _cuda(d, dtype=dtype, scale=0.5), _cuda(d, dtype=dtype, scale=0.2), _cuda(d, dtype=dtype)
+    check_op(actnorm_linear, actnorm_linear_ref, (x, loc, logs, weight), f"actnorm_linear {dtype} {rows}x{d}")
+    check_op(folded_linear, folded_linear_ref, (x, weight, bias), f"folded_linear {dtype} {rows}x{d}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("rows,d2", SHAPES)
+def test_coupling_on_gpu(rows, d2, dtype):
+    x2, h = _cuda(rows, d2, dtype=dtype), _cuda(rows, 2 * d2, dtype=dtype, scale=1.5)
+    check_op(affine_coupling, affine_coupling_ref, (x2, h), f"affine {dtype} {rows}x{d2}")
+    check_op(affine_coupling_inverse, affine_coupling_inverse_ref, (x2, h), f"affine inverse {dtype} {rows}x{d2}")
+    check_op(additive_coupling, additive_coupling_ref, (x2, h[:, 1::2]), f"additive {dtype} {rows}x{d2}",
+             backward_kernels=False)
+
+
+def test_strided_inputs_on_gpu():
+    x = torch.randn(768, 4096, device="cuda").T
+    weight = torch.randn(768, 768, device="cuda").T
+    vectors = torch.randn(3, 1536, device="cuda")
+    loc, logs = vectors[0, ::2], 0.2 * vectors[1, 1::2]
+    check_op(actnorm_linear, actnorm_linear_ref, (x, loc, logs, weight), "actnorm_linear transposed")
+    check_op(actnorm, actnorm_ref, (x, loc, logs), "actnorm transposed")
+    y = torch.randn(4096, 1535, device="cuda")
+    check_op(affine_coupling, affine_coupling_ref, (y[:, 767:], torch.randn(4096, 1536, device="cuda")), "affine slice")
+
+
+def test_batch_reductions_are_bitwise_deterministic_on_gpu():
+    x = torch.randn(65536, 768, device="cuda", requires_grad=True)
+    loc = torch.randn(768, device="cuda", requires_grad=True)
+    logs = (0.1 * torch.randn(768, device="cuda")).requires_grad_()
+    weight = torch.randn(768, 768, device="cuda", requires_grad=True)
+    upstream = torch.randn(65536, 768, device="cuda")
+    with use_backend("triton"):
+        for op, args in ((actnorm, (x, loc, logs)), (actnorm_linear, (x, loc, logs, weight))):
+            first = torch.autograd.grad(op(*args), args, upstream)
+            for _ in range(3):
+                again = torch.autograd.grad(op(*args), args, upstream)
+                assert all(torch.equal(a, b) for a, b in zip(first, again)), op.__name__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_glow_on_gpu_matches_torch_backend(dtype):
+    torch.manual_seed(0)
+    reference = flowcore.Glow(768, levels=2, depth=3, width=32).cuda()
+    x = torch.randn(4096, 768, device="cuda") * 1.5 + 0.5
+    with torch.no_grad():
+        reference(x)  # data-dependent ActNorm initialisation, in float32
+    reference = reference.to(dtype)
+    fused = copy.deepcopy(reference)
+    x = x.to(dtype)
+    with use_backend("torch"):
+        loss_ref = reference.bits_per_dim(x)
+        loss_ref.backward()
+    before = sum(launch_counts.values())
+    with use_backend("triton"):
+        loss = fused.bits_per_dim(x)
+        loss.backward()
+    assert sum(launch_counts.values()) > before
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(loss.float(), loss_ref.float(), rtol=tolerance, atol=tolerance)
+    for (name, pa), (_, pb) in zip(fused.named_parameters(), reference.named_parameters()):
+        scale = max(pb.grad.abs().max().item(), 1e-3)
+        error = (pa.grad.float() - pb.grad.float()).abs().max().item() / scale
+        assert error <= 20 * tolerance, f"gradient of {name}: relative error {error:.2e}"
+
+
+def _fused_pipeline(x, loc, logs, weight, h):
+    y = actnorm_linear(x, loc, logs, weight)
+    z2, logdet = affine_coupling(y[:, 384:], h)
+    return actnorm(torch.cat([y[:, :384], z2], dim=1), loc, logs), logdet
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_ops_compile_with_torch_compile(dtype):
+    """The ops are torch.library.triton_op's: torch.compile traces them without graph breaks
+    (fullgraph=True) and the compiled forward + backward equals eager Triton."""
+    torch._dynamo.reset()
+    args = [_cuda(2048, 768, dtype=dtype, shift=0.5), _cuda(768, dtype=dtype), _cuda(768, dtype=dtype, scale=0.1),
+            torch.linalg.qr(torch.randn(768, 768, device="cuda"))[0].to(dtype), _cuda(2048, 768, dtype=dtype)]
+    args = [a.requires_grad_() for a in args]
+    upstream = _cuda(2048, 768, dtype=dtype)
+
+    def loss(fn):
+        z, logdet = fn(*args)
+        return (z * upstream).sum() + logdet.sum()
+
+    with use_backend("triton"):
+        compiled = torch.compile(_fused_pipeline, fullgraph=True)
+        eager_loss = loss(_fused_pipeline)
+        eager_grads = torch.autograd.grad(eager_loss, args)
+        compiled_loss = loss(compiled)
+        compiled_grads = torch.autograd.grad(compiled_loss, args)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=tolerance, atol=tolerance)
+    for a, b in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance * b.abs().max().item())
