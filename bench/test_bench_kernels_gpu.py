@@ -2,9 +2,9 @@
 step (training and inference), Triton vs PyTorch eager vs torch.compile of the PyTorch path, at
 d = 768 and 1024 and batch 4k / 64k / 256k. Skipped without CUDA.
 
-Each group records median times (labels `triton`, `eager`, `compile`; the summary prints
-eager/triton and compile/triton as `Nx of triton`) and `gbps` / `hbm_fraction` for the Triton
-run: the bytes the op must move at minimum (inputs read once, outputs written once) over its
+Each group records median times of a round of repeated calls (labels `triton`, `eager`,
+`compile`; the summary prints eager/triton and compile/triton as `Nx of triton`), each label's
+`<label>_ms_per_op`, and `gbps` / `hbm_fraction` for the Triton run: the bytes the op must move at minimum (inputs read once, outputs written once) over its
 time, against the GPU's HBM peak. Goals on an H200: flow step forward + backward >= 2x eager and
 >= 1.2x torch.compile; elementwise kernels >= 80 % of HBM bandwidth.
 Run: `python bench/gpu_check.py --out DIR` (or `pytest bench/test_bench_kernels_gpu.py`).
@@ -63,7 +63,7 @@ def _bench(benchmark, record, group: str, impl: str, fn, batch: int, bytes_moved
         run()  # warm up: compiles Triton kernels / torch.compile graphs, autotunes cuBLAS
         benchmark.pedantic(run, rounds=10, warmup_rounds=1)
     seconds = benchmark.stats.stats.median / inner
-    extra = {}
+    extra = {f"{impl}_ms_per_op": seconds * 1e3}
     if impl == "triton":
         extra["gbps"] = bytes_moved / seconds / 1e9
         peak = hbm_peak_gbps()
