@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="folder for gpu_summary.json and raw results")
     parser.add_argument("--budget", type=float, default=285.0, help="seconds for the whole check (default 285)")
-    parser.add_argument("--test-share", type=float, default=0.4, help="part of the budget for the tests")
+    parser.add_argument("--test-share", type=float, default=0.45, help="part of the budget for the tests")
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
