@@ -191,8 +191,11 @@ def _conditioner(x1, net):
 
 
 def _flow_step_loss(x, loc, logs, weight, *net):
-    """One Glow training step, data -> latent, and a Gaussian negative log-likelihood."""
-    y = actnorm_linear(x, loc, logs, weight)
+    """One Glow training step as flowcore.flow_step.FlowStep runs it (ActNorm folded into the
+    1x1 weight, differentiated through the d x d fold), data -> latent, and a Gaussian negative
+    log-likelihood."""
+    folded = weight * torch.exp(logs)
+    y = folded_linear(x, folded, folded @ loc)
     half = y.shape[1] // 2
     y1, y2 = y[:, :half], y[:, half:]
     z2, logdet = affine_coupling(y2, _conditioner(y1, net))
