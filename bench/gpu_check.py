@@ -74,9 +74,13 @@ def _speedups(groups: dict) -> dict:
             for other in ("eager", "compile"):
                 if other in medians:
                     row[f"speedup_vs_{other}"] = round(medians[other] / medians["triton"], 3)
-        for key in ("gbps", "hbm_fraction", "tflops"):
-            if key in entry:
-                row[key] = round(entry[key], 3)
+        if "triton_fused" in medians:
+            for other in ("triton", "eager", "compile"):
+                if other in medians:
+                    row[f"fused_speedup_vs_{other}"] = round(medians[other] / medians["triton_fused"], 3)
+        for key, value in entry.items():
+            if key.endswith(("gbps", "hbm_fraction", "tflops")):
+                row[key] = round(value, 3)
         table[group] = row
     return table
 

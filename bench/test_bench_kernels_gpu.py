@@ -2,6 +2,8 @@
 step (training and inference), Triton vs PyTorch eager vs torch.compile of the PyTorch path, at
 d = 768 and 1024 and batch 4k / 64k / 256k. Skipped without CUDA.
 
+The inference step also runs as `triton_fused` (`folded_affine_step`: one kernel per half,
+the coupling in the second GEMM's epilogue).
 Each group records median times of a round of repeated calls (labels `triton`, `eager`,
 `compile`; the summary prints eager/triton and compile/triton as `Nx of triton`), each label's
 `<label>_ms_per_op`, and `gbps` / `hbm_fraction` for the Triton run: the bytes the op must move at minimum (inputs read once, outputs written once) over its
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from flowcore.backend import use_backend
-from flowcore.kernels import actnorm, actnorm_linear, affine_coupling, folded_linear
+from flowcore.kernels import actnorm, actnorm_linear, affine_coupling, folded_affine_step, folded_linear
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU benchmarks need CUDA")
 
@@ -57,20 +59,21 @@ def _compiled(key, fn):
 
 def _bench(benchmark, record, group: str, impl: str, fn, batch: int, bytes_moved: float, flops: float = 0.0):
     inner = _inner_repeats(batch)
-    backend = "triton" if impl == "triton" else "torch"
+    backend = "triton" if impl.startswith("triton") else "torch"
     with use_backend(backend):
         run = _sync_loop(fn, inner)
         run()  # warm up: compiles Triton kernels / torch.compile graphs, autotunes cuBLAS
         benchmark.pedantic(run, rounds=10, warmup_rounds=1)
     seconds = benchmark.stats.stats.median / inner
     extra = {f"{impl}_ms_per_op": seconds * 1e3}
-    if impl == "triton":
-        extra["gbps"] = bytes_moved / seconds / 1e9
+    if impl.startswith("triton"):
+        prefix = "" if impl == "triton" else f"{impl}_"
+        extra[f"{prefix}gbps"] = bytes_moved / seconds / 1e9
         peak = hbm_peak_gbps()
         if peak:
-            extra["hbm_fraction"] = extra["gbps"] / peak
+            extra[f"{prefix}hbm_fraction"] = extra[f"{prefix}gbps"] / peak
         if flops:
-            extra["tflops"] = flops / seconds / 1e12
+            extra[f"{prefix}tflops"] = flops / seconds / 1e12
     record(group, impl, **extra)
 
 
@@ -225,7 +228,15 @@ def _flow_step_inference(x, weight, bias, *net):
     return torch.cat([y1, z2], dim=1), logdet
 
 
-@pytest.mark.parametrize("d,batch,dtype,impl", list(_cases()))
+def _flow_step_inference_fused(x, weight, bias, *net):
+    """The same step through the fused kernel: coupling in the second GEMM's epilogue."""
+    half = x.shape[1] // 2
+    return folded_affine_step(x, weight, bias, half, lambda y1: _conditioner(y1, net))
+
+
+@pytest.mark.parametrize("d,batch,dtype,impl", list(_cases()) + [
+    pytest.param(d, batch, torch.bfloat16, "triton_fused", id=f"d{d}-b{batch}-bfloat16-triton_fused")
+    for d in DIMS for batch in BATCHES])
 def test_flow_step_inference(benchmark, record, d, batch, dtype, impl):
     x = torch.randn(batch, d, device="cuda", dtype=dtype)
     step = _StepParams(d, dtype)
@@ -233,7 +244,8 @@ def test_flow_step_inference(benchmark, record, d, batch, dtype, impl):
         weight = step.weight * torch.exp(step.logs)
         bias = weight @ step.loc
         net = [p.detach() for p in step.net]
-    op = _compiled(("step_infer", d, dtype), _flow_step_inference) if impl == "compile" else _flow_step_inference
+    op = {"compile": lambda *args: _compiled(("step_infer", d, dtype), _flow_step_inference)(*args),
+          "triton_fused": _flow_step_inference_fused}.get(impl, _flow_step_inference)
 
     def run():
         with torch.no_grad():

@@ -16,6 +16,7 @@ from flowcore.kernels.coupling import (
     affine_coupling_inverse_ref,
     affine_coupling_ref,
 )
+from flowcore.kernels.flow_step import folded_affine_step, folded_affine_step_ref
 from flowcore.kernels.invertible_linear import (
     actnorm_linear,
     actnorm_linear_ref,

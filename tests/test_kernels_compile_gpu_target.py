@@ -20,6 +20,7 @@ COMPILE_ALL = textwrap.dedent(
     actnorm = importlib.import_module("flowcore.kernels.actnorm")
     linear = importlib.import_module("flowcore.kernels.invertible_linear")
     coupling = importlib.import_module("flowcore.kernels.coupling")
+    step = importlib.import_module("flowcore.kernels.flow_step")
 
 
     def tiles(blocks):
@@ -50,7 +51,10 @@ COMPILE_ALL = textwrap.dedent(
     ] + [
         (kernel, {"INVERSE": inverse}, lambda dtype: tiles(coupling._blocks(384)))
         for kernel in (coupling._affine_fwd_kernel, coupling._affine_bwd_kernel) for inverse in (False, True)
-    ] + [(coupling._additive_kernel, {"SUBTRACT": False}, lambda dtype: tiles(coupling._blocks(384)))]
+    ] + [(coupling._additive_kernel, {"SUBTRACT": False}, lambda dtype: tiles(coupling._blocks(384)))] + [
+        (step._folded_gemm_kernel, {"COUPLING": c}, lambda dtype: gemm(step._blocks(dtype, 65536, 768)))
+        for c in (False, True)
+    ]
 
     def compile_one(kernel, flags, blocks, dtype):
         import torch
@@ -89,4 +93,4 @@ def test_every_kernel_compiles_for_sm90():
         capture_output=True, text=True, timeout=600, env={**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"},
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "compiled 30" in result.stdout
+    assert "compiled 34" in result.stdout

@@ -26,11 +26,13 @@ from flowcore.kernels import (
     affine_coupling_inverse,
     affine_coupling_inverse_ref,
     affine_coupling_ref,
+    folded_affine_step,
+    folded_affine_step_ref,
     folded_linear,
     folded_linear_ref,
     launch_counts,
 )
-from kernel_checks import check_op
+from kernel_checks import assert_close_scaled, check_op
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -81,6 +83,27 @@ def test_coupling_on_gpu(rows, d2, dtype):
     check_op(affine_coupling_inverse, affine_coupling_inverse_ref, (x2, h), f"affine inverse {dtype} {rows}x{d2}")
     check_op(additive_coupling, additive_coupling_ref, (x2, h[:, 1::2]), f"additive {dtype} {rows}x{d2}",
              backward_kernels=False)
+
+
+@pytest.mark.parametrize("rows,d,dtype", CASES, ids=CASE_IDS)
+def test_fused_inference_step_on_gpu(rows, d, dtype):
+    split = d // 2
+    x = _cuda(rows, d, dtype=torch.float64, shift=0.3)
+    weight = torch.linalg.qr(torch.randn(d, d, device="cuda", dtype=torch.float64))[0]
+    bias, net_weight = 0.2 * torch.randn(d, device="cuda", dtype=torch.float64), torch.randn(
+        2 * (d - split), split, device="cuda", dtype=torch.float64) / split**0.5
+
+    def run(op, precision):
+        conditioner = lambda y1: y1 @ net_weight.to(precision).T  # noqa: E731
+        with torch.no_grad():
+            return op(x.to(precision), weight.to(precision), bias.to(precision), split, conditioner)
+
+    with use_backend("triton"):
+        z, logdet = run(folded_affine_step, dtype)
+    z_ref, logdet_ref = run(folded_affine_step_ref, dtype)
+    z64, logdet64 = run(folded_affine_step_ref, torch.float64)
+    assert_close_scaled(z, z_ref, z64, f"fused step z {dtype} {rows}x{d}")
+    assert_close_scaled(logdet, logdet_ref, logdet64, f"fused step logdet {dtype} {rows}x{d}")
 
 
 def test_strided_inputs_on_gpu():

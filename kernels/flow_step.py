@@ -1,0 +1,139 @@
+"""Fused inference for one affine Glow step with its ActNorm folded into the 1x1 weight:
+y = x @ weight.T + bias, y1 = y[:, :split], h = conditioner(y1),
+z = [y1, (y2 + h[:, 0::2]) * sigmoid(h[:, 1::2] + 2)], logdet = sum(log sigmoid(...)) per row.
+
+`folded_affine_step(x, weight, bias, split, conditioner)` returns (z, coupling logdet); the
+step's own ActNorm + 1x1 log-det (a constant) is the caller's. For calibrating large embedding
+sets: on the Triton path, with no gradient wanted, the first GEMM writes y1 straight into z,
+and the second GEMM computes y2 tile by tile and applies the coupling in its epilogue, so y2
+never touches memory and no concatenation pass is needed. Row log-dets are summed from one
+partial per column block (fixed order, deterministic). When a gradient is wanted it runs the
+differentiable ops (`folded_linear`, `affine_coupling`); `folded_affine_step_ref` is the
+pure-PyTorch twin. x: (B, d), any strides; z is contiguous, in x's dtype.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from flowcore.backend import resolve
+from flowcore.kernels import _launch
+from flowcore.kernels.coupling import _load_shift_raw, affine_coupling, affine_coupling_ref
+from flowcore.kernels.invertible_linear import folded_linear, folded_linear_ref
+
+
+def folded_affine_step_ref(x, weight, bias, split: int, conditioner: Callable):
+    y = folded_linear_ref(x, weight, bias)
+    y1 = y[:, :split]
+    z2, logdet = affine_coupling_ref(y[:, split:], conditioner(y1))
+    return torch.cat([y1, z2], dim=1), logdet
+
+
+@triton.jit
+def _folded_gemm_kernel(
+    x_ptr, w_ptr, bias_ptr, h_ptr, z_ptr, part_logdet_ptr,
+    B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias, stride_hb, stride_hd, stride_zb,
+    COUPLING: tl.constexpr, FP64: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """z[rows, ns] = x[rows] @ W[ns].T + bias[ns]; with COUPLING, the affine coupling with
+    h[rows, 2 ns], h[rows, 2 ns + 1] is applied before the store and this column block's
+    log-det partial of each row is written to part_logdet[column block, rows]."""
+    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
+    operand: tl.constexpr = x_ptr.dtype.element_ty
+    col_blocks = tl.cdiv(N, BLOCK_N)
+    col_block = tl.program_id(0) % col_blocks
+    rows = (tl.program_id(0) // col_blocks) * BLOCK_B + tl.arange(0, BLOCK_B)
+    ns = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * stride_xb + ks[None, :] * stride_xk,
+                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + ns[None, :] * stride_wn + ks[:, None] * stride_wk,
+                    mask=(ns[None, :] < N) & (ks[:, None] < K), other=0.0)
+        acc = tl.dot(x.to(operand), w.to(operand), acc, input_precision="tf32" if TF32 else "ieee",
+                     out_dtype=compute)
+    acc += tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]
+    mask = (rows[:, None] < B) & (ns[None, :] < N)
+    if COUPLING:
+        shift, raw = _load_shift_raw(h_ptr, rows, col_block * BLOCK_N, B, N, stride_hb, stride_hd,
+                                     compute, BLOCK_B, BLOCK_N)
+        acc = (acc + shift) / (1.0 + tl.exp(-raw))
+        log_sigmoid = tl.minimum(raw, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(raw)))
+        partial = tl.sum(tl.where(mask, log_sigmoid, 0.0), axis=1)
+        tl.store(part_logdet_ptr + col_block * B + rows, partial, mask=rows < B)
+    tl.store(z_ptr + rows[:, None] * stride_zb + ns[None, :], acc.to(z_ptr.dtype.element_ty), mask=mask)
+
+
+def _blocks(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    if _launch.INTERPRETED:  # few, large tiles; small inputs get small ones (padded dots are slow)
+        block_b = min(max(triton.next_power_of_2(B), 16), 128)
+        block_d = min(max(triton.next_power_of_2(D), 16), 128)
+        return block_b, block_d, block_d, {}
+    if dtype == torch.float64:
+        return 64, 64, 32, {"num_warps": 4, "num_stages": 2}
+    return 128, 64, 32 if dtype == torch.float32 else 64, {"num_warps": 8, "num_stages": 3}
+
+
+def _launch_gemm(x, weight, bias, h, z, part_logdet, coupling: bool) -> None:
+    B, K = x.shape
+    N = weight.shape[0]
+    block_b, block_n, block_k, options = _blocks(x.dtype, B, max(N, K))
+    grid = (triton.cdiv(B, block_b) * triton.cdiv(N, block_n),)
+    wrap_triton(_folded_gemm_kernel)[grid](
+        x, weight, bias, h, z, part_logdet,
+        B, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), bias.stride(0),
+        h.stride(0), h.stride(1), z.stride(0),
+        COUPLING=coupling, FP64=_launch.is_fp64(x), TF32=_launch.allow_tf32(x),
+        BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, **options,
+    )
+
+
+@triton_op("flowcore::folded_gemm_into", mutates_args=("z",))
+def _first_half(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> None:
+    """z[:, :n] = x @ weight.T + bias, n = weight.shape[0] (z's other columns untouched)."""
+    _launch.record_launch("folded_step_first_half")
+    # No coupling here: bias stands in for the h and log-det pointers, which are never read.
+    _launch_gemm(x, weight, bias, bias[None, :], z, bias, coupling=False)
+
+
+@triton_op("flowcore::folded_gemm_coupling_into", mutates_args=("z",))
+def _second_half(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, h: torch.Tensor,
+                 z: torch.Tensor) -> torch.Tensor:
+    """z[:, split:] = affine coupling of x @ weight.T + bias with h; returns the row log-dets."""
+    B, N = x.shape[0], weight.shape[0]
+    block_n = _blocks(x.dtype, B, max(N, x.shape[1]))[1]
+    partial_dtype = torch.float64 if _launch.is_fp64(x) else torch.float32
+    part_logdet = torch.empty((triton.cdiv(N, block_n), B), dtype=partial_dtype, device=x.device)
+    _launch.record_launch("folded_step_coupling")
+    _launch_gemm(x, weight, bias, h, z, part_logdet, coupling=True)
+    return part_logdet.sum(dim=0).to(x.dtype)
+
+
+def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
+    """(z, coupling logdet) of one folded affine step; see the module docstring."""
+    if resolve(x) != "triton":
+        return folded_affine_step_ref(x, weight, bias, split, conditioner)
+    _launch.require_matrix("folded_affine_step input", x)
+    _launch.require_matrix("folded_affine_step weight", weight, x.shape[1])
+    _launch.require_vector("folded_affine_step bias", bias, weight.shape[0])
+    if not 0 < split < weight.shape[0]:
+        raise ValueError(f"folded_affine_step split must be in 1..{weight.shape[0] - 1}, got {split}")
+    _launch.require_launchable(x, "folded_affine_step")
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias))
+    if wants_grad:
+        y = folded_linear(x, weight, bias)
+        y1 = y[:, :split]
+        z2, logdet = affine_coupling(y[:, split:], conditioner(y1))
+        return torch.cat([y1, z2], dim=1), logdet
+    z = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    _first_half(x, weight[:split], bias[:split], z)
+    h = conditioner(z[:, :split])
+    _launch.require_matrix("folded_affine_step conditioner output", h, 2 * (weight.shape[0] - split))
+    logdet = _second_half(x, weight[split:], bias[split:], h, z[:, split:])
+    return z, logdet
