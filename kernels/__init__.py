@@ -1,8 +1,13 @@
 """Fused Triton kernels for the flow ops, each beside its pure-PyTorch `_ref` twin.
 
-Imported as `flowcore.kernels` (never as a top-level `kernels`). `launch_counts` maps each
-op name to the number of Triton launches its host launcher made (eager calls), so callers
-can prove the Triton backend really ran.
+Imported as `flowcore.kernels` (never as a top-level `kernels`). One file per op (actnorm,
+invertible_linear, coupling, and flow_step for the fused inference step), each holding its
+`@triton.jit` kernels, host launchers registered with `torch.library.triton_op` (so
+torch.compile traces them), the `torch.autograd.Function` and the pure-PyTorch `_ref` twin.
+Every dispatcher asks `flowcore.backend.resolve` which to run.
+
+`launch_counts` maps each op name to the number of Triton launches its host launcher made
+(eager calls), so callers can prove the Triton backend really ran.
 """
 from flowcore.kernels._launch import launch_counts
 from flowcore.kernels.actnorm import actnorm, actnorm_inverse, actnorm_inverse_ref, actnorm_ref

@@ -131,3 +131,19 @@ def test_interpreter_switched_on_after_import_is_reported():
 def test_backend_unavailable_is_a_runtime_error():
     assert issubclass(BackendUnavailableError, RuntimeError)
     assert flowcore.BackendUnavailableError is BackendUnavailableError
+
+
+def test_every_triton_op_accepts_an_empty_batch():
+    from flowcore.kernels import actnorm_linear, affine_coupling, additive_coupling, folded_linear
+
+    x = torch.randn(0, 8, requires_grad=True)
+    loc, weight = torch.zeros(8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    calls = [(actnorm, (x, loc, loc)), (actnorm_linear, (x, loc, loc, weight)), (folded_linear, (x, weight, loc)),
+             (affine_coupling, (x, torch.randn(0, 16))), (additive_coupling, (x, torch.randn(0, 8)))]
+    with use_backend("triton"):
+        for op, args in calls:
+            out = op(*args)
+            out = out[0] if isinstance(out, tuple) else out
+            assert out.shape == (0, 8), op.__name__
+            grads = torch.autograd.grad(out.sum(), [a for a in args if a.requires_grad])
+            assert all(g.abs().sum().item() == 0 for g in grads), op.__name__
