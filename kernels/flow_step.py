@@ -7,8 +7,9 @@ step's own ActNorm + 1x1 log-det (a constant) is the caller's. For calibrating l
 sets: on the Triton path, with no gradient wanted, the first GEMM writes y1 straight into z,
 and the second GEMM computes y2 tile by tile and applies the coupling in its epilogue, so y2
 never touches memory and no concatenation pass is needed. Row log-dets are summed from one
-partial per column block (fixed order, deterministic). When a gradient is wanted it runs the
-differentiable ops (`folded_linear`, `affine_coupling`); `folded_affine_step_ref` is the
+partial per column block (fixed order, deterministic). When a gradient is wanted (x, weight or
+bias, or the conditioner's output, requires grad) it runs the differentiable ops
+(`folded_linear`, `affine_coupling`) where needed; `folded_affine_step_ref` is the
 pure-PyTorch twin. x: (B, d), any strides; z is contiguous, in x's dtype.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch.library import triton_op, wrap_triton
 from flowcore.backend import resolve
 from flowcore.kernels import _launch
 from flowcore.kernels.coupling import _load_shift_raw, affine_coupling, affine_coupling_ref
-from flowcore.kernels.invertible_linear import folded_linear, folded_linear_ref
+from flowcore.kernels.invertible_linear import _interpreter_blocks, folded_linear, folded_linear_ref
 
 
 def folded_affine_step_ref(x, weight, bias, split: int, conditioner: Callable):
@@ -71,10 +72,8 @@ def _folded_gemm_kernel(
 
 
 def _blocks(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
-    if _launch.INTERPRETED:  # few, large tiles; small inputs get small ones (padded dots are slow)
-        block_b = min(max(triton.next_power_of_2(B), 16), 128)
-        block_d = min(max(triton.next_power_of_2(D), 16), 128)
-        return block_b, block_d, block_d, {}
+    if _launch.INTERPRETED:
+        return _interpreter_blocks(B, D)
     if dtype == torch.float64:
         return 64, 64, 32, {"num_warps": 4, "num_stages": 2}
     return 128, 64, 32 if dtype == torch.float32 else 64, {"num_warps": 8, "num_stages": 3}
@@ -135,5 +134,8 @@ def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
     _first_half(x, weight[:split], bias[:split], z)
     h = conditioner(z[:, :split])
     _launch.require_matrix("folded_affine_step conditioner output", h, 2 * (weight.shape[0] - split))
+    if h.requires_grad:  # a trainable conditioner under grad mode: keep h's gradient path
+        z2, logdet = affine_coupling(folded_linear(x, weight[split:], bias[split:]), h)
+        return torch.cat([z[:, :split], z2], dim=1), logdet
     logdet = _second_half(x, weight[split:], bias[split:], h, z[:, split:])
     return z, logdet

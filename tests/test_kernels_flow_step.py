@@ -88,3 +88,17 @@ def test_fused_step_rejects_bad_arguments():
             folded_affine_step(x, weight, bias, 8, lambda y1: y1)
         with pytest.raises(ValueError, match=r"conditioner output must have 8 columns"):
             folded_affine_step(x, weight, bias, 4, lambda y1: y1)
+
+
+def test_fused_step_keeps_a_trainable_conditioners_gradient():
+    split, d = 48, 96
+    x, weight, bias = _inputs(67, d, torch.float32)
+    net = torch.nn.Linear(split, 2 * split)
+    with use_backend("triton"):
+        z, logdet = folded_affine_step(x, weight, bias, split, net)
+        grads = torch.autograd.grad(z.square().sum() + logdet.sum(), list(net.parameters()))
+    z_ref, logdet_ref = folded_affine_step_ref(x, weight, bias, split, net)
+    grads_ref = torch.autograd.grad(z_ref.square().sum() + logdet_ref.sum(), list(net.parameters()))
+    torch.testing.assert_close(z, z_ref, rtol=1e-5, atol=1e-5)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-4 * g_ref.abs().max().item())
