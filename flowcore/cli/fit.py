@@ -54,9 +54,13 @@ def _load_embeddings(args) -> np.ndarray:
 
 def _encode_corpus(args) -> tuple[np.ndarray, dict]:
     from flowcore.encoder import Encoder
-    from flowcore.readers import sample_texts
+    from flowcore.readers import count_reasons, sample_texts
 
-    texts = sample_texts(args.input, args.max_rows, args.seed, text_field=args.text_field)
+    rejects = []
+    texts = sample_texts(args.input, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
+    if rejects:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in count_reasons(rejects).items())
+        print(f"{args.input}: skipped {len(rejects)} unusable row(s) ({reasons}); first at row {rejects[0].row}")
     if len(texts) < 2:
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {len(texts)}")
     encoder = Encoder(args.model, pooling=args.pooling, device=args.device)

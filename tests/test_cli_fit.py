@@ -1,0 +1,68 @@
+"""`flowcore fit`: embeddings or text in, a loadable flow file out, clear errors otherwise."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import flowcore
+from flowcore.cli import main
+
+
+@pytest.fixture
+def embeddings(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "emb.npy"
+    np.save(path, (rng.normal(size=(300, 16)) @ rng.normal(size=(16, 16))).astype(np.float32))
+    return path
+
+
+def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
+    out = tmp_path / "model.flow"
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--config", "l2_d2_w32",
+                 "--epochs", "2", "--batch-size", "64", "--seed", "4"]) == 0
+    assert "fitted l2_d2_w32 on 300 x 16" in capsys.readouterr().out
+    calibrator = flowcore.FlowCalibrator.load(out)
+    assert (calibrator.config, calibrator.epochs, calibrator.seed, calibrator.dim) == ("l2_d2_w32", 2, 4, 16)
+    expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=4).fit(
+        np.load(embeddings), progress=False)
+    np.testing.assert_array_equal(calibrator.transform(np.load(embeddings)), expected.transform(np.load(embeddings)))
+
+
+def test_max_rows_is_a_reproducible_sample(embeddings, tmp_path):
+    outputs = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.flow"
+        assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--max-rows", "100",
+                     "--config", "l2_d2_w32"]) == 0
+        outputs.append(flowcore.FlowCalibrator.load(out).transform(np.load(embeddings)))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_fit_text_records_encoder_and_pooling(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    lines = [f"sentence number {i} about {'cats' if i % 2 else 'the stock market'}" for i in range(40)]
+    corpus.write_text("\n".join(lines[:20] + [""] + lines[20:]) + "\n")
+    out = tmp_path / "text.flow"
+    assert main(["fit", "--input", str(corpus), "--out", str(out), "--pooling", "mean",
+                 "--config", "l2_d2_w32", "--batch-size", "8"]) == 0
+    assert "skipped 1 unusable row(s)" in capsys.readouterr().out
+    calibrator = flowcore.FlowCalibrator.load(out)
+    assert calibrator.metadata == {"encoder": "default", "pooling": "mean"}
+    assert calibrator.dim == 384
+
+
+def test_errors_are_one_clean_line(tmp_path):
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.ones((5, 3, 2), dtype=np.float32))
+    result = subprocess.run([sys.executable, "-m", "flowcore", "fit", "--embeddings", str(bad), "--out",
+                             str(tmp_path / "x.flow")], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"flowcore fit: error: {bad}: expected a 2-D (rows, dim) array, got shape (5, 3, 2)"
+    nan = tmp_path / "nan.npy"
+    values = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)
+    values[31, 2] = np.nan
+    np.save(nan, values)
+    result = subprocess.run([sys.executable, "-m", "flowcore", "fit", "--embeddings", str(nan), "--out",
+                             str(tmp_path / "x.flow")], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and "row(s) 31" in result.stderr and "Traceback" not in result.stderr
