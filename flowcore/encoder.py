@@ -11,7 +11,9 @@ and, on CPU, with a thread count that backs off while other processes keep the C
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import threading
 import os
 import time
 import warnings
@@ -152,39 +154,46 @@ class Encoder:
         return inputs, attention_mask
 
     def _hidden_states(self, inputs: dict) -> list[torch.Tensor]:
-        """The hidden states the pooling needs, running the model no deeper than the deepest of them.
-
-        hidden_states[i] for i below the depth is the input of transformer layer i, caught by a
-        pre-hook; the last one is the model's own last_hidden_state (after any final norm).
-        """
-        loaded = self._loaded
-        wanted = self._pooling.hidden_states
-        deepest = max(wanted)
-        caught: dict[int, torch.Tensor] = {}
-        hooks = [loaded.layers[index].register_forward_pre_hook(_catch_layer_input(caught, index, index == deepest),
-                                                                with_kwargs=True)
-                 for index in set(wanted) if index < loaded.num_layers]
-        try:
-            caught[loaded.num_layers] = loaded.model(**inputs)[0]
-        except _ForwardStopped:
-            pass
-        finally:
-            for hook in hooks:
-                hook.remove()
-        return [caught[index] for index in wanted]
+        """The hidden states the pooling needs, running the model no deeper than the deepest of them."""
+        return self._loaded.taps.run(self._loaded.model, inputs, self._pooling.hidden_states)
 
 
 class _ForwardStopped(Exception):
-    """Raised by a hook to end a forward once every hidden state the pooling needs is caught."""
+    """Raised by a layer hook to end a forward once every hidden state the pooling needs is caught."""
 
 
-def _catch_layer_input(caught: dict, index: int, stop: bool):
-    def hook(module, args, kwargs):
-        caught[index] = args[0] if args else kwargs["hidden_states"]
-        if stop:
+class _LayerTaps:
+    """Pre-hooks on every transformer layer: during `run`, they keep the inputs of the wanted
+    layers (hidden_states[i] is the input of layer i) and stop the forward after the deepest
+    one. The last hidden state is the model's own last_hidden_state (after any final norm).
+    Requests are per thread, so Encoders sharing one model may encode concurrently."""
+
+    def __init__(self, layers: torch.nn.ModuleList):
+        self.num_layers = len(layers)
+        self._request = threading.local()
+        for index, layer in enumerate(layers):
+            layer.register_forward_pre_hook(functools.partial(self._catch, index), with_kwargs=True)
+
+    def run(self, model: torch.nn.Module, inputs: dict, wanted: tuple[int, ...]) -> list[torch.Tensor]:
+        caught: dict[int, torch.Tensor] = {}
+        self._request.value = (set(wanted), max(wanted), caught)
+        try:
+            caught[self.num_layers] = model(**inputs)[0]
+        except _ForwardStopped:
+            pass
+        finally:
+            self._request.value = None
+        return [caught[index] for index in wanted]
+
+    def _catch(self, index: int, module, args, kwargs) -> None:
+        request = getattr(self._request, "value", None)
+        if request is None:
+            return
+        wanted, deepest, caught = request
+        if index in wanted:
+            caught[index] = args[0] if args else kwargs["hidden_states"]
+        if index == deepest:
             raise _ForwardStopped
-
-    return hook
 
 
 def _length_sorted_batches(lengths: np.ndarray, batch_size: int, max_tokens: int):
@@ -229,6 +238,7 @@ class _LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     layers: torch.nn.ModuleList
+    taps: _LayerTaps
     num_layers: int
     dim: int
     max_positions: int
@@ -295,11 +305,13 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> _
     model.to(device=device, dtype=dtype)
     config = model.config
     num_layers = int(config.num_hidden_layers)
+    layers = _find_layer_stack(model, num_layers)
     positions = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
     return _LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        layers=_find_layer_stack(model, num_layers),
+        layers=layers,
+        taps=_LayerTaps(layers),
         num_layers=num_layers,
         dim=int(getattr(config, "hidden_size", None) or model.get_input_embeddings().embedding_dim),
         max_positions=min(int(limit) for limit in positions if isinstance(limit, int) and 0 < limit < 1_000_000),

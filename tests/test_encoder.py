@@ -1,6 +1,5 @@
 """flowcore.Encoder: every pooling against an independent transformers computation, `mean`
 against sentence-transformers, and batching, caching, errors and the CLI on a tiny random BERT."""
-import argparse
 import os
 import warnings
 
@@ -167,6 +166,19 @@ def test_forward_stops_after_the_deepest_needed_layer(tiny_bert, pooling, layers
     assert ran == list(range(layers_run))
 
 
+def test_encoders_sharing_a_model_encode_concurrently(tiny_bert):
+    from concurrent.futures import ThreadPoolExecutor
+
+    encoders = [Encoder(tiny_bert, pooling="static-avg"), Encoder(tiny_bert, pooling="mean")]
+    assert encoders[0]._loaded is encoders[1]._loaded
+    sentences = _random_sentences(40, seed=3)
+    alone = [encoder.encode(sentences, batch_size=2) for encoder in encoders]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda encoder: encoder.encode(sentences, batch_size=2), encoders * 3))
+    for index, vectors in enumerate(together):
+        np.testing.assert_allclose(vectors, alone[index % 2], rtol=1e-5, atol=1e-6)
+
+
 def test_pooler_head_is_not_run(tiny_bert):
     assert Encoder(tiny_bert)._loaded.model.pooler is None
 
@@ -246,12 +258,9 @@ def test_uncached_hub_name_says_how_to_pass_a_local_folder():
 # ---- CLI ---------------------------------------------------------------------------------------------
 
 def _run_encode_cli(argv):
-    from flowcore.cli import encode as encode_cli
+    from flowcore.cli import main
 
-    parser = argparse.ArgumentParser(prog="flowcore")
-    encode_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["encode", *argv])
-    return args.func(args)
+    return main(["encode", *argv])
 
 
 def test_cli_encode_writes_one_row_per_line(tiny_bert, tmp_path, capsys):
@@ -267,13 +276,18 @@ def test_cli_encode_writes_one_row_per_line(tiny_bert, tmp_path, capsys):
 
 
 def test_cli_encode_bad_input_is_reported(tiny_bert, tmp_path, capsys):
-    with pytest.raises(FileNotFoundError, match="missing.txt"):
-        _run_encode_cli(["--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "e.npy")])
+    assert _run_encode_cli(["--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "e.npy")]) == 2
+    assert "missing.txt" in capsys.readouterr().err
     (tmp_path / "empty.txt").write_bytes(b"")
-    with pytest.raises(ValueError, match="empty.txt is empty"):
-        _run_encode_cli(["--input", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "e.npy")])
+    assert _run_encode_cli(["--input", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "e.npy")]) == 2
+    assert "empty.txt is empty" in capsys.readouterr().err
+    (tmp_path / "s.txt").write_text("the cat\n", encoding="utf-8")
+    assert _run_encode_cli(["--input", str(tmp_path / "s.txt"), "--out", str(tmp_path / "e.npy"),
+                            "--model", tiny_bert, "--pooling", "max"]) == 2
+    assert "unknown pooling 'max'" in capsys.readouterr().err
     (tmp_path / "latin1.txt").write_bytes(b"the cat\r\nthe caf\xe9 dog\nred\n")
-    _run_encode_cli(["--input", str(tmp_path / "latin1.txt"), "--out", str(tmp_path / "e.npy"), "--model", tiny_bert])
+    assert _run_encode_cli(["--input", str(tmp_path / "latin1.txt"), "--out", str(tmp_path / "e.npy"),
+                            "--model", tiny_bert]) == 0
     assert np.load(tmp_path / "e.npy").shape == (3, 16)
     err = capsys.readouterr().err
     assert "1 line(s) of" in err and "(lines 2)" in err
