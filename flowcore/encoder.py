@@ -367,23 +367,27 @@ class _CpuThreadPolicy:
     """
 
     WINDOW_S = 0.5
+    last_choice: int | None = None  # where the next encode() starts: back-to-back calls (streaming chunks) see the same load
 
     def __init__(self):
         self.original = torch.get_num_threads()
         self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.ceiling = max(1, min(self.original, len(self.cpus) or self.original, _cgroup_cpu_limit()))
-        torch.set_num_threads(self.ceiling)
+        torch.set_num_threads(min(self.ceiling, _CpuThreadPolicy.last_choice or self.ceiling))
         self._sample = self._read()
 
     def update(self) -> None:
+        if self._sample is None or time.perf_counter() - self._sample[0] < self.WINDOW_S:
+            return
         now = self._read()
-        if now is None or self._sample is None or now[0] - self._sample[0] < self.WINDOW_S:
+        if now is None:
             return
         elapsed, busy, own = (b - a for a, b in zip(self._sample, now))
         others = max(0.0, (busy - own) / elapsed)
         threads = threads_for(len(self.cpus), others, self.ceiling)
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
+        _CpuThreadPolicy.last_choice = threads
         self._sample = now
 
     def restore(self) -> None:
