@@ -31,7 +31,9 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from flowcore.readers import Chunk, EmbeddingFile, Position, Reject, TextCorpus, count_reasons, detect_format
+from flowcore.readers import (
+    NON_FINITE, Chunk, EmbeddingFile, Position, Reject, TextCorpus, count_reasons, detect_format,
+)
 
 OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
 MANIFEST_FORMAT = "flowcore-calibrate-manifest"
@@ -107,21 +109,25 @@ def _prefetched(items: Iterable, depth: int) -> Iterator:
     stop = threading.Event()
     finished = object()
 
+    def offer(entry) -> bool:
+        """Queue `entry` unless the consumer has gone; False once it has."""
+        while not stop.is_set():
+            try:
+                buffer.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         iterator = iter(items)
         try:
             for item in iterator:
-                while not stop.is_set():
-                    try:
-                        buffer.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer((item, None)):
                     return
-            buffer.put((finished, None))
+            offer((finished, None))
         except BaseException as error:  # handed to the consumer, which re-raises it
-            buffer.put((finished, error))
+            offer((finished, error))
         finally:
             if hasattr(iterator, "close"):
                 iterator.close()
@@ -175,7 +181,7 @@ def _reject_encoder_non_finite(vectors: np.ndarray, good: np.ndarray, row_start:
     bad = good & ~np.isfinite(vectors).all(axis=1)
     good &= ~bad
     vectors[bad] = np.nan
-    return [Reject(row_start + int(offset), "NaN/Inf", "the encoder returned NaN/Inf") for offset in np.flatnonzero(bad)]
+    return [Reject(row_start + int(offset), NON_FINITE, "the encoder returned NaN/Inf") for offset in np.flatnonzero(bad)]
 
 
 def iter_calibrated(calibrator, source: TextCorpus | EmbeddingFile, encoder=None, chunk_rows: int | None = None,
