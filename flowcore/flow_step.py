@@ -67,6 +67,11 @@ class FlowStep(nn.Module):
         return kernels.folded_linear(x, weight, bias), logdet
 
     def forward(self, x: torch.Tensor):
+        if self._fast_path() and isinstance(self.mixing, LULinear) and self.coupling.kind == "affine":
+            # inference: one fused GEMM + coupling epilogue on the Triton path (`kernels.flow_step`)
+            weight, bias, logdet = self._cached_fold()
+            z, coupling_logdet = kernels.folded_affine_step(x, weight, bias, self.coupling.split, self.coupling.net)
+            return z, coupling_logdet + logdet
         y, logdet = self._mix(x)
         z, coupling_logdet = self.coupling(y)
         return z, coupling_logdet + logdet

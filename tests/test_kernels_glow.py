@@ -76,7 +76,7 @@ def test_glow_training_pass_and_inverse_match_between_backends(dtype, coupling, 
     torch.testing.assert_close(log_prob, log_prob_ref, **tolerance)
 
 
-def test_glow_eval_fast_path_uses_the_folded_kernel():
+def test_glow_eval_fast_path_uses_the_fused_step_kernel():
     reference = _glow(torch.float32)
     with torch.no_grad():
         reference(_data(64, torch.float32))  # initialise the ActNorms
@@ -86,10 +86,11 @@ def test_glow_eval_fast_path_uses_the_folded_kernel():
     with torch.no_grad():
         with use_backend("torch"):
             z_ref, logdet_ref = reference(x)
-        before = launch_counts.get("folded_linear", 0)
+        before = {op: launch_counts.get(op, 0) for op in ("folded_step_first_half", "folded_step_coupling")}
         with use_backend("triton"):
             z, logdet = fused(x)
-        assert launch_counts.get("folded_linear", 0) == before + 4  # one folded GEMM per step
+        for op, count in before.items():  # one fused GEMM + coupling epilogue per step
+            assert launch_counts.get(op, 0) == count + 4, op
     torch.testing.assert_close(z, z_ref, rtol=2e-4, atol=2e-4)
     torch.testing.assert_close(logdet, logdet_ref, rtol=2e-4, atol=2e-4)
 
