@@ -1,0 +1,67 @@
+"""BERT-whitening: zero mean, identity covariance, the paper's W = U·Λ^(-1/2), reduction to k dims."""
+import numpy as np
+import pytest
+
+from flowcore import Whitening
+
+
+def _anisotropic(rows=500, dim=12, seed=0):
+    rng = np.random.default_rng(seed)
+    mixing = rng.normal(size=(dim, dim)) * np.linspace(0.1, 5.0, dim)
+    return (rng.normal(size=(rows, dim)) @ mixing + 3.0).astype(np.float32)
+
+
+def test_whitened_fit_data_has_zero_mean_and_identity_covariance():
+    X = _anisotropic()
+    Z = Whitening().fit(X).transform(X)
+    assert Z.dtype == np.float32 and Z.shape == X.shape
+    np.testing.assert_allclose(Z.mean(axis=0), 0, atol=1e-4)
+    np.testing.assert_allclose(np.cov(Z, rowvar=False), np.eye(X.shape[1]), atol=1e-3)
+
+
+def test_matches_the_bert_whitening_formula_up_to_column_signs():
+    X = _anisotropic().astype(np.float64)
+    mu = X.mean(axis=0, keepdims=True)
+    u, s, _ = np.linalg.svd(np.cov((X - mu).T))
+    reference = (X - mu) @ (u @ np.diag(1 / np.sqrt(s)))[:, :5]
+    ours = Whitening(dim=5).fit(X).transform(X)
+    signs = np.sign((reference * ours).sum(axis=0))
+    np.testing.assert_allclose(ours * signs, reference, rtol=1e-3, atol=1e-3)
+
+
+def test_dimension_reduction_keeps_the_largest_variance_directions():
+    X = _anisotropic()
+    whitening = Whitening(dim=4).fit(X)
+    Z = whitening.transform(X[:50])
+    assert Z.shape == (50, 4)
+    assert np.all(np.diff(whitening.eigenvalues) <= 0)
+    full = np.linalg.eigvalsh(np.cov(X.astype(np.float64), rowvar=False))[::-1]
+    np.testing.assert_allclose(whitening.eigenvalues, full[:4], rtol=1e-6)
+
+
+def test_rank_deficient_corpus_stays_finite():
+    X = np.zeros((40, 10), dtype=np.float32)
+    X[:, :3] = np.random.default_rng(1).normal(size=(40, 3))
+    Z = Whitening().fit(X).transform(X)
+    assert np.isfinite(Z).all()
+    np.testing.assert_allclose(np.cov(Z[:, :3], rowvar=False), np.eye(3), atol=1e-3)
+
+
+def test_bad_input_is_reported_clearly():
+    X = _anisotropic(rows=20, dim=6)
+    with pytest.raises(ValueError, match="not fitted"):
+        Whitening().transform(X)
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        Whitening().fit(X[:1])
+    with pytest.raises(ValueError, match="dim 7 exceeds the embedding width 6"):
+        Whitening(dim=7).fit(X)
+    with pytest.raises(ValueError, match="positive integer"):
+        Whitening(dim=0)
+    broken = X.copy()
+    broken[3, 2] = np.nan
+    with pytest.raises(ValueError, match="first bad row: 3"):
+        Whitening().fit(broken)
+    with pytest.raises(ValueError, match="width 6, got width 5"):
+        Whitening().fit(X).transform(X[:, :5])
+    with pytest.raises(ValueError, match="2-D"):
+        Whitening().fit(X[0])
