@@ -660,12 +660,8 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
     at `flow_path` into `out`. For text, `model`/`pooling` default to what the flow records;
     anything the flow was not fitted for is refused before work starts.
 
-    `threads` (torch CPU threads) defaults to torch's count for embeddings and to 1 for text:
-    the encoder lowers its thread count while other processes load the CPUs, and its float
-    results depend on that count, so only a single thread keeps text output bit-reproducible
-    (what makes a resumed job byte-identical to an uninterrupted one)."""
-    import torch
-
+    `threads` (torch CPU threads, pinned in the manifest because float results depend on it)
+    defaults to `default_threads`."""
     from flowcore.calibrator import FlowCalibrator
 
     if (input is None) == (embeddings is None):
@@ -684,10 +680,24 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
         pins["encoder"] = {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": batch_size}
     check_compatible(calibrator, source, encoder, requested_model if embeddings is None else None)
     if threads is None:
-        threads = torch.get_num_threads() if encoder is None else 1
+        threads = default_threads(text=encoder is not None)
     job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, _encode_function(encoder, batch_size),
                          pins=pins, chunk_rows=chunk_rows, restart=restart, progress=progress, threads=threads)
     return job.run()
+
+
+def default_threads(text: bool) -> int:
+    """torch CPU threads for a job. Embeddings: one fewer than the CPUs available, so that the
+    reader and writer threads keep a core and never deschedule torch's threads, which wait for
+    each other at every operator. Text: 1, because the encoder lowers its thread count while
+    other processes load the CPUs and its float results depend on that count; a single thread
+    keeps text output bit-reproducible (a resumed job byte-identical to an uninterrupted one)."""
+    import torch
+
+    if text:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cpus - 1))
 
 
 def _encoder_for(calibrator, model: str | None, pooling: str | None, encoder_factory: Callable | None):
