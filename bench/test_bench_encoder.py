@@ -1,12 +1,14 @@
 """Encoder throughput: flowcore.Encoder vs sentence-transformers `encode`, same model
 (all-MiniLM-L6-v2 from its wheel), same sentences (the 2758 of the STS-B test set, repeats
 included), mean pooling, each library with its own defaults. Goal: >= 1.2x sentences/s on CPU.
-A third entry runs sentence-transformers with torch limited to one thread: on a loaded shared
-machine it separates flowcore's CPU thread policy from its batching (token-sorted batches,
-repeats encoded once) in the ratio.
 
-    pytest bench/test_bench_encoder.py            # FLOWCORE_BENCH_ROUNDS=3 by default
+Group `encoder-cpu` compares the defaults. Group `encoder-cpu-1-thread` runs both with torch
+limited to one thread: on a loaded shared machine it separates flowcore's batching (token-sorted
+batches with a token budget, repeats encoded once, no pooler) from its CPU thread policy.
+
+    FLOWCORE_BENCH_ROUNDS=3 pytest bench/test_bench_encoder.py
 """
+import contextlib
 import os
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from flowcore.encoder import Encoder, default_model_path  # noqa: E402
 
 STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sts")
 ROUNDS = int(os.environ.get("FLOWCORE_BENCH_ROUNDS", "3"))
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SETTINGS = ["cpu", "cpu-1-thread"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(scope="module")
@@ -32,38 +34,43 @@ def sentences() -> list[str]:
     return [row[5] for row in rows] + [row[6] for row in rows]
 
 
-def _throughput(benchmark, record, device, label, encode, sentences):
-    encode(sentences[:64])  # load kernels and caches outside the timing
-    benchmark.pedantic(encode, args=(sentences,), rounds=ROUNDS, warmup_rounds=0, iterations=1)
-    record(f"encoder-{device}", label,
+@contextlib.contextmanager
+def _torch_threads(setting: str):
+    threads = torch.get_num_threads()
+    if setting.endswith("-1-thread"):
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _throughput(benchmark, record, setting, label, encode, sentences):
+    with _torch_threads(setting):
+        encode(sentences[:64])  # load kernels and caches outside the timing
+        benchmark.pedantic(encode, args=(sentences,), rounds=ROUNDS, warmup_rounds=0, iterations=1)
+    record(f"encoder-{setting}", label,
            **{f"{label}_sentences_per_s": round(len(sentences) / benchmark.stats.stats.median, 1),
               f"{label}_load_avg_1min": round(os.getloadavg()[0], 1), "sentences": len(sentences)})
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_flowcore_encoder(benchmark, record, device, sentences):
+def _flowcore(device):
     encoder = Encoder(pooling="mean", device=device)
-    _throughput(benchmark, record, device, "flowcore",
-                lambda texts: encoder.encode(texts, show_progress_bar=False), sentences)
+    return lambda texts: encoder.encode(texts, show_progress_bar=False)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_sentence_transformers(benchmark, record, device, sentences):
+def _sentence_transformers(device):
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(default_model_path(), device=device)
-    _throughput(benchmark, record, device, "sentence-transformers",
-                lambda texts: model.encode(texts, show_progress_bar=False), sentences)
+    return lambda texts: model.encode(texts, show_progress_bar=False)
 
 
-def test_sentence_transformers_one_thread(benchmark, record, sentences):
-    from sentence_transformers import SentenceTransformer
+LIBRARIES = {"flowcore": _flowcore, "sentence-transformers": _sentence_transformers}
 
-    model = SentenceTransformer(default_model_path(), device="cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _throughput(benchmark, record, "cpu", "sentence-transformers-1-thread",
-                    lambda texts: model.encode(texts, show_progress_bar=False), sentences)
-    finally:
-        torch.set_num_threads(threads)
+
+# Each setting's two libraries run back to back, so a shared machine's load drifts less between them.
+@pytest.mark.parametrize("setting, library", [(setting, library) for setting in SETTINGS for library in LIBRARIES])
+def test_encode_throughput(benchmark, record, setting, library, sentences):
+    encode = LIBRARIES[library](setting.removesuffix("-1-thread"))
+    _throughput(benchmark, record, setting, library, encode, sentences)

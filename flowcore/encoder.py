@@ -413,8 +413,11 @@ class _CpuThreadPolicy:
 
 
 def threads_for(cpus: int, busy_elsewhere: float, ceiling: int) -> int:
-    """Threads to use on `cpus` CPUs while other processes keep `busy_elsewhere` of them busy."""
-    return max(1, min(ceiling, int(cpus - busy_elsewhere + 0.5)))
+    """Threads to use on `cpus` CPUs while other processes keep `busy_elsewhere` of them busy.
+
+    Rounds towards fewer threads: a thread too many stalls on contention (several times slower),
+    one too few costs at most its share."""
+    return max(1, min(ceiling, int(cpus - busy_elsewhere + 0.25)))
 
 
 def _cgroup_cpu_limit() -> int:
