@@ -307,6 +307,7 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> _
     num_layers = int(config.num_hidden_layers)
     layers = _find_layer_stack(model, num_layers)
     positions = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
+    accepted = inspect.signature(model.forward).parameters  # e.g. DistilBERT takes no token_type_ids
     return _LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -315,7 +316,7 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> _
         num_layers=num_layers,
         dim=int(getattr(config, "hidden_size", None) or model.get_input_embeddings().embedding_dim),
         max_positions=min(int(limit) for limit in positions if isinstance(limit, int) and 0 < limit < 1_000_000),
-        input_names=tuple(tokenizer.model_input_names),
+        input_names=tuple(name for name in tokenizer.model_input_names if name in accepted),
         pad_values={"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id},
     )
 

@@ -111,6 +111,34 @@ def test_default_encoder_attributes():
     assert Encoder(pooling="mean")._loaded is encoder._loaded  # a second Encoder reuses the loaded weights
 
 
+@pytest.mark.parametrize("architecture", ["roberta", "mpnet", "distilbert"])
+def test_other_architectures_match_transformers(architecture, tiny_bert, tmp_path):
+    """The layer stack is found and hidden states are caught the same way in other encoders."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    config = AutoConfig.for_model(architecture, vocab_size=len(WORDS) + 5, pad_token_id=0, max_position_embeddings=80,
+                                  **({"dim": 16, "n_layers": 3, "n_heads": 2, "hidden_dim": 32}
+                                     if architecture == "distilbert" else
+                                     {"hidden_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2,
+                                      "intermediate_size": 32}))
+    AutoModel.from_config(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(tmp_path)
+    sentences = _random_sentences(12, seed=4)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    batch = tokenizer(sentences, padding=True, return_tensors="pt", return_token_type_ids=False)
+    with torch.no_grad():
+        hidden_states = [state.double() for state in AutoModel.from_pretrained(tmp_path).eval()(
+            **batch, output_hidden_states=True).hidden_states]
+    mask = batch["attention_mask"].double()
+    for pooling, want in [("static-avg", _plain_masked_mean(hidden_states[0], mask)),
+                          ("layers=1", _plain_masked_mean(hidden_states[1], mask)),
+                          ("first-last-avg", (_plain_masked_mean(hidden_states[1], mask)
+                                              + _plain_masked_mean(hidden_states[3], mask)) / 2),
+                          ("cls", hidden_states[3][:, 0])]:
+        got = Encoder(str(tmp_path), pooling=pooling).encode(sentences, batch_size=5)
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5, err_msg=pooling)
+
+
 # ---- batching, caching and stopping early (tiny BERT) -----------------------------------------------
 
 def test_order_is_kept_when_batches_are_length_sorted(tiny_bert):
@@ -199,6 +227,17 @@ def test_empty_whitespace_and_over_long_texts(tiny_bert):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # exactly max_length tokens is not truncation
         encoder.encode([" ".join(WORDS[:8])])
+
+
+def test_explicit_dtype_runs_the_model_in_it_and_returns_float32(tiny_bert):
+    sentences = _random_sentences(10, seed=5)
+    half = Encoder(tiny_bert, pooling="mean", dtype="bfloat16")
+    assert next(half._loaded.model.parameters()).dtype == torch.bfloat16
+    got = half.encode(sentences)
+    assert got.dtype == np.float32
+    assert _cosines(got, Encoder(tiny_bert, pooling="mean").encode(sentences)).min() > 0.99
+    with pytest.raises(ValueError, match="floating torch dtype"):
+        Encoder(tiny_bert, dtype="int8")
 
 
 def test_progress_bar_shows_rate(tiny_bert, capsys):
