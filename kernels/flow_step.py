@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
@@ -29,9 +30,17 @@ from flowcore.kernels.invertible_linear import _interpreter_blocks, folded_linea
 
 def folded_affine_step_ref(x, weight, bias, split: int, conditioner: Callable):
     y = folded_linear_ref(x, weight, bias)
-    y1 = y[:, :split]
-    z2, logdet = affine_coupling_ref(y[:, split:], conditioner(y1))
-    return torch.cat([y1, z2], dim=1), logdet
+    y1, y2 = y.split([split, y.shape[1] - split], dim=1)
+    h = conditioner(y1)
+    if torch.is_grad_enabled() and (y.requires_grad or h.requires_grad):
+        z2, logdet = affine_coupling_ref(y2, h)
+        return torch.cat([y1, z2], dim=1), logdet
+    # Inference: the same arithmetic as `affine_coupling_ref`, in place on y's second half and
+    # on h, so no concatenation and fewer fresh (batch x d) buffers.
+    shift, raw = h[:, 0::2], h[:, 1::2].add_(2.0)
+    logdet = F.logsigmoid(raw).sum(dim=1)
+    y2.add_(shift).mul_(raw.sigmoid_())
+    return y, logdet
 
 
 @triton.jit
