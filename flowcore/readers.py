@@ -576,14 +576,6 @@ def _reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarr
     return rejects
 
 
-def open_source(path: str | os.PathLike, *, embeddings: bool, text_field: str = "text",
-                id_field: str | None = None, vector_field: str = "embedding") -> TextCorpus | EmbeddingFile:
-    """The reader for `path`: stored embeddings when `embeddings`, else a text corpus."""
-    if embeddings:
-        return EmbeddingFile(path, vector_field=vector_field, id_field=id_field)
-    return TextCorpus(path, text_field=text_field, id_field=id_field)
-
-
 def count_reasons(rejects: Iterable[Reject]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for reject in rejects:
@@ -593,5 +585,5 @@ def count_reasons(rejects: Iterable[Reject]) -> dict[str, int]:
 
 __all__ = [
     "Chunk", "EmbeddingFile", "Position", "Reject", "TextCorpus", "TextRow", "count_reasons",
-    "detect_format", "file_pin", "open_source", "read_texts", "sample_texts",
+    "detect_format", "file_pin", "read_texts", "sample_texts",
 ]

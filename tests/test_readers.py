@@ -10,7 +10,7 @@ import pytest
 
 from flowcore.readers import (
     BROKEN_CSV, BROKEN_JSON, EMPTY_LINE, EMPTY_TEXT, INVALID_UTF8, MISSING_ID, MISSING_TEXT, MISSING_VECTOR,
-    NON_FINITE, WRONG_WIDTH, EmbeddingFile, Position, TextCorpus, read_texts, sample_texts,
+    NON_FINITE, WRONG_WIDTH, EmbeddingFile, TextCorpus, read_texts, sample_texts,
 )
 
 TXT = b"first sentence\n\n   \nbad \xff byte\r\nsecond sentence\r\nno final newline"

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flowcore import FlowCalibrator
-from flowcore.readers import EMPTY_LINE, NON_FINITE, EmbeddingFile, TextCorpus
+from flowcore.readers import EMPTY_LINE, NON_FINITE, EmbeddingFile
 from flowcore.streaming import SLOW_CHUNKS_ENV, CalibrationJob, JobMismatchError, calibrate_file, iter_calibrated
 
 DIM = 8
