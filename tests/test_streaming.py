@@ -140,6 +140,30 @@ def test_stopped_job_resumes_from_its_last_chunk_to_identical_output(tmp_path, s
     assert leftovers(tmp_path, out) == []
 
 
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+def test_a_job_stopped_while_finishing_completes_on_the_next_run(tmp_path, monkeypatch, suffix):
+    from flowcore import streaming
+
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=120)
+    reference = tmp_path / f"reference{suffix}"
+    run_job(tmp_path / "in.npy", reference, crashing_after(99)[0])
+    out = tmp_path / f"out{suffix}"
+    def stop_before_renaming_the_rejects_file(self):
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(streaming._RejectsLog, "finish", stop_before_renaming_the_rejects_file)
+        with pytest.raises(Crash):  # the output is in place; its rejects file and manifest not yet
+            run_job(tmp_path / "in.npy", out, crashing_after(99)[0])
+    assert out.exists() and Path(f"{out}.manifest.json").exists()
+    transform, state = crashing_after(99)
+    summary = run_job(tmp_path / "in.npy", out, transform)
+    assert state["calls"] == 0 and summary.rows_this_run == 0
+    assert out.read_bytes() == reference.read_bytes()
+    assert read_rejects(out) == read_rejects(reference)
+    assert leftovers(tmp_path, out) == []
+
+
 def test_resuming_a_changed_job_is_refused_and_restart_starts_over(tmp_path):
     embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
     out = tmp_path / "out.npy"
