@@ -97,6 +97,7 @@ def default_cache_dir() -> Path:
 
 class EmbeddingCache:
     """Sentence vectors stored per (model, pooling, sentence), so nothing is encoded twice.
+    The pooling key carries the encoder's `max_length` when it has one (truncation changes vectors).
 
     On disk (when `directory` is given): `<directory>/<sha of model+pooling>/<sha of sentences>.npy`
     holds a float32 matrix and the `.json` beside it the model, pooling and the exact sentences of
@@ -148,7 +149,7 @@ class EmbeddingCache:
     def embed(self, encoder, sentences: list[str], batch_size: int = 64, progress: bool = True) -> np.ndarray:
         """Vectors of `sentences` (rows aligned, repeats allowed), encoding only unseen ones."""
         model, pooling = _model_key(str(encoder.model_id)), str(encoder.pooling)
-        if getattr(encoder, "max_length", None) is not None:  # truncation changes long texts' vectors
+        if getattr(encoder, "max_length", None) is not None:
             pooling = f"{pooling}@max_length={encoder.max_length}"
         known = self._known(model, pooling, int(encoder.dim))
         missing = [s for s in dict.fromkeys(sentences) if s not in known]
@@ -176,6 +177,54 @@ class NoCalibration:
         return np.asarray(X, dtype=np.float32)
 
 
+class StandardizedFlow:
+    """The flow calibration as `flowcore sts` runs it: the flow is fitted on standardized inputs.
+
+    Each coordinate is centred and scaled to unit variance over the fit corpus, and coordinates
+    that do not vary (std at most `tolerance` × the largest; mean-pooled all-MiniLM-L6-v2 has two
+    constant to 1e-32) are dropped: maximum likelihood on a constant coordinate is unbounded, and
+    the engine's defaults then diverge within a hundred steps. `input="whiten"` whitens instead
+    (directions without variance dropped), `input="raw"` feeds the vectors unchanged.
+    """
+
+    INPUTS = ("standardize", "whiten", "raw")
+
+    def __init__(self, flow, input: str = "standardize", tolerance: float = 1e-4):
+        if input not in self.INPUTS:
+            raise ValueError(f"unknown flow input {input!r}; choose from {', '.join(self.INPUTS)}")
+        self.flow, self.input, self.tolerance = flow, input, tolerance
+
+    @property
+    def losses(self) -> list[float]:
+        return getattr(self.flow, "losses", [])
+
+    def fit(self, X) -> "StandardizedFlow":
+        X = np.asarray(X, dtype=np.float64)
+        if self.input == "whiten":
+            from flowcore.whitening import Whitening
+
+            self.whitening = Whitening().fit(X)
+        elif self.input == "standardize":
+            self.mean, std = X.mean(axis=0), X.std(axis=0)
+            self.keep = std > self.tolerance * std.max()
+            if not self.keep.any():
+                raise ValueError("the fit corpus has no coordinate that varies: cannot fit a flow")
+            self.scale = std[self.keep]
+        self.flow.fit(self._prepared(X))
+        return self
+
+    def _prepared(self, X) -> np.ndarray:
+        if self.input == "whiten":
+            return self.whitening.transform(X)
+        if self.input == "standardize":
+            X = np.asarray(X, dtype=np.float64)
+            return ((X[:, self.keep] - self.mean[self.keep]) / self.scale).astype(np.float32)
+        return np.asarray(X, dtype=np.float32)
+
+    def transform(self, X) -> np.ndarray:
+        return self.flow.transform(self._prepared(X))
+
+
 @dataclass(frozen=True)
 class CalibrationSettings:
     """Hyper-parameters of the fitted calibrations (recorded with each result)."""
@@ -185,6 +234,7 @@ class CalibrationSettings:
     flow_epochs: int = 1
     flow_lr: float = 1e-3
     flow_batch_size: int = 32
+    flow_input: str = "standardize"
     seed: int = 0
     device: str | None = None
 
@@ -200,9 +250,10 @@ def build_calibrator(name: str, settings: CalibrationSettings):
     if name == "flow":
         from flowcore.calibrator import FlowCalibrator
 
-        return FlowCalibrator(config=settings.flow_config, epochs=settings.flow_epochs,
+        flow = FlowCalibrator(config=settings.flow_config, epochs=settings.flow_epochs,
                               batch_size=settings.flow_batch_size, lr=settings.flow_lr,
                               seed=settings.seed, device=settings.device)
+        return StandardizedFlow(flow, input=settings.flow_input)
     raise ValueError(f"unknown calibration {name!r}; choose from {', '.join(CALIBRATIONS)}")
 
 
@@ -296,6 +347,8 @@ def evaluate(
                         calibrator.fit(corpus_vectors)
                     if name != "none" and fit_corpus not in ("target", "train"):
                         fitted_on_file[name] = calibrator
+                if getattr(calibrator, "losses", None):
+                    record["flow_losses"] = [float(loss) for loss in calibrator.losses]
                 a, b = calibrator.transform(left), calibrator.transform(right)
                 if not (np.isfinite(a).all() and np.isfinite(b).all()):
                     raise FloatingPointError("the calibrated vectors contain NaN or Inf")

@@ -12,15 +12,16 @@ import numpy as np
 class Whitening:
     """Linear whitening fitted on a corpus of embeddings; optional reduction to `dim` columns.
 
-    Eigenvalues below `floor` × the largest are raised to that level, so directions without
-    variance (rank-deficient corpora) are not blown up to infinity.
+    Directions whose variance is at most `tolerance` × the largest carry no information (e.g.
+    the constant coordinates of a LayerNorm output) and would be blown up by Λ^(−1/2): they are
+    dropped, so `output_dim` can be smaller than `dim` on a rank-deficient corpus.
     """
 
-    def __init__(self, dim: int | None = None, floor: float = 1e-6):
+    def __init__(self, dim: int | None = None, tolerance: float = 1e-8):
         if dim is not None and dim < 1:
             raise ValueError(f"whitening dim must be a positive integer, got {dim}")
         self.dim = dim
-        self.floor = floor
+        self.tolerance = tolerance
         self.mean: np.ndarray | None = None
         self.matrix: np.ndarray | None = None
         self.eigenvalues: np.ndarray | None = None
@@ -37,14 +38,23 @@ class Whitening:
         eigenvalues, eigenvectors = np.linalg.eigh(covariance)
         order = np.argsort(eigenvalues)[::-1]
         eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
-        eigenvalues = np.maximum(eigenvalues, self.floor * max(eigenvalues[0], np.finfo(float).tiny))
-        keep = self.dim or X.shape[1]
+        informative = int((eigenvalues > self.tolerance * eigenvalues[0]).sum())
+        if informative == 0:
+            raise ValueError("whitening needs embeddings that vary: every row of the corpus is the same")
+        keep = min(self.dim or X.shape[1], informative)
         self.eigenvalues = eigenvalues[:keep]
         self.matrix = eigenvectors[:, :keep] / np.sqrt(self.eigenvalues)
         return self
 
+    @property
+    def output_dim(self) -> int:
+        """Columns of `transform`'s result: `dim` (or D), less any directions without variance."""
+        if self.matrix is None:
+            raise ValueError("Whitening is not fitted: call fit(X) first")
+        return self.matrix.shape[1]
+
     def transform(self, X) -> np.ndarray:
-        """Whitened rows of X, float32, shape (N, dim or D)."""
+        """Whitened rows of X, float32, shape (N, output_dim)."""
         if self.matrix is None:
             raise ValueError("Whitening is not fitted: call fit(X) first")
         X = self._validated(X, width=self.mean.shape[0])

@@ -39,12 +39,18 @@ def test_dimension_reduction_keeps_the_largest_variance_directions():
     np.testing.assert_allclose(whitening.eigenvalues, full[:4], rtol=1e-6)
 
 
-def test_rank_deficient_corpus_stays_finite():
-    X = np.zeros((40, 10), dtype=np.float32)
+def test_directions_without_variance_are_dropped():
+    """Like mean-pooled MiniLM, whose LayerNorm leaves coordinates constant to 1e-32."""
+    X = np.full((40, 10), 0.5, dtype=np.float64)
     X[:, :3] = np.random.default_rng(1).normal(size=(40, 3))
-    Z = Whitening().fit(X).transform(X)
-    assert np.isfinite(Z).all()
-    np.testing.assert_allclose(np.cov(Z[:, :3], rowvar=False), np.eye(3), atol=1e-3)
+    X[:, 5] += np.random.default_rng(2).normal(size=40) * 1e-30
+    whitening = Whitening().fit(X)
+    Z = whitening.transform(X)
+    assert whitening.output_dim == 3 and Z.shape == (40, 3) and np.isfinite(Z).all()
+    np.testing.assert_allclose(np.cov(Z, rowvar=False), np.eye(3), atol=1e-3)
+    assert Whitening(dim=2).fit(X).output_dim == 2
+    with pytest.raises(ValueError, match="every row of the corpus is the same"):
+        Whitening().fit(np.ones((5, 4)))
 
 
 def test_bad_input_is_reported_clearly():

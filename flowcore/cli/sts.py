@@ -59,6 +59,10 @@ def register(subparsers) -> None:
     parser.add_argument("--flow-epochs", type=int, default=1, help="flow training epochs")
     parser.add_argument("--flow-lr", type=float, default=1e-3, help="flow learning rate (Adam)")
     parser.add_argument("--flow-batch-size", type=int, default=32, help="flow training batch size")
+    parser.add_argument("--flow-input", default="standardize", choices=("standardize", "whiten", "raw"),
+                        help="what the flow is fitted on: coordinates standardized over the fit corpus (constant "
+                        "ones dropped), whitened vectors, or the raw vectors (the engine alone; diverges on "
+                        "poolings with constant coordinates, e.g. mean pooling of the default model)")
     parser.add_argument("--whitening-dim", type=int, default=None,
                         help="keep the k largest-variance whitened directions (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the flow's initialisation and batch order")
@@ -96,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--whitening-dim must be at least 1, got {args.whitening_dim}")
     settings = CalibrationSettings(whitening_dim=args.whitening_dim, flow_config=args.flow_config,
                                    flow_epochs=args.flow_epochs, flow_lr=args.flow_lr,
-                                   flow_batch_size=args.flow_batch_size, seed=args.seed, device=args.device)
+                                   flow_batch_size=args.flow_batch_size, flow_input=args.flow_input, seed=args.seed,
+                                   device=args.device)
     cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     started = time.perf_counter()
     records = []
