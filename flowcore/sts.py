@@ -189,10 +189,10 @@ class StandardizedFlow:
 
     INPUTS = ("standardize", "whiten", "raw")
 
-    def __init__(self, flow, input: str = "standardize", tolerance: float = 1e-4):
+    def __init__(self, flow, input: str = "standardize", tolerance: float = 1e-4, progress: bool = True):
         if input not in self.INPUTS:
             raise ValueError(f"unknown flow input {input!r}; choose from {', '.join(self.INPUTS)}")
-        self.flow, self.input, self.tolerance = flow, input, tolerance
+        self.flow, self.input, self.tolerance, self.progress = flow, input, tolerance, progress
 
     @property
     def losses(self) -> list[float]:
@@ -210,7 +210,7 @@ class StandardizedFlow:
             if not self.keep.any():
                 raise ValueError("the fit corpus has no coordinate that varies: cannot fit a flow")
             self.scale = std[self.keep]
-        self.flow.fit(self._prepared(X))
+        self.flow.fit(self._prepared(X), progress=self.progress)
         return self
 
     def _prepared(self, X) -> np.ndarray:
@@ -239,7 +239,7 @@ class CalibrationSettings:
     device: str | None = None
 
 
-def build_calibrator(name: str, settings: CalibrationSettings):
+def build_calibrator(name: str, settings: CalibrationSettings, progress: bool = True):
     """A fresh, unfitted calibrator with `fit(X)` and `transform(X)`."""
     if name == "none":
         return NoCalibration()
@@ -253,7 +253,7 @@ def build_calibrator(name: str, settings: CalibrationSettings):
         flow = FlowCalibrator(config=settings.flow_config, epochs=settings.flow_epochs,
                               batch_size=settings.flow_batch_size, lr=settings.flow_lr,
                               seed=settings.seed, device=settings.device)
-        return StandardizedFlow(flow, input=settings.flow_input)
+        return StandardizedFlow(flow, input=settings.flow_input, progress=progress)
     raise ValueError(f"unknown calibration {name!r}; choose from {', '.join(CALIBRATIONS)}")
 
 
@@ -280,7 +280,7 @@ def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, 
     if fit_corpus == "train":
         if "train" in splits(dataset):
             return "train", load_split(data_dir, dataset, "train").sentences()
-        label, sentences = fit_corpus_sentences(data_dir, dataset, "target")
+        _, sentences = fit_corpus_sentences(data_dir, dataset, "target")
         return "target (no train split)", sentences
     return str(fit_corpus), read_sentence_file(fit_corpus)
 
@@ -340,7 +340,7 @@ def evaluate(
             try:
                 calibrator = fitted_on_file.get(name)
                 if calibrator is None:
-                    calibrator = factories[name]() if name in factories else build_calibrator(name, settings)
+                    calibrator = factories[name]() if name in factories else build_calibrator(name, settings, progress)
                     if name != "none":
                         if progress:
                             _log(f"{dataset}: fitting {name} on {len(corpus_vectors)} {corpus_label} sentences")
@@ -370,11 +370,13 @@ def _row_label(record: dict) -> str:
     if record["calibration"] == "none":
         return label
     corpus = record.get("fit_corpus", "")
-    corpus = os.path.basename(corpus) if corpus not in ("target", "train", "target (no train split)") else corpus
+    corpus = corpus.split(" ")[0] if corpus.startswith(("target", "train")) else os.path.basename(corpus)
     detail = record["calibration"]
     if record["calibration"] == "whitening" and record.get("whitening_dim"):
         detail += f"-{record['whitening_dim']}"
-    return f"{label} + {detail} ({corpus.split(' ')[0]})"
+    if record["calibration"] == "flow" and record.get("flow_input", "standardize") != "standardize":
+        detail += f" on {record['flow_input']} input"
+    return f"{label} + {detail} ({corpus})"
 
 
 def markdown_table(records: list[dict], aggregation: str = "all") -> str:

@@ -196,7 +196,8 @@ def _load_sick(path: Path, split: str) -> STSPairs:
     """SICK: a header line, then `pair_ID, sentence_A, sentence_B, relatedness_score, ...`."""
     lines = _read_lines(path)
     if not lines or not lines[0].startswith("pair_ID\tsentence_A\tsentence_B\trelatedness_score"):
-        raise STSDataError(f"{path}:1: expected the SICK header 'pair_ID<TAB>sentence_A<TAB>sentence_B<TAB>relatedness_score...'")
+        raise STSDataError(f"{path}:1: expected the SICK header "
+                           "'pair_ID<TAB>sentence_A<TAB>sentence_B<TAB>relatedness_score...'")
     sentences1, sentences2, scores = [], [], []
     for number, line in enumerate(lines[1:], start=2):
         columns = line.split("\t")
