@@ -110,8 +110,10 @@ class FlowCalibrator:
             training = info["training"]
             calibrator = cls(config=info["config"], epochs=training["epochs"], batch_size=training["batch_size"],
                              lr=training["lr"], seed=training["seed"], device=device)
-            flow = Glow(**info["glow"]).to(getattr(torch, info["dtype"]))
-            flow.load_state_dict(tensors, strict=True)
+            with torch.device("meta"):  # shapes only: skip the random LU initialisation
+                flow = Glow(**info["glow"])
+            # fresh (aligned) copies: results must not depend on where the file put the bytes
+            flow.load_state_dict({k: v.clone() for k, v in tensors.items()}, strict=True, assign=True)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
             raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}") from None
         if device is not None:
