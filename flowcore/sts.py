@@ -232,7 +232,7 @@ class CalibrationSettings:
     whitening_dim: int | None = None
     flow_config: str = "l2_d3_w32"
     flow_epochs: int = 1
-    flow_lr: float = 1e-3
+    flow_lr: float = 3e-4
     flow_batch_size: int = 32
     flow_input: str = "standardize"
     seed: int = 0

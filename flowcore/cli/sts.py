@@ -57,7 +57,9 @@ def register(subparsers) -> None:
                         "MTEB), 'wmean' (size-weighted mean over subsets: BERT-flow, BERT-whitening), 'mean'")
     parser.add_argument("--flow-config", default="l2_d3_w32", help="Glow configuration of the flow")
     parser.add_argument("--flow-epochs", type=int, default=1, help="flow training epochs")
-    parser.add_argument("--flow-lr", type=float, default=1e-3, help="flow learning rate (Adam)")
+    parser.add_argument("--flow-lr", type=float, default=3e-4,
+                        help="flow learning rate (Adam); the paper's 1e-3 reaches a worse likelihood on "
+                        "standardized inputs and trails whitening on anisotropic poolings")
     parser.add_argument("--flow-batch-size", type=int, default=32, help="flow training batch size")
     parser.add_argument("--flow-input", default="standardize", choices=("standardize", "whiten", "raw"),
                         help="what the flow is fitted on: coordinates standardized over the fit corpus (constant "
