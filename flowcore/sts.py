@@ -271,8 +271,8 @@ def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, 
     """The unlabeled sentences a calibration is fitted on, and a label saying what they are.
 
     `target`: every sentence of every split of the dataset (the paper's setting); `train`: the
-    train split (datasets without one fall back to target, and the label says so); anything else
-    is a file with one sentence per line.
+    train split (datasets without one fall back to target, and the label says so while keeping
+    the table row "train"); anything else is a file with one sentence per line.
     """
     if fit_corpus == "target":
         sentences = [s for split in splits(dataset) for s in load_split(data_dir, dataset, split).sentences()]
@@ -281,7 +281,7 @@ def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, 
         if "train" in splits(dataset):
             return "train", load_split(data_dir, dataset, "train").sentences()
         _, sentences = fit_corpus_sentences(data_dir, dataset, "target")
-        return "target (no train split)", sentences
+        return "train (no train split: target)", sentences
     return str(fit_corpus), read_sentence_file(fit_corpus)
 
 

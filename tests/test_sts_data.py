@@ -44,7 +44,7 @@ def test_target_and_train_fit_corpora(sts_data_dir):
     label, sentences = fit_corpus_sentences(sts_data_dir, "SICK-R", "train")
     assert label == "train" and len(sentences) == 2 * 4500
     label, sentences = fit_corpus_sentences(sts_data_dir, "STS13", "train")
-    assert label == "target (no train split)" and len(sentences) == 2 * 1500
+    assert label == "train (no train split: target)" and len(sentences) == 2 * 1500
 
 
 def _semeval(folder, inputs: str, gold: str, dataset="STS13"):

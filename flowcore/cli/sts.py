@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("--datasets", default=",".join(DATASETS), type=lambda t: _names(t, DATASETS, "dataset"),
                         help="comma-separated datasets")
     parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
-                        help=f"folder with the STS data (default: ${DATA_ENV})")
+                        help=f"folder with the STS data, e.g. ../shared/data/sts; its default comes from ${DATA_ENV}")
     parser.add_argument("--fit-corpus", default="target",
                         help="what whitening/flow are fitted on, without labels: 'target' (all sentences of the "
                         "evaluated dataset, all splits: the paper's setting), 'train' (its train split where "
@@ -53,8 +53,9 @@ def register(subparsers) -> None:
     parser.add_argument("--sick-split", default="test", choices=("test", "all"),
                         help="SICK-R pairs scored: 'test' (4927, the paper's protocol) or 'all' (9927, MTEB's)")
     parser.add_argument("--aggregation", default="all", choices=AGGREGATIONS,
-                        help="STS12-16 figure shown in the table: 'all' (subsets concatenated: SBERT, SimCSE, "
-                        "MTEB), 'wmean' (size-weighted mean over subsets: BERT-flow, BERT-whitening), 'mean'")
+                        help="STS12-16 figure shown in the table: 'all' (the primary one: subsets concatenated, as "
+                        "SBERT, SimCSE and MTEB report), 'wmean' (size-weighted mean over subsets, as the "
+                        "BERT-flow and BERT-whitening papers report), 'mean'; the JSON holds all three")
     parser.add_argument("--flow-config", default="l2_d3_w32", help="Glow configuration of the flow")
     parser.add_argument("--flow-epochs", type=int, default=1, help="flow training epochs")
     parser.add_argument("--flow-lr", type=float, default=3e-4,
@@ -66,12 +67,12 @@ def register(subparsers) -> None:
                         "ones dropped), whitened vectors, or the raw vectors (the engine alone; diverges on "
                         "poolings with constant coordinates, e.g. mean pooling of the default model)")
     parser.add_argument("--whitening-dim", type=int, default=None,
-                        help="keep the k largest-variance whitened directions (default: all)")
+                        help="keep only the k largest-variance whitened directions; all when not given")
     parser.add_argument("--seed", type=int, default=0, help="seed of the flow's initialisation and batch order")
     parser.add_argument("--json", default=None, metavar="OUT.json", help="also write the result records here")
     parser.add_argument("--cache-dir", default=None,
-                        help="where encoded sentence vectors are cached (default: $FLOWCORE_CACHE or "
-                        "~/.cache/flowcore/embeddings)")
+                        help="where encoded sentence vectors are cached; if not given, $FLOWCORE_CACHE or "
+                        "~/.cache/flowcore/embeddings")
     parser.add_argument("--no-cache", action="store_true", help="encode everything, keep nothing on disk")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
