@@ -9,6 +9,7 @@ import torch
 
 from flowcore.glow import CONFIGS, Glow
 from flowcore.serialization import FlowFileError, load_flow, save_flow
+from flowcore.standardize import Standardizer
 from flowcore.train import fit
 from flowcore.validation import check_matrix
 
@@ -19,24 +20,31 @@ class FlowCalibrator:
     """Unsupervised BERT-flow calibration of embeddings.
 
     `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood; `transform(X)` returns
-    the latent z as float32 numpy. `metadata` is a dict of JSON-able values saved with the model
-    (the CLI records the encoder and pooling there).
+    the latent z as float32 numpy. With `standardize=True` (the default) each coordinate is first
+    standardised over the whole of X and coordinates that never vary bypass the flow (see
+    `flowcore.standardize`): without it, e.g. mean-pooled all-MiniLM-L6-v2 diverges.
+    `standardize=False` feeds the raw vectors, as the paper's code does. `metadata` is a dict of
+    JSON-able values saved with the model (the CLI records the encoder and pooling there).
     """
 
     def __init__(self, config: str = "l2_d3_w32", epochs: int = 1, batch_size: int = 32,
-                 lr: float = 1e-3, seed: int = 0, device=None):
+                 lr: float = 1e-3, seed: int = 0, device=None, standardize: bool = True):
         if config not in CONFIGS:
             raise ValueError(f"unknown flow config {config!r}; choose one of {', '.join(CONFIGS)}")
         self.config = config
         self.epochs, self.batch_size, self.lr, self.seed = epochs, batch_size, lr, seed
+        self.standardize = standardize
         self.device = torch.device(device) if device is not None else None
         self.flow: Glow | None = None
+        self.standardizer: Standardizer | None = None
         self.losses: list[float] = []
         self.metadata: dict = {}
 
     @property
     def dim(self) -> int:
-        return self._fitted().dim
+        """Width of the vectors this calibrator takes and returns."""
+        self._fitted()
+        return self.standardizer.dim if self.standardizer is not None else self.flow.dim
 
     def _fitted(self) -> Glow:
         if self.flow is None:
@@ -45,27 +53,49 @@ class FlowCalibrator:
 
     def fit(self, X, progress: bool = True) -> "FlowCalibrator":
         data = check_matrix(X, min_rows=2)
+        standardizer = None
+        if self.standardize:
+            standardizer = Standardizer(data.shape[1]).fit(data)
+            data = standardizer(data)[:, standardizer.varying]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             flow = Glow.from_config(self.config, data.shape[1])
         if self.device is not None:
             flow.to(self.device)
+            if standardizer is not None:
+                standardizer.to(self.device)
         self.losses = fit(flow, data, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
                           seed=self.seed, progress=progress)
-        self.flow = flow.eval()
+        self.flow, self.standardizer = flow.eval(), standardizer
         return self
 
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.standardizer is None:
+            return self.flow(x)[0]
+        y = self.standardizer(x)
+        varying = self.standardizer.varying
+        y[:, varying] = self.flow(y[:, varying])[0]
+        return y
+
+    def _inverse(self, z: torch.Tensor) -> torch.Tensor:
+        if self.standardizer is None:
+            return self.flow.inverse(z)
+        varying = self.standardizer.varying
+        y = z.clone()
+        y[:, varying] = self.flow.inverse(z[:, varying])
+        return self.standardizer.inverse(y)
+
     def _map(self, X, inverse: bool, chunk_rows: int) -> np.ndarray:
-        flow = self._fitted()
+        flow, dim = self._fitted(), self.dim
         parameter = next(flow.parameters())
         rows = len(X)
-        out = np.empty((rows, flow.dim), dtype=np.float32)
+        out = np.empty((rows, dim), dtype=np.float32)
         for start in range(0, rows, chunk_rows):
-            chunk = check_matrix(X[start : start + chunk_rows], dim=flow.dim, row_offset=start,
+            chunk = check_matrix(X[start : start + chunk_rows], dim=dim, row_offset=start,
                                  name="Z" if inverse else "X")
             chunk = chunk.to(device=parameter.device, dtype=parameter.dtype)
             with torch.inference_mode():
-                mapped = flow.inverse(chunk) if inverse else flow(chunk)[0]
+                mapped = self._inverse(chunk) if inverse else self._forward(chunk)
             out[start : start + len(chunk)] = mapped.float().cpu().numpy()
         return out
 
@@ -96,12 +126,16 @@ class FlowCalibrator:
         info = {
             "glow": flow.config,
             "config": self.config,
+            "standardize": self.standardizer is not None,
             "dtype": str(next(flow.parameters()).dtype).removeprefix("torch."),
             "training": {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
                          "seed": self.seed, "losses": self.losses},
             "metadata": self.metadata,
         }
-        save_flow(path, flow.state_dict(), info)
+        tensors = {f"flow.{name}": value for name, value in flow.state_dict().items()}
+        if self.standardizer is not None:
+            tensors.update({f"input.{name}": value for name, value in self.standardizer.state_dict().items()})
+        save_flow(path, tensors, info)
 
     @classmethod
     def load(cls, path, device=None) -> "FlowCalibrator":
@@ -109,15 +143,26 @@ class FlowCalibrator:
         try:
             training = info["training"]
             calibrator = cls(config=info["config"], epochs=training["epochs"], batch_size=training["batch_size"],
-                             lr=training["lr"], seed=training["seed"], device=device)
+                             lr=training["lr"], seed=training["seed"], device=device,
+                             standardize=info["standardize"])
+            # fresh (aligned) copies: results must not depend on where the file put the bytes
+            parts = {"flow": {}, "input": {}}
+            for name, value in tensors.items():
+                part, _, key = name.partition(".")
+                parts[part][key] = value.clone()
             with torch.device("meta"):  # shapes only: skip the random LU initialisation
                 flow = Glow(**info["glow"])
-            # fresh (aligned) copies: results must not depend on where the file put the bytes
-            flow.load_state_dict({k: v.clone() for k, v in tensors.items()}, strict=True, assign=True)
+            flow.load_state_dict(parts["flow"], strict=True, assign=True)
+            if calibrator.standardize:
+                standardizer = Standardizer(parts["input"]["mean"].shape[0])
+                standardizer.load_state_dict(parts["input"], strict=True)
+                calibrator.standardizer = standardizer
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
             raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}") from None
         if device is not None:
             flow.to(device)
+            if calibrator.standardizer is not None:
+                calibrator.standardizer.to(device)
         calibrator.flow = flow.eval()
         calibrator.losses = training.get("losses", [])
         calibrator.metadata = info.get("metadata", {})

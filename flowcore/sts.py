@@ -177,49 +177,35 @@ class NoCalibration:
         return np.asarray(X, dtype=np.float32)
 
 
-class StandardizedFlow:
-    """The flow calibration as `flowcore sts` runs it: the flow is fitted on standardized inputs.
-
-    Each coordinate is centred and scaled to unit variance over the fit corpus, and coordinates
-    that do not vary (std at most `tolerance` × the largest; mean-pooled all-MiniLM-L6-v2 has two
-    constant to 1e-32) are dropped: maximum likelihood on a constant coordinate is unbounded, and
-    the engine's defaults then diverge within a hundred steps. `input="whiten"` whitens instead
-    (directions without variance dropped), `input="raw"` feeds the vectors unchanged.
-    """
+class FlowCalibration:
+    """The flow as `flowcore sts` runs it. `input` says what the flow is fitted on:
+    `standardize` (the engine's default: coordinates standardised over the fit corpus, constant
+    ones bypassing the flow; raw mean-pooled all-MiniLM-L6-v2 otherwise diverges), `raw` (the
+    vectors unchanged, as the paper's code) or `whiten` (BERT-whitening first)."""
 
     INPUTS = ("standardize", "whiten", "raw")
 
-    def __init__(self, flow, input: str = "standardize", tolerance: float = 1e-4, progress: bool = True):
+    def __init__(self, flow_factory, input: str = "standardize", progress: bool = True):
         if input not in self.INPUTS:
             raise ValueError(f"unknown flow input {input!r}; choose from {', '.join(self.INPUTS)}")
-        self.flow, self.input, self.tolerance, self.progress = flow, input, tolerance, progress
+        self.input, self.progress = input, progress
+        self.flow = flow_factory(standardize=input == "standardize")
+        self.whitening = None
 
     @property
     def losses(self) -> list[float]:
-        return getattr(self.flow, "losses", [])
+        return self.flow.losses
 
-    def fit(self, X) -> "StandardizedFlow":
-        X = np.asarray(X, dtype=np.float64)
+    def _prepared(self, X):
+        return self.whitening.transform(X) if self.whitening is not None else X
+
+    def fit(self, X) -> "FlowCalibration":
         if self.input == "whiten":
             from flowcore.whitening import Whitening
 
             self.whitening = Whitening().fit(X)
-        elif self.input == "standardize":
-            self.mean, std = X.mean(axis=0), X.std(axis=0)
-            self.keep = std > self.tolerance * std.max()
-            if not self.keep.any():
-                raise ValueError("the fit corpus has no coordinate that varies: cannot fit a flow")
-            self.scale = std[self.keep]
         self.flow.fit(self._prepared(X), progress=self.progress)
         return self
-
-    def _prepared(self, X) -> np.ndarray:
-        if self.input == "whiten":
-            return self.whitening.transform(X)
-        if self.input == "standardize":
-            X = np.asarray(X, dtype=np.float64)
-            return ((X[:, self.keep] - self.mean[self.keep]) / self.scale).astype(np.float32)
-        return np.asarray(X, dtype=np.float32)
 
     def transform(self, X) -> np.ndarray:
         return self.flow.transform(self._prepared(X))
@@ -250,10 +236,12 @@ def build_calibrator(name: str, settings: CalibrationSettings, progress: bool = 
     if name == "flow":
         from flowcore.calibrator import FlowCalibrator
 
-        flow = FlowCalibrator(config=settings.flow_config, epochs=settings.flow_epochs,
-                              batch_size=settings.flow_batch_size, lr=settings.flow_lr,
-                              seed=settings.seed, device=settings.device)
-        return StandardizedFlow(flow, input=settings.flow_input, progress=progress)
+        def flow_factory(standardize: bool) -> FlowCalibrator:
+            return FlowCalibrator(config=settings.flow_config, epochs=settings.flow_epochs,
+                                  batch_size=settings.flow_batch_size, lr=settings.flow_lr,
+                                  seed=settings.seed, device=settings.device, standardize=standardize)
+
+        return FlowCalibration(flow_factory, input=settings.flow_input, progress=progress)
     raise ValueError(f"unknown calibration {name!r}; choose from {', '.join(CALIBRATIONS)}")
 
 

@@ -102,6 +102,38 @@ def test_damaged_files_are_named(calibrator, tmp_path):
 
     from safetensors.torch import save_file
     foreign = tmp_path / "foreign.flow"
-    save_file({"w": tensors["levels.0.0.actnorm.loc"]}, str(foreign), metadata={"info": json.dumps(info)})
+    save_file({"w": tensors["flow.levels.0.0.actnorm.loc"]}, str(foreign), metadata={"info": json.dumps(info)})
     with pytest.raises(FlowFileError, match="foreign.flow: not a flowcore flow file"):
         flowcore.FlowCalibrator.load(foreign)
+
+
+@pytest.mark.parametrize("standardize", [True, False])
+def test_raw_and_standardized_inputs_round_trip(data, standardize, tmp_path):
+    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64, standardize=standardize).fit(
+        data, progress=False)
+    Z = calibrator.transform(data)
+    np.testing.assert_allclose(calibrator.inverse_transform(Z), data, atol=2e-4, rtol=1e-4)
+    calibrator.save(tmp_path / "m.flow")
+    loaded = flowcore.FlowCalibrator.load(tmp_path / "m.flow")
+    assert loaded.standardize is standardize
+    np.testing.assert_array_equal(loaded.transform(data), Z)
+
+
+def test_constant_coordinates_bypass_the_flow_instead_of_diverging():
+    """Mean-pooled all-MiniLM-L6-v2 has coordinates constant to 1e-32; on such data the flow must
+    train without NaN and leave them alone, while the others are calibrated."""
+    rng = np.random.default_rng(1)
+    X = (rng.normal(size=(2000, 12)) @ rng.normal(size=(12, 12)) + 0.3).astype(np.float32)
+    X[:, 4] = -0.0625 + rng.normal(size=2000).astype(np.float32) * 1e-32
+    X[:, 9] = 0.5
+    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=32).fit(X, progress=False)
+    assert calibrator.flow.dim == 10 and calibrator.dim == 12
+    assert all(np.isfinite(calibrator.losses))
+    Z = calibrator.transform(X)
+    assert np.isfinite(Z).all()
+    np.testing.assert_allclose(Z[:, [4, 9]], 0.0, atol=1e-6)
+    varying = [i for i in range(12) if i not in (4, 9)]
+    assert np.abs(Z[:, varying].std(0) - 1).max() < 0.3
+    np.testing.assert_allclose(calibrator.inverse_transform(Z), X, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="no coordinate of the data varies"):
+        flowcore.FlowCalibrator().fit(np.ones((10, 4), dtype=np.float32))
