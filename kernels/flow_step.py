@@ -35,11 +35,13 @@ def folded_affine_step_ref(x, weight, bias, split: int, conditioner: Callable):
     if torch.is_grad_enabled() and (y.requires_grad or h.requires_grad):
         z2, logdet = affine_coupling_ref(y2, h)
         return torch.cat([y1, z2], dim=1), logdet
-    # Inference: the same arithmetic as `affine_coupling_ref`, in place on y's second half and
-    # on h, so no concatenation and fewer fresh (batch x d) buffers.
+    # Inference: the coupling in place on y's second half and on h, so no concatenation and one
+    # fresh (batch x d/2) buffer; scale = exp(log sigmoid) runs on that contiguous buffer rather
+    # than on h's strided odd columns.
     shift, raw = h[:, 0::2], h[:, 1::2].add_(2.0)
-    logdet = F.logsigmoid(raw).sum(dim=1)
-    y2.add_(shift).mul_(raw.sigmoid_())
+    log_scale = F.logsigmoid(raw)
+    logdet = log_scale.sum(dim=1)
+    y2.add_(shift).mul_(log_scale.exp_())
     return y, logdet
 
 
