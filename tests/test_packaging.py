@@ -1,0 +1,22 @@
+"""The kernels are installed as `flowcore.kernels`, never as a top-level `kernels` module (that name
+belongs to Hugging Face's `kernels` library, which transformers probes for)."""
+import subprocess
+import sys
+
+
+def test_kernels_live_under_flowcore_only(tmp_path):
+    script = (
+        "import importlib.util, flowcore.kernels as k, transformers;"
+        "print(importlib.util.find_spec('kernels') is None, callable(k.affine_coupling), k.__name__)"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                            env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "flowcore.kernels"]
+
+
+def test_console_script_lists_every_subcommand():
+    result = subprocess.run([sys.executable, "-m", "flowcore", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for command in ("fit", "encode", "calibrate", "sts"):
+        assert f"    {command}" in result.stdout
