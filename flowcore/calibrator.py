@@ -156,6 +156,9 @@ class FlowCalibrator:
             if calibrator.standardize:
                 standardizer = Standardizer(parts["input"]["mean"].shape[0])
                 standardizer.load_state_dict(parts["input"], strict=True)
+                if standardizer.flow_dim != flow.dim:
+                    raise ValueError(f"the input standardizer passes {standardizer.flow_dim} coordinates "
+                                     f"to a flow of width {flow.dim}")
                 calibrator.standardizer = standardizer
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
             raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}") from None

@@ -53,11 +53,18 @@ class Encoder:
     cls, mean, last2-avg, first-last-avg, static-avg (see `flowcore.pooling`), or give `layers`,
     a list of hidden-state indices to average (0 = embeddings). Constructing a second Encoder
     for the same model, device and dtype reuses the loaded weights.
+
+    `threads` pins torch's CPU thread count while encoding, for bit-reproducible output; by default
+    (None) it follows the machine's load (fewer threads while other processes hold the CPUs), which
+    is faster on a shared machine but makes float results depend on the load at 1e-7.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, pooling: str = "first-last-avg", layers=None,
-                 max_length: int = 512, device=None, dtype=None):
+                 max_length: int = 512, device=None, dtype=None, threads: int | None = None):
         kind, requested = parse_pooling(pooling, layers)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        self.threads = threads
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
         self.device = _resolve_device(device)
@@ -93,7 +100,9 @@ class Encoder:
         truncated = np.zeros(len(distinct), dtype=bool)
         if show_progress_bar is None:
             show_progress_bar = len(distinct) >= PROGRESS_MIN_SENTENCES
-        threads = _CpuThreadPolicy() if self.device.type == "cpu" else None
+        threads = None
+        if self.device.type == "cpu":
+            threads = _CpuThreadPolicy() if self.threads is None else _FixedThreads(self.threads)
         try:
             with tqdm(total=len(distinct), unit="sent", desc="encode", disable=not show_progress_bar) as bar, \
                     torch.inference_mode(), self._autocast():
@@ -411,6 +420,20 @@ class _CpuThreadPolicy:
                 values = [int(value) for value in fields[1:9]]
                 ticks += sum(values) - values[3] - values[4]
         return time.perf_counter(), ticks / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+class _FixedThreads:
+    """A pinned thread count for one encode() call; the caller's count comes back at the end."""
+
+    def __init__(self, threads: int):
+        self.original = torch.get_num_threads()
+        torch.set_num_threads(threads)
+
+    def update(self) -> None:
+        return None
+
+    def restore(self) -> None:
+        torch.set_num_threads(self.original)
 
 
 def threads_for(cpus: int, busy_elsewhere: float, ceiling: int) -> int:

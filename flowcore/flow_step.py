@@ -5,7 +5,8 @@ ActNorm is folded into the assembled LU weight, W' = W diag(exp(logs)), b = W' l
 training the fold is differentiated through (d x d work), which is cheaper than back-propagating
 through an elementwise ActNorm on (batch x d). In eval mode, when no gradient is wanted, the
 folded weight is cached and rebuilt whenever a parameter changes (tracked by the tensors' version
-counters) or the module returns to training.
+counters) or the module returns to training. Writes through `.data` bypass version counters: after
+such surgery call `train()` (or `eval()`) to drop the cache.
 """
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ class FlowStep(nn.Module):
         params = (self.actnorm.loc, self.actnorm.logs, *self.mixing.parameters())
         key = tuple((p.data_ptr(), p._version) for p in params)
         if self._folded is None or self._folded[0] != key:
-            with torch.no_grad():
+            # a normal tensor even when first built under inference_mode, so that a later
+            # gradient-enabled call with frozen parameters may still use it
+            with torch.inference_mode(False), torch.no_grad():
                 self._folded = (key, *self._fold())
         return self._folded[1:]
 

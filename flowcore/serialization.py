@@ -51,7 +51,15 @@ def save_flow(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
         save_file(tensors, temporary, metadata=metadata)
         with open(temporary, "rb+") as stream:
             os.fsync(stream.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp's 0600 would hide the model from other users
         os.replace(temporary, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

@@ -33,7 +33,8 @@ class Standardizer(nn.Module):
     def fit(self, X: torch.Tensor) -> "Standardizer":
         """Mean and std per coordinate in float64, two passes over chunks (no float64 copy of X)."""
         rows = X.shape[0]
-        total = torch.zeros(X.shape[1], dtype=torch.float64)
+        self.to(X.device)
+        total = torch.zeros(X.shape[1], dtype=torch.float64, device=X.device)
         for start in range(0, rows, STAT_CHUNK_ROWS):
             total += X[start : start + STAT_CHUNK_ROWS].double().sum(0)
         mean = total / rows

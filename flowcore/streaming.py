@@ -676,22 +676,26 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
     else:
         source = TextCorpus(input, text_field=text_field, id_field=id_field)
         requested_model = model or calibrator.metadata.get("encoder")
-        encoder = _encoder_for(calibrator, model, pooling, encoder_factory)
+        if threads is None:
+            threads = default_threads(text=True)
+        encoder = _encoder_for(calibrator, model, pooling, encoder_factory, threads)
         pins["encoder"] = {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": batch_size}
     check_compatible(calibrator, source, encoder, requested_model if embeddings is None else None)
     if threads is None:
-        threads = default_threads(text=encoder is not None)
+        threads = default_threads(text=False)
     job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, _encode_function(encoder, batch_size),
                          pins=pins, chunk_rows=chunk_rows, restart=restart, progress=progress, threads=threads)
     return job.run()
 
 
 def default_threads(text: bool) -> int:
-    """torch CPU threads for a job. Embeddings: one fewer than the CPUs available, so that the
-    reader and writer threads keep a core and never deschedule torch's threads, which wait for
-    each other at every operator. Text: 1, because the encoder lowers its thread count while
-    other processes load the CPUs and its float results depend on that count; a single thread
-    keeps text output bit-reproducible (a resumed job byte-identical to an uninterrupted one)."""
+    """torch CPU threads for a job, pinned (float results depend on the count, and a resumed job
+    must be byte-identical to an uninterrupted one). Embeddings: one fewer than the CPUs
+    available, so that the reader and writer threads keep a core and never deschedule torch's
+    threads, which wait for each other at every operator. Text: 1, given to the encoder as a
+    fixed count (its load-following default is not reproducible); with 2 pinned threads a
+    killed-and-resumed text job was not byte-identical in our tests, so more threads for text
+    are an explicit `--threads` choice."""
     import torch
 
     if text:
@@ -700,7 +704,8 @@ def default_threads(text: bool) -> int:
     return max(1, min(torch.get_num_threads(), cpus - 1))
 
 
-def _encoder_for(calibrator, model: str | None, pooling: str | None, encoder_factory: Callable | None):
+def _encoder_for(calibrator, model: str | None, pooling: str | None, encoder_factory: Callable | None,
+                 threads: int):
     """The encoder for text input: the flow's recorded one unless overridden (then checked)."""
     recorded_model = (calibrator.metadata or {}).get("encoder")
     recorded_pooling = (calibrator.metadata or {}).get("pooling")
@@ -710,4 +715,4 @@ def _encoder_for(calibrator, model: str | None, pooling: str | None, encoder_fac
     if encoder_factory is None:
         from flowcore import Encoder as encoder_factory
     pooling = pooling or recorded_pooling
-    return encoder_factory(model=model or recorded_model, **({"pooling": pooling} if pooling else {}))
+    return encoder_factory(model=model or recorded_model, threads=threads, **({"pooling": pooling} if pooling else {}))

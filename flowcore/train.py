@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 from flowcore.validation import check_matrix
 
 
-class TrainingDivergedError(FloatingPointError):
+class TrainingDivergedError(FloatingPointError, ValueError):
     """The loss or the gradients stopped being finite; the weights are left as before that step."""
 
 

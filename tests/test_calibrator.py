@@ -137,3 +137,14 @@ def test_constant_coordinates_bypass_the_flow_instead_of_diverging():
     np.testing.assert_allclose(calibrator.inverse_transform(Z), X, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="no coordinate of the data varies"):
         flowcore.FlowCalibrator().fit(np.ones((10, 4), dtype=np.float32))
+
+
+def test_saved_file_is_readable_by_others(calibrator, tmp_path):
+    import os
+    import stat
+
+    path = tmp_path / "shared.flow"
+    calibrator.save(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask

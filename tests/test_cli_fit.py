@@ -66,3 +66,14 @@ def test_errors_are_one_clean_line(tmp_path):
     result = subprocess.run([sys.executable, "-m", "flowcore", "fit", "--embeddings", str(nan), "--out",
                              str(tmp_path / "x.flow")], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2 and "row(s) 31" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_divergence_and_bad_devices_are_one_line_errors(embeddings, tmp_path, capsys):
+    out = str(tmp_path / "m.flow")
+    assert main(["fit", "--embeddings", str(embeddings), "--out", out, "--lr", "1e6", "--epochs", "3",
+                 "--config", "l2_d2_w32"]) == 2
+    assert "lower learning rate" in capsys.readouterr().err
+    assert main(["fit", "--embeddings", str(embeddings), "--out", out, "--device", "bogus"]) == 2
+    assert "--device 'bogus' is not a torch device" in capsys.readouterr().err
+    assert main(["fit", "--embeddings", str(embeddings), "--out", out, "--device", "cuda"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err

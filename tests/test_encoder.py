@@ -331,3 +331,21 @@ def test_cli_encode_bad_input_is_reported(tiny_bert, tmp_path, capsys):
     assert np.load(tmp_path / "e.npy").shape == (3, 16)
     err = capsys.readouterr().err
     assert "1 line(s) of" in err and "(lines 2)" in err
+
+
+def test_pinned_threads_are_used_and_restored(tiny_bert, monkeypatch):
+    seen = []
+    encoder = Encoder(tiny_bert, pooling="mean", threads=2)
+    real_forward = encoder._hidden_states
+
+    def spying(inputs):
+        seen.append(torch.get_num_threads())
+        return real_forward(inputs)
+
+    monkeypatch.setattr(encoder, "_hidden_states", spying)
+    before = torch.get_num_threads()
+    encoder.encode(_random_sentences(50), batch_size=8)
+    assert seen and set(seen) == {2}
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must be a positive integer"):
+        Encoder(tiny_bert, threads=0)

@@ -109,3 +109,14 @@ def test_lu_initialisation_is_a_rotation():
     from flowcore.invertible_linear import LULinear
     weight = LULinear(12).double().weight()
     torch.testing.assert_close(weight @ weight.T, torch.eye(12, dtype=torch.float64), rtol=1e-6, atol=1e-6)
+
+
+def test_cache_built_in_inference_mode_still_serves_gradients_to_inputs():
+    """A frozen flow used for calibration (inference_mode) can afterwards give input gradients."""
+    glow = trained_like_glow(16).eval().requires_grad_(False)
+    x = torch.randn(10, 16)
+    with torch.inference_mode():
+        glow(x)
+    x.requires_grad_(True)
+    glow.log_prob(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

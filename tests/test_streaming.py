@@ -206,8 +206,8 @@ def test_embeddings_of_another_width_are_refused_before_any_work(tmp_path, flow)
 class StandInEncoder:
     """The Encoder interface (model_id, pooling, dim, encode) over a fixed random projection."""
 
-    def __init__(self, model="stand-in", pooling="mean", dim=DIM):
-        self.model_id, self.pooling, self.dim = model, pooling, dim
+    def __init__(self, model="stand-in", pooling="mean", dim=DIM, threads=None):
+        self.model_id, self.pooling, self.dim, self.threads = model, pooling, dim, threads
 
     def encode(self, sentences, batch_size=32, show_progress_bar=False):
         return np.array([[len(s) % 7 + i for i in range(self.dim)] for s in sentences], dtype=np.float32)

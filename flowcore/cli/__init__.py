@@ -12,6 +12,21 @@ class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+def check_device(name: str | None) -> str | None:
+    """`--device` as given, after checking that torch knows it and that it exists here."""
+    if name is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CLIError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CLIError(f"--device {name}: this torch build or machine has no CUDA GPU; use --device cpu")
+    return name
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flowcore",

@@ -29,8 +29,7 @@ def register(subparsers) -> None:
                         help="rows per chunk (resume granularity); default: 1024 sentences, or ~8 MiB of vectors")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (pinned for resuming: float results depend on it); default: one "
-                        "fewer than the CPUs for embeddings (a core for reading and writing), 1 for text, whose "
-                        "encoder otherwise adapts its thread count to the machine's load (not bit-reproducible)")
+                        "fewer than the CPUs for embeddings (a core for reading and writing), 1 for text (bit-reproducible resumes)")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)

@@ -31,11 +31,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flowcore.cli import check_device
     from flowcore.encoder import Encoder
     import numpy as np
 
     sentences = read_sentences(args.input)
-    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=args.device)
+    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=check_device(args.device))
     embeddings = encoder.encode(sentences, batch_size=args.batch_size)
     partial = f"{args.out}.partial"
     with open(partial, "wb") as out:

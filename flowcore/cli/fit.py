@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowcore.cli import CLIError
+from flowcore.cli import CLIError, check_device
 from flowcore.glow import CONFIGS
 
 
@@ -71,6 +71,7 @@ def _encode_corpus(args) -> tuple[np.ndarray, dict]:
 def run(args) -> int:
     from flowcore.calibrator import FlowCalibrator
 
+    check_device(args.device)
     started = time.perf_counter()
     if args.embeddings is not None:
         data, metadata = _load_embeddings(args), {}

@@ -82,7 +82,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flowcore.cli import CLIError
+    from flowcore.cli import CLIError, check_device
+    check_device(args.device)
     from flowcore.encoder import Encoder
     from flowcore.sts import (AGGREGATION_NOTES, CalibrationSettings, EmbeddingCache, default_cache_dir,
                               evaluate, markdown_table, write_json)
