@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from flowcore.encoder import Encoder, default_model_path  # noqa: E402
+from flowcore.sts_data import load_split  # noqa: E402
 
 STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sts")
 ROUNDS = int(os.environ.get("FLOWCORE_BENCH_ROUNDS", "3"))
@@ -26,12 +27,9 @@ SETTINGS = ["cpu", "cpu-1-thread"] + (["cuda"] if torch.cuda.is_available() else
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-    """Both sentences of every STS-B test pair (tab-separated, no quoting: columns 5 and 6)."""
-    path = STS_DATA / "STSBenchmark" / "sts-test.csv"
-    if not path.is_file():
-        pytest.fail(f"STS-B test file not found at {path}; set FLOWCORE_DATA")
-    rows = [line.rstrip("\n").split("\t") for line in path.read_text(encoding="utf-8").splitlines()]
-    return [row[5] for row in rows] + [row[6] for row in rows]
+    """Both sentences of every STS-B test pair."""
+    pairs = load_split(STS_DATA, "STS-B", "test")
+    return list(pairs.sentences1) + list(pairs.sentences2)
 
 
 @contextlib.contextmanager

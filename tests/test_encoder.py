@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flowcore.encoder import Encoder, default_model_path, threads_for
+from tiny_models import save_tiny_bert
 
 WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
 
@@ -34,18 +35,7 @@ def _cosines(a, b):
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory):
     """A random 3-layer BERT with a small word vocabulary, saved like a hub model folder."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    vocab = folder / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
-    tokenizer = BertTokenizerFast.from_pretrained(folder, model_max_length=64)
-    config = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64)
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), WORDS, hidden_size=16, num_layers=3)
 
 
 def _random_sentences(count, seed=0, max_words=40):

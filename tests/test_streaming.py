@@ -17,6 +17,7 @@ import pytest
 from flowcore import FlowCalibrator
 from flowcore.readers import EMPTY_LINE, NON_FINITE, EmbeddingFile
 from flowcore.streaming import SLOW_CHUNKS_ENV, CalibrationJob, JobMismatchError, calibrate_file, iter_calibrated
+from tiny_models import save_tiny_bert
 
 DIM = 8
 CLI = [sys.executable, "-m", "flowcore"]
@@ -363,18 +364,7 @@ WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree".s
 
 def tiny_bert(folder: Path, seed: int) -> str:
     """A random 2-layer BERT with a small word vocabulary, saved like a hub model folder."""
-    import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
-    tokenizer = BertTokenizerFast.from_pretrained(folder, model_max_length=64)
-    config = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=DIM * 2, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64)
-    torch.manual_seed(seed)
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_bert(folder, WORDS, hidden_size=DIM * 2, num_layers=2, seed=seed)
 
 
 def sentences(count: int, seed: int) -> list[str]:

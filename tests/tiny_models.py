@@ -1,0 +1,23 @@
+"""Tiny random Hugging Face encoders for fast tests, saved like hub model folders."""
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def save_tiny_bert(folder: Path, words: list[str], hidden_size: int, num_layers: int, seed: int = 0) -> str:
+    """A random BERT over a small word vocabulary (tokenizer included) in `folder`; returns its path."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(SPECIAL_TOKENS + list(words)) + "\n")
+    tokenizer = BertTokenizerFast.from_pretrained(folder, model_max_length=64)
+    config = BertConfig(vocab_size=len(words) + len(SPECIAL_TOKENS), hidden_size=hidden_size,
+                        num_hidden_layers=num_layers, num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=64)
+    torch.manual_seed(seed)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
