@@ -73,6 +73,8 @@ class FlowCalibrator:
         if self.standardizer is None:
             return self.flow(x)[0]
         y = self.standardizer(x)
+        if self.standardizer.all_varying:  # the usual case: no gather/scatter on the hot path
+            return self.flow(y)[0]
         varying = self.standardizer.varying
         y[:, varying] = self.flow(y[:, varying])[0]
         return y
@@ -80,6 +82,8 @@ class FlowCalibrator:
     def _inverse(self, z: torch.Tensor) -> torch.Tensor:
         if self.standardizer is None:
             return self.flow.inverse(z)
+        if self.standardizer.all_varying:
+            return self.standardizer.inverse(self.flow.inverse(z))
         varying = self.standardizer.varying
         y = z.clone()
         y[:, varying] = self.flow.inverse(z[:, varying])

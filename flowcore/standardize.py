@@ -26,6 +26,10 @@ class Standardizer(nn.Module):
         return self.mean.shape[0]
 
     @property
+    def all_varying(self) -> bool:
+        return self.flow_dim == self.dim
+
+    @property
     def flow_dim(self) -> int:
         return int(self.varying.sum())
 
