@@ -70,9 +70,14 @@ class FlowStep(nn.Module):
         return kernels.folded_linear(x, weight, bias), logdet
 
     def forward(self, x: torch.Tensor):
-        if self._fast_path() and isinstance(self.mixing, LULinear) and self.coupling.kind == "affine":
-            # inference: one fused GEMM + coupling epilogue on the Triton path (`kernels.flow_step`)
-            weight, bias, logdet = self._cached_fold()
+        if isinstance(self.mixing, LULinear) and self.coupling.kind == "affine":
+            # the fused step (`kernels.flow_step`): in inference one GEMM + coupling epilogue on
+            # Triton; in training on PyTorch, a hand-written backward without concatenations
+            if self._fast_path():
+                weight, bias, logdet = self._cached_fold()
+            else:
+                self.actnorm.maybe_initialize(x)
+                weight, bias, logdet = self._fold()
             z, coupling_logdet = kernels.folded_affine_step(x, weight, bias, self.coupling.split, self.coupling.net)
             return z, coupling_logdet + logdet
         y, logdet = self._mix(x)

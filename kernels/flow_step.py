@@ -1,16 +1,24 @@
-"""Fused inference for one affine Glow step with its ActNorm folded into the 1x1 weight:
+"""One affine Glow step with its ActNorm folded into the 1x1 weight, fused:
 y = x @ weight.T + bias, y1 = y[:, :split], h = conditioner(y1),
 z = [y1, (y2 + h[:, 0::2]) * sigmoid(h[:, 1::2] + 2)], logdet = sum(log sigmoid(...)) per row.
 
 `folded_affine_step(x, weight, bias, split, conditioner)` returns (z, coupling logdet); the
-step's own ActNorm + 1x1 log-det (a constant) is the caller's. For calibrating large embedding
-sets: on the Triton path, with no gradient wanted, the first GEMM writes y1 straight into z,
-and the second GEMM computes y2 tile by tile and applies the coupling in its epilogue, so y2
-never touches memory and no concatenation pass is needed. Row log-dets are summed from one
-partial per column block (fixed order, deterministic). When a gradient is wanted (x, weight or
-bias, or the conditioner's output, requires grad) it runs the differentiable ops
-(`folded_linear`, `affine_coupling`) where needed; `folded_affine_step_ref` is the
-pure-PyTorch twin. x: (B, d), any strides; z is contiguous, in x's dtype.
+step's own ActNorm + 1x1 log-det (a constant) is the caller's. x: (B, d), any strides; z is
+contiguous, in x's dtype. `folded_affine_step_ref` is the pure-PyTorch twin (plain autograd).
+
+- Triton path, no gradient wanted (calibrating large embedding sets): the first GEMM writes y1
+  straight into z, and the second GEMM computes y2 tile by tile and applies the coupling in its
+  epilogue, so y2 never touches memory and no concatenation pass is needed. Row log-dets are
+  summed from one partial per column block (fixed order, deterministic). When a gradient is
+  wanted it composes the differentiable ops (`folded_linear`, `affine_coupling`).
+- PyTorch path: y is computed once into z and the coupling is applied to its second half in
+  place. When the conditioner is the coupling's MLP (`nn.Sequential` of `Linear` layers with
+  `ReLU` between), its last layer runs with its rows reordered so that shift and raw come out
+  as two contiguous halves, and in training `_TorchAffineStep` runs the whole step with a
+  hand-written backward that writes d(shift) straight into dy (they are equal) and dy1 into
+  dy's other half: autograd of the composed ops would add a concatenation, a split gradient
+  and a stack per step, each a full pass over the batch. Other conditioners run the composed
+  twin under autograd.
 """
 from __future__ import annotations
 
@@ -18,6 +26,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
@@ -31,18 +41,131 @@ from flowcore.kernels.invertible_linear import _interpreter_blocks, folded_linea
 def folded_affine_step_ref(x, weight, bias, split: int, conditioner: Callable):
     y = folded_linear_ref(x, weight, bias)
     y1, y2 = y.split([split, y.shape[1] - split], dim=1)
-    h = conditioner(y1)
-    if torch.is_grad_enabled() and (y.requires_grad or h.requires_grad):
-        z2, logdet = affine_coupling_ref(y2, h)
-        return torch.cat([y1, z2], dim=1), logdet
-    # Inference: the coupling in place on y's second half and on h, so no concatenation and one
-    # fresh (batch x d/2) buffer; scale = exp(log sigmoid) runs on that contiguous buffer rather
-    # than on h's strided odd columns.
-    shift, raw = h[:, 0::2], h[:, 1::2].add_(2.0)
+    z2, logdet = affine_coupling_ref(y2, conditioner(y1))
+    return torch.cat([y1, z2], dim=1), logdet
+
+
+def _torch_step(x, weight, bias, split: int, shift_and_raw: Callable):
+    """(z, logdet, scale) without autograd: y is computed into z and the coupling applied in
+    place on z's second half. `shift_and_raw(y1)` returns (h[:, 0::2], h[:, 1::2] + 2); the
+    scale is exp(log sigmoid(raw)), computed in place on the log sigmoid's buffer."""
+    z = torch.addmm(bias, x, weight.T)
+    shift, raw = shift_and_raw(z[:, :split])
     log_scale = F.logsigmoid(raw)
     logdet = log_scale.sum(dim=1)
-    y2.add_(shift).mul_(log_scale.exp_())
-    return y, logdet
+    scale = log_scale.exp_()
+    z[:, split:].add_(shift).mul_(scale)
+    return z, logdet, scale
+
+
+def _split_output(conditioner: Callable, second: int) -> Callable:
+    """Any conditioner as `shift_and_raw` for `_torch_step`."""
+    def shift_and_raw(y1):
+        h = conditioner(y1)
+        _launch.require_matrix("folded_affine_step conditioner output", h, 2 * second)
+        return h[:, 0::2], h[:, 1::2] + 2.0
+    return shift_and_raw
+
+
+def _mlp_layers(conditioner) -> list[torch.Tensor] | None:
+    """[W1, b1, W2, b2, ...] when `conditioner` is Linear (-> ReLU -> Linear)*, else None."""
+    if not isinstance(conditioner, nn.Sequential) or len(conditioner) % 2 == 0:
+        return None
+    layers = []
+    for index, module in enumerate(conditioner):
+        if index % 2:
+            if type(module) is not nn.ReLU:
+                return None
+        elif type(module) is not nn.Linear or module.bias is None:
+            return None
+        else:
+            layers += [module.weight, module.bias]
+    return layers
+
+
+class _MLP:
+    """The coupling's MLP as `shift_and_raw`. Its last layer's rows are reordered to [shift rows,
+    raw rows] (with the + 2 in the raw bias), so one GEMM gives h = [shift | raw] with each half
+    contiguous in its rows; the inputs of each layer are kept in `inputs` for the backward."""
+
+    def __init__(self, layers, second: int):
+        weights, biases = list(layers[0::2]), list(layers[1::2])
+        if weights[-1].shape[0] != 2 * second:
+            raise ValueError(f"folded_affine_step conditioner output must have {2 * second} columns, "
+                             f"got {weights[-1].shape[0]}")
+        weights[-1] = torch.cat([weights[-1][0::2], weights[-1][1::2]])
+        biases[-1] = torch.cat([biases[-1][0::2], biases[-1][1::2] + 2.0])
+        self.weights, self.biases, self.second = weights, biases, second
+        self.inputs: list[torch.Tensor] = []
+
+    def __call__(self, y1):
+        a = y1
+        for index, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            if index:
+                a = a.relu_()
+            self.inputs.append(a)
+            a = torch.addmm(bias, a, weight.T)
+        return a[:, : self.second], a[:, self.second:]
+
+
+def _interleave(stacked: torch.Tensor) -> torch.Tensor:
+    """Undo `_MLP`'s row order: rows [shift rows, raw rows] back to h's even/odd rows."""
+    half = stacked.shape[0] // 2
+    out = torch.empty_like(stacked)
+    out[0::2], out[1::2] = stacked[:half], stacked[half:]
+    return out
+
+
+class _TorchAffineStep(torch.autograd.Function):
+    """The step on PyTorch ops with a hand-written backward (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, split: int, *layers):
+        mlp = _MLP(layers, weight.shape[0] - split)
+        z, logdet, scale = _torch_step(x, weight, bias, split, mlp)
+        ctx.split = split
+        ctx.save_for_backward(x, weight, z, scale, *mlp.inputs[1:], *mlp.weights)
+        return z, logdet
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dz, dlogdet):
+        x, weight, z, scale, *rest = ctx.saved_tensors
+        (rows, d), split = z.shape, ctx.split
+        depth = (len(rest) + 1) // 2
+        inputs, mlp_weights = [z[:, :split], *rest[: depth - 1]], rest[depth - 1:]
+        second = d - split
+        dy = z.new_empty((rows, d))
+        dz2 = dz[:, split:]
+        dshift = torch.mul(dz2, scale, out=dy[:, split:])  # dy2 and d(shift) are equal
+        # d/draw of (y2 + shift) * scale and of log scale: (1 - scale) * (dz2 * z2 + dlogdet)
+        draw = torch.addcmul(dlogdet[:, None], dz2, z[:, split:])
+        draw.addcmul_(draw, scale, value=-1.0)
+        # the gradient of each layer's output as (part, rows of the layer's weight) pairs: the last
+        # layer's is [dshift | draw], kept apart so that dshift is never copied out of dy
+        parts = [(dshift, slice(None, second)), (draw, slice(second, None))]
+        layer_grads = [None] * (2 * depth)
+        for index in reversed(range(depth)):
+            layer_weight, layer_input = mlp_weights[index], inputs[index]
+            if ctx.needs_input_grad[4 + 2 * index]:
+                layer_grads[2 * index] = torch.cat([part.T @ layer_input for part, _ in parts])
+            if ctx.needs_input_grad[5 + 2 * index]:
+                layer_grads[2 * index + 1] = torch.cat([part.sum(dim=0) for part, _ in parts])
+            (part, weight_rows), *more = parts
+            if index:
+                grad = part @ layer_weight[weight_rows]
+            else:  # dy1 = dz1 + the conditioner's input gradient, written into dy's first half
+                grad = torch.addmm(dz[:, :split], part, layer_weight[weight_rows], out=dy[:, :split])
+            for part, weight_rows in more:
+                grad.addmm_(part, layer_weight[weight_rows])
+            if index:
+                parts = [(torch.ops.aten.threshold_backward(grad, layer_input, 0), slice(None))]
+        last = 2 * depth - 2
+        layer_grads[last:] = [None if g is None else _interleave(g) for g in layer_grads[last:]]
+        dx = dy @ weight if ctx.needs_input_grad[0] else None
+        dweight = dy.T @ x if ctx.needs_input_grad[1] else None
+        dbias = dy.sum(dim=0) if ctx.needs_input_grad[2] else None
+        return dx, dweight, dbias, None, *layer_grads
 
 
 @triton.jit
@@ -127,13 +250,13 @@ def _second_half(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, h: t
 
 def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
     """(z, coupling logdet) of one folded affine step; see the module docstring."""
-    if resolve(x) != "triton":
-        return folded_affine_step_ref(x, weight, bias, split, conditioner)
     _launch.require_matrix("folded_affine_step input", x)
     _launch.require_matrix("folded_affine_step weight", weight, x.shape[1])
     _launch.require_vector("folded_affine_step bias", bias, weight.shape[0])
     if not 0 < split < weight.shape[0]:
         raise ValueError(f"folded_affine_step split must be in 1..{weight.shape[0] - 1}, got {split}")
+    if resolve(x) != "triton":
+        return _torch_affine_step(x, weight, bias, split, conditioner)
     _launch.require_launchable(x, "folded_affine_step")
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias))
     if wants_grad:
@@ -150,3 +273,15 @@ def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
         return torch.cat([z[:, :split], z2], dim=1), logdet
     logdet = _second_half(x, weight[split:], bias[split:], h, z[:, split:])
     return z, logdet
+
+
+def _torch_affine_step(x, weight, bias, split: int, conditioner: Callable):
+    layers = _mlp_layers(conditioner)
+    if layers is None:
+        if torch.is_grad_enabled():
+            return folded_affine_step_ref(x, weight, bias, split, conditioner)
+        return _torch_step(x, weight, bias, split, _split_output(conditioner, weight.shape[0] - split))[:2]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias, *layers)):
+        return _TorchAffineStep.apply(x, weight, bias, split, *layers)
+    with torch.no_grad():
+        return _torch_step(x, weight, bias, split, _MLP(layers, weight.shape[0] - split))[:2]
