@@ -27,7 +27,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
@@ -123,17 +122,19 @@ class _TorchAffineStep(torch.autograd.Function):
     def forward(ctx, x, weight, bias, split: int, *layers):
         mlp = _MLP(layers, weight.shape[0] - split)
         z, logdet, scale = _torch_step(x, weight, bias, split, mlp)
-        ctx.split = split
-        ctx.save_for_backward(x, weight, z, scale, *mlp.inputs[1:], *mlp.weights)
+        ctx.split, ctx.depth = split, len(layers) // 2
+        ctx.save_for_backward(x, weight, bias, z, scale, *mlp.inputs[1:], *mlp.weights, *layers)
         return z, logdet
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dz, dlogdet):
-        x, weight, z, scale, *rest = ctx.saved_tensors
-        (rows, d), split = z.shape, ctx.split
-        depth = (len(rest) + 1) // 2
-        inputs, mlp_weights = [z[:, :split], *rest[: depth - 1]], rest[depth - 1:]
+        x, weight, bias, z, scale, *rest = ctx.saved_tensors
+        (rows, d), split, depth = z.shape, ctx.split, ctx.depth
+        hidden, mlp_weights, layers = rest[: depth - 1], rest[depth - 1: 2 * depth - 1], rest[2 * depth - 1:]
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the composed twin instead,
+            return _composed_backward(ctx, (dz, dlogdet), x, weight, bias, split, layers)  # so that
+            # higher-order gradients are exact
+        inputs = [z[:, :split], *hidden]
         second = d - split
         dy = z.new_empty((rows, d))
         dz2 = dz[:, split:]
@@ -166,6 +167,21 @@ class _TorchAffineStep(torch.autograd.Function):
         dweight = dy.T @ x if ctx.needs_input_grad[1] else None
         dbias = dy.sum(dim=0) if ctx.needs_input_grad[2] else None
         return dx, dweight, dbias, None, *layer_grads
+
+
+def _composed_backward(ctx, grads, x, weight, bias, split: int, layers):
+    """The step's input gradients through autograd of `folded_affine_step_ref` (with a graph)."""
+    def conditioner(a):
+        for index in range(0, len(layers), 2):
+            a = F.linear(torch.relu(a) if index else a, layers[index], layers[index + 1])
+        return a
+
+    outputs = folded_affine_step_ref(x, weight, bias, split, conditioner)
+    needed = ctx.needs_input_grad[:3] + ctx.needs_input_grad[4:]
+    inputs = [t for t, wanted in zip((x, weight, bias, *layers), needed) if wanted]
+    computed = iter(torch.autograd.grad(outputs, inputs, grads, create_graph=True, allow_unused=True))
+    result = [next(computed) if wanted else None for wanted in needed]
+    return (*result[:3], None, *result[3:])
 
 
 @triton.jit
