@@ -17,6 +17,9 @@ from torch import nn
 
 from flowcore.flow_step import FlowStep
 
+CPU_BLOCK_BYTES = 6 << 20
+"""Rows per block of CPU inference: about this many bytes of activations (2048 rows at d = 768)."""
+
 CONFIGS = {
     "l2_d2_w32": dict(levels=2, depth=2, width=32),
     "l2_d3_w16": dict(levels=2, depth=3, width=16),
@@ -62,8 +65,24 @@ class Glow(nn.Module):
             raise ValueError(f"Glow({self.dim}) {what} expects shape (batch, {self.dim}), got {tuple(x.shape)}")
 
     def forward(self, x: torch.Tensor):
+        if self._blocked_inference(x):
+            self._check(x, "forward")
+            z, logdet = torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[0])
+            step = max(1, CPU_BLOCK_BYTES // (self.dim * x.element_size()))
+            for start in range(0, x.shape[0], step):
+                rows = slice(start, start + step)
+                parts, logdet[rows] = self._latent_parts(x[rows])
+                torch.cat(parts, dim=1, out=z[rows])
+            return z, logdet
         parts, logdet = self._latent_parts(x)
         return torch.cat(parts, dim=1), logdet
+
+    def _blocked_inference(self, x: torch.Tensor) -> bool:
+        """CPU inference runs the whole flow on one block of rows at a time, so that a block's
+        activations stay in cache from step to step (about 1.2x faster at d = 768)."""
+        if self.training or x.device.type != "cpu" or x.shape[0] * self.dim * x.element_size() <= CPU_BLOCK_BYTES:
+            return False
+        return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
 
     def _latent_parts(self, x: torch.Tensor):
         """z's column blocks (the last level's output, then the latents that left earlier, from
@@ -93,7 +112,11 @@ class Glow(nn.Module):
         return (h, logdet) if return_logdet else h
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        parts, logdet = self._latent_parts(x)
+        if self._blocked_inference(x):
+            z, logdet = self(x)
+            parts = [z]
+        else:
+            parts, logdet = self._latent_parts(x)
         squared_norm = sum(_SquaredNorm.apply(part) for part in parts)
         return -0.5 * squared_norm - 0.5 * self.dim * math.log(2 * math.pi) + logdet
 

@@ -13,8 +13,8 @@ contiguous, in x's dtype. `folded_affine_step_ref` is the pure-PyTorch twin (pla
   wanted it composes the differentiable ops (`folded_linear`, `affine_coupling`).
 - PyTorch path: y is computed once into z and the coupling is applied to its second half in
   place. When the conditioner is the coupling's MLP (`nn.Sequential` of `Linear` layers with
-  `ReLU` between), its last layer runs with its rows reordered so that shift and raw come out
-  as two contiguous halves, and in training `_TorchAffineStep` runs the whole step with a
+  `ReLU` between), its last layer runs as two GEMMs so that shift and raw come out
+  contiguous, and in training `_TorchAffineStep` runs the whole step with a
   hand-written backward that writes d(shift) straight into dy (they are equal) and dy1 into
   dy's other half: autograd of the composed ops would add a concatenation, a split gradient
   and a stack per step, each a full pass over the batch. Other conditioners run the composed
@@ -83,36 +83,25 @@ def _mlp_layers(conditioner) -> list[torch.Tensor] | None:
 
 
 class _MLP:
-    """The coupling's MLP as `shift_and_raw`. Its last layer's rows are reordered to [shift rows,
-    raw rows] (with the + 2 in the raw bias), so one GEMM gives h = [shift | raw] with each half
-    contiguous in its rows; the inputs of each layer are kept in `inputs` for the backward."""
+    """The coupling's MLP as `shift_and_raw`: its last layer runs as two GEMMs over its even
+    (shift) and odd (raw, with the + 2 in the bias) weight rows, so that shift and raw come out
+    as contiguous matrices; the inputs of each layer are kept in `inputs` for the backward."""
 
     def __init__(self, layers, second: int):
-        weights, biases = list(layers[0::2]), list(layers[1::2])
-        if weights[-1].shape[0] != 2 * second:
+        self.weights, self.biases = layers[0::2], layers[1::2]
+        if self.weights[-1].shape[0] != 2 * second:
             raise ValueError(f"folded_affine_step conditioner output must have {2 * second} columns, "
-                             f"got {weights[-1].shape[0]}")
-        weights[-1] = torch.cat([weights[-1][0::2], weights[-1][1::2]])
-        biases[-1] = torch.cat([biases[-1][0::2], biases[-1][1::2] + 2.0])
-        self.weights, self.biases, self.second = weights, biases, second
+                             f"got {self.weights[-1].shape[0]}")
         self.inputs: list[torch.Tensor] = []
 
     def __call__(self, y1):
         a = y1
-        for index, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            if index:
-                a = a.relu_()
+        for weight, bias in zip(self.weights[:-1], self.biases[:-1]):
             self.inputs.append(a)
-            a = torch.addmm(bias, a, weight.T)
-        return a[:, : self.second], a[:, self.second:]
-
-
-def _interleave(stacked: torch.Tensor) -> torch.Tensor:
-    """Undo `_MLP`'s row order: rows [shift rows, raw rows] back to h's even/odd rows."""
-    half = stacked.shape[0] // 2
-    out = torch.empty_like(stacked)
-    out[0::2], out[1::2] = stacked[:half], stacked[half:]
-    return out
+            a = torch.addmm(bias, a, weight.T).relu_()
+        self.inputs.append(a)
+        weight, bias = self.weights[-1], self.biases[-1]
+        return torch.addmm(bias[0::2], a, weight[0::2].T), torch.addmm(bias[1::2] + 2.0, a, weight[1::2].T)
 
 
 class _TorchAffineStep(torch.autograd.Function):
@@ -122,20 +111,20 @@ class _TorchAffineStep(torch.autograd.Function):
     def forward(ctx, x, weight, bias, split: int, *layers):
         mlp = _MLP(layers, weight.shape[0] - split)
         z, logdet, scale = _torch_step(x, weight, bias, split, mlp)
-        ctx.split, ctx.depth = split, len(layers) // 2
-        ctx.save_for_backward(x, weight, bias, z, scale, *mlp.inputs[1:], *mlp.weights, *layers)
+        ctx.split = split
+        ctx.save_for_backward(x, weight, bias, z, scale, *mlp.inputs[1:], *layers)
         return z, logdet
 
     @staticmethod
     def backward(ctx, dz, dlogdet):
         x, weight, bias, z, scale, *rest = ctx.saved_tensors
-        (rows, d), split, depth = z.shape, ctx.split, ctx.depth
-        hidden, mlp_weights, layers = rest[: depth - 1], rest[depth - 1: 2 * depth - 1], rest[2 * depth - 1:]
+        (rows, d), split = z.shape, ctx.split
+        depth = (len(rest) + 1) // 3
+        hidden, layers = rest[: depth - 1], rest[depth - 1:]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the composed twin instead,
             return _composed_backward(ctx, (dz, dlogdet), x, weight, bias, split, layers)  # so that
             # higher-order gradients are exact
-        inputs = [z[:, :split], *hidden]
-        second = d - split
+        inputs, mlp_weights = [z[:, :split], *hidden], layers[0::2]
         dy = z.new_empty((rows, d))
         dz2 = dz[:, split:]
         dshift = torch.mul(dz2, scale, out=dy[:, split:])  # dy2 and d(shift) are equal
@@ -143,15 +132,19 @@ class _TorchAffineStep(torch.autograd.Function):
         draw = torch.addcmul(dlogdet[:, None], dz2, z[:, split:])
         draw.addcmul_(draw, scale, value=-1.0)
         # the gradient of each layer's output as (part, rows of the layer's weight) pairs: the last
-        # layer's is [dshift | draw], kept apart so that dshift is never copied out of dy
-        parts = [(dshift, slice(None, second)), (draw, slice(second, None))]
+        # layer's is dh = interleaved (dshift, draw), kept apart so that dshift is never copied
+        parts = [(dshift, slice(0, None, 2)), (draw, slice(1, None, 2))]
         layer_grads = [None] * (2 * depth)
         for index in reversed(range(depth)):
             layer_weight, layer_input = mlp_weights[index], inputs[index]
             if ctx.needs_input_grad[4 + 2 * index]:
-                layer_grads[2 * index] = torch.cat([part.T @ layer_input for part, _ in parts])
+                layer_grads[2 * index] = dweight = torch.empty_like(layer_weight)
+                for part, weight_rows in parts:
+                    dweight[weight_rows] = part.T @ layer_input
             if ctx.needs_input_grad[5 + 2 * index]:
-                layer_grads[2 * index + 1] = torch.cat([part.sum(dim=0) for part, _ in parts])
+                layer_grads[2 * index + 1] = dbias = layer_weight.new_empty(layer_weight.shape[0])
+                for part, weight_rows in parts:
+                    dbias[weight_rows] = part.sum(dim=0)
             (part, weight_rows), *more = parts
             if index:
                 grad = part @ layer_weight[weight_rows]
@@ -161,8 +154,6 @@ class _TorchAffineStep(torch.autograd.Function):
                 grad.addmm_(part, layer_weight[weight_rows])
             if index:
                 parts = [(torch.ops.aten.threshold_backward(grad, layer_input, 0), slice(None))]
-        last = 2 * depth - 2
-        layer_grads[last:] = [None if g is None else _interleave(g) for g in layer_grads[last:]]
         dx = dy @ weight if ctx.needs_input_grad[0] else None
         dweight = dy.T @ x if ctx.needs_input_grad[1] else None
         dbias = dy.sum(dim=0) if ctx.needs_input_grad[2] else None
