@@ -189,3 +189,27 @@ def test_fused_training_step_equals_the_composed_layers(dtype):
     for grad, grad_ref in zip(grads, grads_ref):
         scale = grad_ref.abs().max().item()
         torch.testing.assert_close(grad, grad_ref, rtol=tolerance["rtol"], atol=tolerance["atol"] * max(scale, 1.0))
+
+
+def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
+    import flowcore.glow as glow_module
+    glow = trained_like_glow(16).double().eval()
+    x = torch.randn(1000, 16, dtype=torch.float64)
+    with torch.no_grad():
+        z_whole, logdet_whole = glow(x)
+        log_prob_whole = glow.log_prob(x)
+    blocks = []
+    latent_parts = glow._latent_parts
+    monkeypatch.setattr(glow, "_latent_parts", lambda rows: blocks.append(len(rows)) or latent_parts(rows))
+    monkeypatch.setattr(glow_module, "CPU_BLOCK_BYTES", 128 * 16 * 8)  # 128 rows per block
+    with torch.no_grad():
+        z, logdet = glow(x)
+        log_prob = glow.log_prob(x)
+    assert blocks == [128] * 7 + [104] + [128] * 7 + [104]
+    torch.testing.assert_close(z, z_whole, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(logdet, logdet_whole, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(log_prob, log_prob_whole, rtol=1e-12, atol=1e-12)
+    glow.train()
+    blocks.clear()
+    glow(x)
+    assert blocks == [1000], "training runs the whole batch at once"
