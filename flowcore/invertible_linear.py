@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from flowcore import kernels
 
@@ -76,7 +75,7 @@ class _TriangularProduct(torch.autograd.Function):
         L.diagonal().fill_(1.0)
         U = torch.triu(upper, 1)
         U.diagonal().copy_(diagonal)
-        ctx.save_for_backward(L, U)
+        ctx.save_for_backward(L, U, lower, upper, diagonal)
         h = L.shape[0] // 2
         (L11, _), (L21, L22) = _blocks(L, h)
         (U11, U12), (_, U22) = _blocks(U, h)
@@ -89,9 +88,10 @@ class _TriangularProduct(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
-        L, U = ctx.saved_tensors
+        L, U, *inputs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the dense product instead,
+            return _dense_backward(ctx, grad, *inputs)  # so that higher-order gradients are exact
         h = L.shape[0] // 2
         (L11, _), (L21, L22) = _blocks(L, h)
         (U11, U12), (_, U22) = _blocks(U, h)
@@ -108,6 +108,14 @@ class _TriangularProduct(torch.autograd.Function):
         B22.copy_(L22.T @ G22)
         d_diagonal = d_upper.diagonal().clone()
         return d_lower, d_upper.triu_(1), d_diagonal
+
+
+def _dense_backward(ctx, grad, lower, upper, diagonal):
+    eye = torch.eye(lower.shape[0], dtype=lower.dtype, device=lower.device)
+    dense = (torch.tril(lower, -1) + eye) @ (torch.triu(upper, 1) + torch.diag(diagonal))
+    wanted = [t for t, needed in zip((lower, upper, diagonal), ctx.needs_input_grad) if needed]
+    computed = iter(torch.autograd.grad(dense, wanted, grad, create_graph=True))
+    return tuple(next(computed) if needed else None for needed in ctx.needs_input_grad)
 
 
 def _blocks(matrix: torch.Tensor, h: int):

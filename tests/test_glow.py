@@ -213,3 +213,19 @@ def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
     blocks.clear()
     glow(x)
     assert blocks == [1000], "training runs the whole batch at once"
+
+
+def test_custom_functions_have_exact_second_order_gradients():
+    """The hand-written backwards (blocked L @ U, the fused step, the squared norm) fall back to
+    autograd under create_graph, so double backward is exact."""
+    from flowcore.glow import _SquaredNorm
+    from flowcore.invertible_linear import _TriangularProduct
+    generator = torch.Generator().manual_seed(0)
+
+    def random(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    assert torch.autograd.gradgradcheck(_TriangularProduct.apply, (random(5, 5), random(5, 5), random(5)))
+    assert torch.autograd.gradgradcheck(_SquaredNorm.apply, (random(4, 3),))
+    glow = trained_like_glow(8, depth=1, width=4).double()
+    assert torch.autograd.gradgradcheck(lambda v: glow.log_prob(v), (random(3, 8),))
