@@ -134,6 +134,7 @@ class _TorchAffineStep(torch.autograd.Function):
         # the gradient of each layer's output as (part, rows of the layer's weight) pairs: the last
         # layer's is dh = interleaved (dshift, draw), kept apart so that dshift is never copied
         parts = [(dshift, slice(0, None, 2)), (draw, slice(1, None, 2))]
+        dshift_sum = dshift.sum(dim=0)  # the shift bias's gradient and half of the step bias's
         layer_grads = [None] * (2 * depth)
         for index in reversed(range(depth)):
             layer_weight, layer_input = mlp_weights[index], inputs[index]
@@ -144,7 +145,7 @@ class _TorchAffineStep(torch.autograd.Function):
             if ctx.needs_input_grad[5 + 2 * index]:
                 layer_grads[2 * index + 1] = dbias = layer_weight.new_empty(layer_weight.shape[0])
                 for part, weight_rows in parts:
-                    dbias[weight_rows] = part.sum(dim=0)
+                    dbias[weight_rows] = dshift_sum if part is dshift else part.sum(dim=0)
             (part, weight_rows), *more = parts
             if index:
                 grad = part @ layer_weight[weight_rows]
@@ -156,7 +157,7 @@ class _TorchAffineStep(torch.autograd.Function):
                 parts = [(torch.ops.aten.threshold_backward(grad, layer_input, 0), slice(None))]
         dx = dy @ weight if ctx.needs_input_grad[0] else None
         dweight = dy.T @ x if ctx.needs_input_grad[1] else None
-        dbias = dy.sum(dim=0) if ctx.needs_input_grad[2] else None
+        dbias = torch.cat([dy[:, :split].sum(dim=0), dshift_sum]) if ctx.needs_input_grad[2] else None
         return dx, dweight, dbias, None, *layer_grads
 
 
