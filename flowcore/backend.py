@@ -7,7 +7,11 @@ Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then 
 - `triton` : always Triton. On CPU tensors that needs the Triton interpreter
              (`TRITON_INTERPRET=1` set before the kernels are imported); otherwise a
              `BackendUnavailableError` says why.
-- `torch`  : the pure-PyTorch `_ref` twins.
+- `torch`  : PyTorch ops: the `_ref` twins, and for the LU + affine step a fused autograd
+             Function with a hand-written backward (`flowcore.kernels.flow_step`).
+
+`composed_autograd_only(tensor)` says where hand-written backwards must give way to composed
+autograd ops (inside `torch.func` transforms, under autocast).
 """
 from __future__ import annotations
 
@@ -88,3 +92,10 @@ def resolve(tensor: torch.Tensor) -> str:
             "to fall back to PyTorch"
         )
     return "triton"
+
+
+def composed_autograd_only(tensor: torch.Tensor) -> bool:
+    """True inside `torch.func` transforms (grad, vmap, jacrev) and under autocast for the
+    tensor's device: there the custom autograd Functions give way to composed PyTorch ops, which
+    those machineries know how to transform and to cast."""
+    return torch._C._are_functorch_transforms_active() or torch.is_autocast_enabled(tensor.device.type)

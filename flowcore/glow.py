@@ -15,6 +15,7 @@ import math
 import torch
 from torch import nn
 
+from flowcore.backend import composed_autograd_only
 from flowcore.flow_step import FlowStep
 
 CPU_BLOCK_BYTES = 6 << 20
@@ -65,8 +66,8 @@ class Glow(nn.Module):
             raise ValueError(f"Glow({self.dim}) {what} expects shape (batch, {self.dim}), got {tuple(x.shape)}")
 
     def forward(self, x: torch.Tensor):
+        self._check(x, "forward")
         if self._blocked_inference(x):
-            self._check(x, "forward")
             z, logdet = torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[0])
             step = max(1, CPU_BLOCK_BYTES // (self.dim * x.element_size()))
             for start in range(0, x.shape[0], step):
@@ -82,12 +83,13 @@ class Glow(nn.Module):
         activations stay in cache from step to step (about 1.2x faster at d = 768)."""
         if self.training or x.device.type != "cpu" or x.shape[0] * self.dim * x.element_size() <= CPU_BLOCK_BYTES:
             return False
+        if torch._C._are_functorch_transforms_active():
+            return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
 
     def _latent_parts(self, x: torch.Tensor):
         """z's column blocks (the last level's output, then the latents that left earlier, from
         the latest to the first) and the log-det; `log_prob` needs no concatenated z."""
-        self._check(x, "forward")
         h, logdet, leaving = x, x.new_zeros(x.shape[0]), []
         for index, steps in enumerate(self.levels):
             for step in steps:
@@ -112,12 +114,13 @@ class Glow(nn.Module):
         return (h, logdet) if return_logdet else h
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        if self._blocked_inference(x):
+        self._check(x, "log_prob")
+        if self._blocked_inference(x) or self._forward_hooks or self._forward_pre_hooks:
             z, logdet = self(x)
             parts = [z]
         else:
             parts, logdet = self._latent_parts(x)
-        squared_norm = sum(_SquaredNorm.apply(part) for part in parts)
+        squared_norm = sum(_squared_norm(part) for part in parts)
         return -0.5 * squared_norm - 0.5 * self.dim * math.log(2 * math.pi) + logdet
 
     def bits_per_dim(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,6 +129,12 @@ class Glow(nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in self.config.items())
+
+
+def _squared_norm(z: torch.Tensor) -> torch.Tensor:
+    if composed_autograd_only(z):
+        return torch.linalg.vecdot(z, z)
+    return _SquaredNorm.apply(z)
 
 
 class _SquaredNorm(torch.autograd.Function):

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from flowcore import kernels
+from flowcore.backend import composed_autograd_only
 
 
 class LULinear(nn.Module):
@@ -39,6 +40,9 @@ class LULinear(nn.Module):
         return lower, upper
 
     def weight(self) -> torch.Tensor:
+        if composed_autograd_only(self.lower):
+            lower, upper = self.factors()
+            return (lower @ upper)[self.perm]
         return _TriangularProduct.apply(self.lower, self.upper, self.sign * torch.exp(self.log_s))[self.perm]
 
     def logdet(self) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """Fused Triton kernels for the flow ops, each beside its pure-PyTorch `_ref` twin.
 
 Imported as `flowcore.kernels` (never as a top-level `kernels`). One file per op (actnorm,
-invertible_linear, coupling, and flow_step for the fused inference step), each holding its
-`@triton.jit` kernels, host launchers registered with `torch.library.triton_op` (so
-torch.compile traces them), the `torch.autograd.Function` and the pure-PyTorch `_ref` twin.
-Every dispatcher asks `flowcore.backend.resolve` which to run.
+invertible_linear, coupling, and flow_step for the fused step: Triton inference, and a
+PyTorch training path with a hand-written backward), each holding its `@triton.jit` kernels,
+host launchers registered with `torch.library.triton_op` (so torch.compile traces them), the
+`torch.autograd.Function` and the pure-PyTorch `_ref` twin. Every dispatcher asks
+`flowcore.backend.resolve` which to run.
 
 `launch_counts` maps each op name to the number of Triton launches its host launcher made
 (eager calls), so callers can prove the Triton backend really ran.

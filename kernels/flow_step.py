@@ -18,7 +18,7 @@ contiguous, in x's dtype. `folded_affine_step_ref` is the pure-PyTorch twin (pla
   hand-written backward that writes d(shift) straight into dy (they are equal) and dy1 into
   dy's other half: autograd of the composed ops would add a concatenation, a split gradient
   and a stack per step, each a full pass over the batch. Other conditioners run the composed
-  twin under autograd.
+  twin under autograd, and so does everything inside `torch.func` transforms or autocast.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from flowcore.backend import resolve
+from flowcore.backend import composed_autograd_only, resolve
 from flowcore.kernels import _launch
 from flowcore.kernels.coupling import _load_shift_raw, affine_coupling, affine_coupling_ref
 from flowcore.kernels.invertible_linear import _interpreter_blocks, folded_linear, folded_linear_ref
@@ -67,8 +67,10 @@ def _split_output(conditioner: Callable, second: int) -> Callable:
 
 
 def _mlp_layers(conditioner) -> list[torch.Tensor] | None:
-    """[W1, b1, W2, b2, ...] when `conditioner` is Linear (-> ReLU -> Linear)*, else None."""
-    if not isinstance(conditioner, nn.Sequential) or len(conditioner) % 2 == 0:
+    """[W1, b1, W2, b2, ...] when `conditioner` is a plain nn.Sequential of Linear (-> ReLU ->
+    Linear)* with no hooks anywhere (the fused step reads the weights instead of calling the
+    modules), else None."""
+    if type(conditioner) is not nn.Sequential or len(conditioner) % 2 == 0 or _any_hooks(conditioner):
         return None
     layers = []
     for index, module in enumerate(conditioner):
@@ -80,6 +82,13 @@ def _mlp_layers(conditioner) -> list[torch.Tensor] | None:
         else:
             layers += [module.weight, module.bias]
     return layers
+
+
+def _any_hooks(module: nn.Module) -> bool:
+    from torch.nn.modules import module as module_globals
+    if getattr(module_globals, "_global_forward_hooks", None) or getattr(module_globals, "_global_forward_pre_hooks", None):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
 class _MLP:
@@ -284,6 +293,8 @@ def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
 
 
 def _torch_affine_step(x, weight, bias, split: int, conditioner: Callable):
+    if composed_autograd_only(x):
+        return folded_affine_step_ref(x, weight, bias, split, conditioner)
     layers = _mlp_layers(conditioner)
     if layers is None:
         if torch.is_grad_enabled():

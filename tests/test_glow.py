@@ -229,3 +229,45 @@ def test_custom_functions_have_exact_second_order_gradients():
     assert torch.autograd.gradgradcheck(_SquaredNorm.apply, (random(4, 3),))
     glow = trained_like_glow(8, depth=1, width=4).double()
     assert torch.autograd.gradgradcheck(lambda v: glow.log_prob(v), (random(3, 8),))
+
+
+def test_torch_func_transforms_run_the_composed_ops():
+    """`torch.func.grad` and `jacrev` cannot enter the custom autograd Functions; the flow gives
+    them composed ops with the same values."""
+    glow = trained_like_glow(8, depth=1, width=4).double()
+    x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    (expected,) = torch.autograd.grad(glow.log_prob(x).sum(), x)
+    grad = torch.func.grad(lambda v: glow.log_prob(v).sum())(x.detach())
+    torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
+    jacobian = torch.func.jacrev(lambda v: glow(v.unsqueeze(0))[0][0])(x[0].detach())
+    expected_jacobian = torch.autograd.functional.jacobian(lambda v: glow(v.unsqueeze(0))[0][0], x[0].detach())
+    torch.testing.assert_close(jacobian, expected_jacobian, rtol=1e-10, atol=1e-12)
+
+
+def test_training_under_cpu_autocast_runs_the_composed_ops():
+    glow = trained_like_glow(16)
+    x = torch.randn(64, 16)
+    glow.bits_per_dim(x).backward()
+    expected = [p.grad.clone() for p in glow.parameters()]
+    glow.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = glow.bits_per_dim(x)
+    loss.backward()
+    for parameter, grad in zip(glow.parameters(), expected):
+        assert torch.isfinite(parameter.grad).all()
+        assert (parameter.grad - grad).abs().max() <= 0.1 * grad.abs().max() + 1e-3
+
+
+def test_log_prob_fires_the_glows_forward_hooks():
+    glow = trained_like_glow(16)
+    calls = []
+    glow.register_forward_hook(lambda module, inputs, output: calls.append(len(inputs[0])))
+    glow.log_prob(torch.randn(5, 16))
+    assert calls == [5]
+
+
+def test_a_scalar_input_gets_the_shape_error():
+    glow = trained_like_glow(16).eval()
+    for call in (glow, glow.log_prob):
+        with pytest.raises(ValueError, match=r"expects shape \(batch, 16\), got \(\)"):
+            call(torch.tensor(1.0))

@@ -232,3 +232,49 @@ def test_torch_step_rejects_a_conditioner_of_the_wrong_width():
     x, weight, bias = _inputs(4, 8, torch.float64)
     with use_backend("torch"), pytest.raises(ValueError, match=r"conditioner output must have 8 columns, got 6"):
         folded_affine_step(x, weight, bias, 4, _mlp(4, 6, torch.float64))
+
+
+class _ShiftedSequential(torch.nn.Sequential):
+    def forward(self, y1):
+        return super().forward(y1) + 1.0
+
+
+@pytest.mark.parametrize("kind", ["subclass", "forward-hook", "pre-hook"])
+def test_torch_step_calls_conditioners_with_their_own_behaviour(kind):
+    """A Sequential subclass or hooks change what the conditioner computes, so the fused path
+    (which reads the Linear weights directly) must not run: the composed twin calls the module."""
+    x, weight, bias = _inputs(12, 10, torch.float64)
+    weight.requires_grad_()
+    net = _mlp(5, 10, torch.float64)
+    if kind == "subclass":
+        net = _ShiftedSequential(*net)
+    elif kind == "forward-hook":
+        net[0].register_forward_hook(lambda module, inputs, output: output * 0.5)
+    else:
+        net.register_forward_pre_hook(lambda module, inputs: (inputs[0] * 2.0,))
+    with use_backend("torch"):
+        z, logdet = folded_affine_step(x, weight, bias, 5, net)
+        assert type(z.grad_fn).__name__ != "_TorchAffineStepBackward"
+        with torch.no_grad():
+            z_nograd, _ = folded_affine_step(x, weight, bias, 5, net)
+    y = x @ weight.T + bias
+    h = net(y[:, :5])  # with the subclass's or the hooks' effect
+    torch.testing.assert_close(z[:, 5:], (y[:, 5:] + h[:, 0::2]) * torch.sigmoid(h[:, 1::2] + 2.0))
+    torch.testing.assert_close(z_nograd, z.detach())
+
+
+@pytest.mark.parametrize("upstream", ["expanded", "zero-dz", "zero-dlogdet"])
+def test_torch_training_step_takes_any_upstream_gradient(upstream):
+    results = []
+    for op in (folded_affine_step, folded_affine_step_ref):
+        torch.manual_seed(0)
+        x, weight, bias = _inputs(9, 14, torch.float64)
+        weight.requires_grad_()
+        net = _mlp(7, 14, torch.float64)
+        with use_backend("torch"):
+            z, logdet = op(x, weight, bias, 7, net)
+            loss = {"expanded": z.sum() + logdet.sum(), "zero-dz": logdet.square().sum(),
+                    "zero-dlogdet": z.square().sum()}[upstream]
+            results.append(torch.autograd.grad(loss, [weight, *net.parameters()]))
+    for fused, ref in zip(*results):
+        torch.testing.assert_close(fused, ref, rtol=1e-10, atol=1e-12)
