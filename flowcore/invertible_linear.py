@@ -94,8 +94,9 @@ class _TriangularProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         L, U, *inputs = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: differentiate the dense product instead,
-            return _dense_backward(ctx, grad, *inputs)  # so that higher-order gradients are exact
+        if torch.is_grad_enabled():
+            # create_graph=True: differentiate the dense product, so higher-order gradients are exact
+            return _dense_backward(ctx, grad, *inputs)
         h = L.shape[0] // 2
         (L11, _), (L21, L22) = _blocks(L, h)
         (U11, U12), (_, U22) = _blocks(U, h)

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _module_globals
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
@@ -85,8 +86,8 @@ def _mlp_layers(conditioner) -> list[torch.Tensor] | None:
 
 
 def _any_hooks(module: nn.Module) -> bool:
-    from torch.nn.modules import module as module_globals
-    if getattr(module_globals, "_global_forward_hooks", None) or getattr(module_globals, "_global_forward_pre_hooks", None):
+    """Forward (pre-)hooks on `module`, its children, or registered globally for all modules."""
+    if getattr(_module_globals, "_global_forward_hooks", None) or getattr(_module_globals, "_global_forward_pre_hooks", None):
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
@@ -130,9 +131,9 @@ class _TorchAffineStep(torch.autograd.Function):
         (rows, d), split = z.shape, ctx.split
         depth = (len(rest) + 1) // 3
         hidden, layers = rest[: depth - 1], rest[depth - 1:]
-        if torch.is_grad_enabled():  # create_graph=True: differentiate the composed twin instead,
-            return _composed_backward(ctx, (dz, dlogdet), x, weight, bias, split, layers)  # so that
-            # higher-order gradients are exact
+        if torch.is_grad_enabled():
+            # create_graph=True: differentiate the composed twin, so higher-order gradients are exact
+            return _composed_backward(ctx, (dz, dlogdet), x, weight, bias, split, layers)
         inputs, mlp_weights = [z[:, :split], *hidden], layers[0::2]
         dy = z.new_empty((rows, d))
         dz2 = dz[:, split:]
