@@ -11,7 +11,8 @@ Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then 
              Function with a hand-written backward (`flowcore.kernels.flow_step`).
 
 `composed_autograd_only(tensor)` says where hand-written backwards must give way to composed
-autograd ops (inside `torch.func` transforms, under autocast).
+autograd ops (inside `torch.func` transforms, under autocast); `composed_backward` is their
+fallback under `create_graph=True`.
 """
 from __future__ import annotations
 
@@ -99,3 +100,12 @@ def composed_autograd_only(tensor: torch.Tensor) -> bool:
     tensor's device: there the custom autograd Functions give way to composed PyTorch ops, which
     those machineries know how to transform and to cast."""
     return torch._C._are_functorch_transforms_active() or torch.is_autocast_enabled(tensor.device.type)
+
+
+def composed_backward(outputs, inputs, needs_input_grad, grads) -> tuple:
+    """A custom Function's backward under create_graph=True: gradients of `outputs` (recomputed
+    from composed ops) w.r.t. the `inputs` flagged in `needs_input_grad` (None for the others),
+    with a graph, so that higher-order gradients are exact."""
+    wanted = [t for t, needed in zip(inputs, needs_input_grad) if needed]
+    computed = iter(torch.autograd.grad(outputs, wanted, grads, create_graph=True, allow_unused=True))
+    return tuple(next(computed) if needed else None for needed in needs_input_grad)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from flowcore import kernels
-from flowcore.backend import composed_autograd_only
+from flowcore.backend import composed_autograd_only, composed_backward
 
 
 class LULinear(nn.Module):
@@ -118,9 +118,7 @@ class _TriangularProduct(torch.autograd.Function):
 def _dense_backward(ctx, grad, lower, upper, diagonal):
     eye = torch.eye(lower.shape[0], dtype=lower.dtype, device=lower.device)
     dense = (torch.tril(lower, -1) + eye) @ (torch.triu(upper, 1) + torch.diag(diagonal))
-    wanted = [t for t, needed in zip((lower, upper, diagonal), ctx.needs_input_grad) if needed]
-    computed = iter(torch.autograd.grad(dense, wanted, grad, create_graph=True))
-    return tuple(next(computed) if needed else None for needed in ctx.needs_input_grad)
+    return composed_backward(dense, (lower, upper, diagonal), ctx.needs_input_grad, grad)
 
 
 def _blocks(matrix: torch.Tensor, h: int):

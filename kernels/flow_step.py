@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from flowcore.backend import composed_autograd_only, resolve
+from flowcore.backend import composed_autograd_only, composed_backward, resolve
 from flowcore.kernels import _launch
 from flowcore.kernels.coupling import _load_shift_raw, affine_coupling, affine_coupling_ref
 from flowcore.kernels.invertible_linear import _interpreter_blocks, folded_linear, folded_linear_ref
@@ -179,10 +179,8 @@ def _composed_backward(ctx, grads, x, weight, bias, split: int, layers):
         return a
 
     outputs = folded_affine_step_ref(x, weight, bias, split, conditioner)
-    needed = ctx.needs_input_grad[:3] + ctx.needs_input_grad[4:]
-    inputs = [t for t, wanted in zip((x, weight, bias, *layers), needed) if wanted]
-    computed = iter(torch.autograd.grad(outputs, inputs, grads, create_graph=True, allow_unused=True))
-    result = [next(computed) if wanted else None for wanted in needed]
+    result = composed_backward(outputs, (x, weight, bias, *layers),
+                               ctx.needs_input_grad[:3] + ctx.needs_input_grad[4:], grads)
     return (*result[:3], None, *result[3:])
 
 
