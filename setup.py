@@ -4,7 +4,7 @@
 (Hugging Face's `kernels` library owns the top-level name), for `pip install .` and
 `pip install -e .` alike.
 """
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="flowcore",
@@ -14,7 +14,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["flowcore", "flowcore.cli", "flowcore.kernels"],
+    packages=find_packages(include=["flowcore", "flowcore.*"]) + ["flowcore.kernels"],
     package_dir={"flowcore": "flowcore", "flowcore.kernels": "kernels"},
     install_requires=[
         "torch>=2.1",

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-TESTS = "tests/test_kernels_gpu.py"
+TESTS = "tests/kernels/test_gpu.py"
 BENCH = "bench/test_bench_kernels_gpu.py"
 # (chunk name, pytest -k expression), most important first.
 BENCH_CHUNKS = [

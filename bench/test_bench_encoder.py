@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from flowcore.encoder import Encoder, default_model_path  # noqa: E402
-from flowcore.sts_data import load_split  # noqa: E402
+from flowcore.text.encoder import Encoder, default_model_path  # noqa: E402
+from flowcore.sts.data import load_split  # noqa: E402
 
 STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sts")
 ROUNDS = int(os.environ.get("FLOWCORE_BENCH_ROUNDS", "3"))

@@ -194,7 +194,7 @@ def _conditioner(x1, net):
 
 
 def _flow_step_loss(x, loc, logs, weight, *net):
-    """One Glow training step as flowcore.flow_step.FlowStep runs it (ActNorm folded into the
+    """One Glow training step as flowcore.flows.step.FlowStep runs it (ActNorm folded into the
     1x1 weight, differentiated through the d x d fold), data -> latent, and a Gaussian negative
     log-likelihood."""
     folded = weight * torch.exp(logs)

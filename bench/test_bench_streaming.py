@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from flowcore import Encoder, FlowCalibrator
-from flowcore.readers import EmbeddingFile, TextCorpus
-from flowcore.streaming import CalibrationJob, default_threads
+from flowcore.batch.readers import EmbeddingFile, TextCorpus
+from flowcore.batch.streaming import CalibrationJob, default_threads
 
 ROWS = {384: 24_000, 768: 12_000}
 SENTENCES = 768

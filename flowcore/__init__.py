@@ -12,12 +12,12 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Glow": "flowcore.glow",
-    "CONFIGS": "flowcore.glow",
-    "fit": "flowcore.train",
-    "FlowCalibrator": "flowcore.calibrator",
-    "Encoder": "flowcore.encoder",
-    "Whitening": "flowcore.whitening",
+    "Glow": "flowcore.flows.glow",
+    "CONFIGS": "flowcore.flows.glow",
+    "fit": "flowcore.flows.train",
+    "FlowCalibrator": "flowcore.calibration.calibrator",
+    "Encoder": "flowcore.text.encoder",
+    "Whitening": "flowcore.calibration.whitening",
     "get_backend": "flowcore.backend",
     "set_backend": "flowcore.backend",
     "use_backend": "flowcore.backend",

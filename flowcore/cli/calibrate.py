@@ -1,5 +1,5 @@
 """`flowcore calibrate`: stream a text corpus or stored embeddings through a fitted flow into one
-.npy or .parquet file, resumably (see flowcore.streaming)."""
+.npy or .parquet file, resumably (see flowcore.batch.streaming)."""
 from __future__ import annotations
 
 import argparse
@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flowcore.streaming import calibrate_file
+    from flowcore.batch.streaming import calibrate_file
 
     summary = calibrate_file(
         args.flow, args.out, input=args.input, embeddings=args.embeddings, text_field=args.text_field,

@@ -1,12 +1,12 @@
 """`flowcore encode`: a text file, one sentence per line, into an (N, D) float32 .npy of pooled
-sentence vectors from a frozen encoder (see flowcore.encoder)."""
+sentence vectors from a frozen encoder (see flowcore.text.encoder)."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from flowcore.pooling import NAMED_POOLINGS
+from flowcore.text.pooling import NAMED_POOLINGS
 
 
 def register(subparsers) -> None:
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flowcore.cli import check_device
-    from flowcore.encoder import Encoder
+    from flowcore.text.encoder import Encoder
     import numpy as np
 
     sentences = read_sentences(args.input)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from flowcore.cli import CLIError, check_device
-from flowcore.glow import CONFIGS
+from flowcore.flows.glow import CONFIGS
 
 
 def register(subparsers) -> None:
@@ -53,8 +53,8 @@ def _load_embeddings(args) -> np.ndarray:
 
 
 def _encode_corpus(args) -> tuple[np.ndarray, dict]:
-    from flowcore.encoder import Encoder
-    from flowcore.readers import count_reasons, sample_texts
+    from flowcore.text.encoder import Encoder
+    from flowcore.batch.readers import count_reasons, sample_texts
 
     rejects = []
     texts = sample_texts(args.input, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
@@ -69,7 +69,7 @@ def _encode_corpus(args) -> tuple[np.ndarray, dict]:
 
 
 def run(args) -> int:
-    from flowcore.calibrator import FlowCalibrator
+    from flowcore.calibration.calibrator import FlowCalibrator
 
     check_device(args.device)
     started = time.perf_counter()

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from flowcore.sts_data import DATA_ENV, DATASETS
+from flowcore.sts.data import DATA_ENV, DATASETS
 
 
 def _names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
@@ -23,7 +23,7 @@ def _names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
 
 
 def register(subparsers) -> None:
-    from flowcore.sts import AGGREGATIONS, CALIBRATIONS
+    from flowcore.sts.evaluate import AGGREGATIONS, CALIBRATIONS
 
     parser = subparsers.add_parser(
         "sts",
@@ -84,8 +84,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from flowcore.cli import CLIError, check_device
     check_device(args.device)
-    from flowcore.encoder import Encoder
-    from flowcore.sts import (AGGREGATION_NOTES, CalibrationSettings, EmbeddingCache, default_cache_dir,
+    from flowcore.text.encoder import Encoder
+    from flowcore.sts.evaluate import (AGGREGATION_NOTES, CalibrationSettings, EmbeddingCache, default_cache_dir,
                               evaluate, markdown_table, write_json)
 
     if not args.data_dir:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flowcore.readers import (
+from flowcore.batch.readers import (
     BROKEN_CSV, BROKEN_JSON, EMPTY_LINE, EMPTY_TEXT, INVALID_UTF8, MISSING_ID, MISSING_TEXT, MISSING_VECTOR,
     NON_FINITE, WRONG_WIDTH, EmbeddingFile, TextCorpus, read_texts, sample_texts,
 )

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import flowcore
-from flowcore.actnorm import ActNorm
-from flowcore.train import TrainingDivergedError
+from flowcore.flows.actnorm import ActNorm
+from flowcore.flows.train import TrainingDivergedError
 
 
 def anisotropic_gaussian(rows=3000, dim=12, seed=0):

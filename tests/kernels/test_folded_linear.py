@@ -10,7 +10,7 @@ from flowcore.kernels import (
     folded_linear_ref,
     launch_counts,
 )
-from kernel_checks import check_op
+from helpers.kernel_checks import check_op
 
 # The interpreter's dot products are slow (no BLAS): the full row sweep runs at d=96, the
 # feature sweep at 7 rows, plus one large awkward shape.

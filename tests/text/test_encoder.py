@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from flowcore.encoder import Encoder, default_model_path, threads_for
-from tiny_models import save_tiny_bert
+from flowcore.text.encoder import Encoder, default_model_path, threads_for
+from helpers.tiny_models import save_tiny_bert
 
 WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
 

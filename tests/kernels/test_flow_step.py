@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from flowcore.backend import use_backend
-from flowcore.flow_step import FlowStep
+from flowcore.flows.step import FlowStep
 from flowcore.kernels import folded_affine_step, folded_affine_step_ref, launch_counts
-from kernel_checks import assert_close_scaled
+from helpers.kernel_checks import assert_close_scaled
 
 
 def _conditioner(split, out, dtype, width=16, seed=0):

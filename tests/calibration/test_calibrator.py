@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import flowcore
-from flowcore.serialization import FlowFileError
+from flowcore.calibration.flow_file import FlowFileError
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_damaged_files_are_named(calibrator, tmp_path):
     with pytest.raises(FlowFileError, match="missing.flow: no such flow file"):
         flowcore.FlowCalibrator.load(tmp_path / "missing.flow")
 
-    from flowcore.serialization import load_flow, save_flow
+    from flowcore.calibration.flow_file import load_flow, save_flow
     tensors, info = load_flow(path)
     info["glow"]["dim"] = 12
     mismatched = tmp_path / "mismatched.flow"

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import flowcore
-from flowcore.glow import CONFIGS, Glow
-from flow_contract import randomize
+from flowcore.flows.glow import CONFIGS, Glow
+from helpers.contract import randomize
 
 
 def trained_like_glow(dim=16, **kwargs):
@@ -96,7 +96,7 @@ def test_eval_mode_still_gives_gradients_when_asked():
 
 
 def test_lu_weight_and_logdet():
-    from flowcore.invertible_linear import LULinear
+    from flowcore.flows.invertible_linear import LULinear
     layer = randomize(LULinear(9).double(), std=0.2)
     weight = layer.weight()
     torch.testing.assert_close(torch.linalg.slogdet(weight)[1], layer.logdet())
@@ -106,7 +106,7 @@ def test_lu_weight_and_logdet():
 
 
 def test_lu_initialisation_is_a_rotation():
-    from flowcore.invertible_linear import LULinear
+    from flowcore.flows.invertible_linear import LULinear
     weight = LULinear(12).double().weight()
     torch.testing.assert_close(weight @ weight.T, torch.eye(12, dtype=torch.float64), rtol=1e-6, atol=1e-6)
 
@@ -126,7 +126,7 @@ def test_cache_built_in_inference_mode_still_serves_gradients_to_inputs():
 def test_lu_weight_from_triangular_blocks_matches_the_dense_product(dim):
     """`LULinear.weight()` skips the zero blocks of L @ U; value and gradients equal the dense
     autograd product in float64."""
-    from flowcore.invertible_linear import LULinear
+    from flowcore.flows.invertible_linear import LULinear
     layer = randomize(LULinear(dim).double(), std=0.2, seed=dim)
     cotangent = torch.randn(dim, dim, dtype=torch.float64)
 
@@ -145,7 +145,7 @@ def test_lu_weight_from_triangular_blocks_matches_the_dense_product(dim):
 
 
 def test_triangular_product_passes_gradcheck():
-    from flowcore.invertible_linear import _TriangularProduct
+    from flowcore.flows.invertible_linear import _TriangularProduct
     inputs = (torch.randn(5, 5, dtype=torch.float64, requires_grad=True),
               torch.randn(5, 5, dtype=torch.float64, requires_grad=True),
               torch.randn(5, dtype=torch.float64, requires_grad=True))
@@ -166,7 +166,7 @@ def test_log_prob_gradient_equals_autograd_of_the_formula():
 def test_fused_training_step_equals_the_composed_layers(dtype):
     """FlowStep (lu, affine) trains through the fused step; it equals ActNorm + LU + coupling
     composed under autograd, in value and in every parameter's gradient."""
-    from flowcore.flow_step import FlowStep
+    from flowcore.flows.step import FlowStep
     torch.manual_seed(0)
     step = randomize(FlowStep(95, width=16), std=0.2).to(dtype)
     x = (torch.randn(300, 95) * 2 + 1).to(dtype)
@@ -192,7 +192,7 @@ def test_fused_training_step_equals_the_composed_layers(dtype):
 
 
 def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
-    import flowcore.glow as glow_module
+    import flowcore.flows.glow as glow_module
     glow = trained_like_glow(16).double().eval()
     x = torch.randn(1000, 16, dtype=torch.float64)
     with torch.no_grad():
@@ -218,8 +218,8 @@ def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
 def test_custom_functions_have_exact_second_order_gradients():
     """The hand-written backwards (blocked L @ U, the fused step, the squared norm) fall back to
     autograd under create_graph, so double backward is exact."""
-    from flowcore.glow import _SquaredNorm
-    from flowcore.invertible_linear import _TriangularProduct
+    from flowcore.flows.glow import _SquaredNorm
+    from flowcore.flows.invertible_linear import _TriangularProduct
     generator = torch.Generator().manual_seed(0)
 
     def random(*shape):

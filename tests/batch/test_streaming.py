@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from flowcore import FlowCalibrator
-from flowcore.readers import EMPTY_LINE, NON_FINITE, EmbeddingFile
-from flowcore.streaming import SLOW_CHUNKS_ENV, CalibrationJob, JobMismatchError, calibrate_file, iter_calibrated
-from tiny_models import save_tiny_bert
+from flowcore.batch.readers import EMPTY_LINE, NON_FINITE, EmbeddingFile
+from flowcore.batch.streaming import SLOW_CHUNKS_ENV, CalibrationJob, JobMismatchError, calibrate_file, iter_calibrated
+from helpers.tiny_models import save_tiny_bert
 
 DIM = 8
 CLI = [sys.executable, "-m", "flowcore"]
@@ -323,8 +323,8 @@ def test_cli_refuses_a_mismatched_flow_in_one_clean_line(tmp_path, flow, capsys)
 
 CHILD_JOB = """
 import re, sys
-from flowcore.readers import EmbeddingFile
-from flowcore.streaming import CalibrationJob
+from flowcore.batch.readers import EmbeddingFile
+from flowcore.batch.streaming import CalibrationJob
 source = EmbeddingFile(sys.argv[1])
 CalibrationJob(source, sys.argv[2], lambda x: x * 2.0, source.dim, progress=False).run()
 print(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))

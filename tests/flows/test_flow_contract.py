@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from flowcore.actnorm import ActNorm
-from flowcore.coupling import Coupling
-from flowcore.flow_step import FlowStep
-from flowcore.glow import CONFIGS, Glow
-from flowcore.invertible_linear import LULinear, ReversePermutation
-from flow_contract import (
+from flowcore.flows.actnorm import ActNorm
+from flowcore.flows.coupling import Coupling
+from flowcore.flows.step import FlowStep
+from flowcore.flows.glow import CONFIGS, Glow
+from flowcore.flows.invertible_linear import LULinear, ReversePermutation
+from helpers.contract import (
     check_every_parameter_gets_gradient,
     check_inverse_logdet,
     check_logdet_matches_jacobian,

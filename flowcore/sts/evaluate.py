@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from flowcore.sts_data import DATASETS, STSPairs, load_split, load_test, read_sentence_file, splits
+from flowcore.sts.data import DATASETS, STSPairs, load_split, load_test, read_sentence_file, splits
 
 CALIBRATIONS = ("none", "whitening", "flow")
 AGGREGATIONS = ("all", "wmean", "mean")
@@ -201,7 +201,7 @@ class FlowCalibration:
 
     def fit(self, X) -> "FlowCalibration":
         if self.input == "whiten":
-            from flowcore.whitening import Whitening
+            from flowcore.calibration.whitening import Whitening
 
             self.whitening = Whitening().fit(X)
         self.flow.fit(self._prepared(X), progress=self.progress)
@@ -230,11 +230,11 @@ def build_calibrator(name: str, settings: CalibrationSettings, progress: bool = 
     if name == "none":
         return NoCalibration()
     if name == "whitening":
-        from flowcore.whitening import Whitening
+        from flowcore.calibration.whitening import Whitening
 
         return Whitening(dim=settings.whitening_dim)
     if name == "flow":
-        from flowcore.calibrator import FlowCalibrator
+        from flowcore.calibration.calibrator import FlowCalibrator
 
         def flow_factory(standardize: bool) -> FlowCalibrator:
             return FlowCalibrator(config=settings.flow_config, epochs=settings.flow_epochs,
@@ -290,7 +290,7 @@ def evaluate(
 ) -> list[dict]:
     """One result record per dataset × calibration for `encoder` (anything with `encode`,
     `model_id`, `pooling`, `dim`). `factories` overrides how a calibrator is built (tests)."""
-    from flowcore.sts_data import default_data_dir
+    from flowcore.sts.data import default_data_dir
 
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     calibrations = list(calibrations)

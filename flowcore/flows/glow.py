@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from flowcore.backend import composed_autograd_only
-from flowcore.flow_step import FlowStep
+from flowcore.flows.step import FlowStep
 
 CPU_BLOCK_BYTES = 6 << 20
 """Rows per block of CPU inference: about this many bytes of activations (2048 rows at d = 768)."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import flowcore
-from flow_contract import randomize
+from helpers.contract import randomize
 from flowcore.backend import use_backend
 from flowcore.kernels import launch_counts
 

@@ -3,7 +3,7 @@ deterministic reductions, a Glow on both backends, and torch.compile of the regi
 
 Skipped without CUDA, and when the kernels were imported under the interpreter (tests/conftest.py
 sets TRITON_INTERPRET=1 by default): run them with `python bench/gpu_check.py --out DIR`, or
-`TRITON_INTERPRET=0 pytest tests/test_kernels_gpu.py`.
+`TRITON_INTERPRET=0 pytest tests/kernels/test_gpu.py`.
 """
 import copy
 
@@ -32,7 +32,7 @@ from flowcore.kernels import (
     folded_linear_ref,
     launch_counts,
 )
-from kernel_checks import assert_close_scaled, check_op
+from helpers.kernel_checks import assert_close_scaled, check_op
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
