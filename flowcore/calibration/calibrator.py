@@ -7,24 +7,47 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from flowcore.flows.glow import CONFIGS, Glow
-from flowcore.calibration.flow_file import FlowFileError, load_flow, save_flow
+from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow, save_flow
 from flowcore.calibration.standardize import Standardizer
+from flowcore.flows.glow import CONFIGS, Glow
 from flowcore.flows.train import fit
 from flowcore.validation import check_matrix
 
+__all__ = ["CHUNK_ROWS", "FlowCalibrator"]
+
 CHUNK_ROWS = 65536
+"""Rows mapped per step by `transform`/`inverse_transform` (bounds the working memory)."""
 
 
 class FlowCalibrator:
-    """Unsupervised BERT-flow calibration of embeddings.
+    r"""Unsupervised BERT-flow calibration of embeddings.
 
     `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood; `transform(X)` returns
     the latent z as float32 numpy. With `standardize=True` (the default) each coordinate is first
     standardised over the whole of X and coordinates that never vary bypass the flow (see
-    `flowcore.calibration.standardize`): without it, e.g. mean-pooled all-MiniLM-L6-v2 diverges.
-    `standardize=False` feeds the raw vectors, as the paper's code does. `metadata` is a dict of
-    JSON-able values saved with the model (the CLI records the encoder and pooling there).
+    `flowcore.calibration.standardize`); `standardize=False` feeds the raw vectors, as the paper's
+    code does.
+
+    Arguments:
+        config: a Glow configuration name from `flowcore.CONFIGS`, e.g. "l2_d3_w32".
+        epochs: training epochs over X.
+        batch_size: training batch size (the paper's 32).
+        lr: Adam's learning rate (the paper's 1e-3).
+        seed: seeds the flow's initialisation and the batch order (same seed, same model).
+        device: torch device to train and calibrate on (default: where the flow is built, CPU).
+        standardize: standardise coordinates before the flow (see above).
+
+    Attributes:
+        provenance: the `EncoderProvenance` (encoder and pooling) the vectors came from, saved
+            in the flow file and checked by `flowcore calibrate`; None for vectors of unknown origin.
+        metadata: a dict of JSON-able values of your own, saved with the model.
+        losses: the per-epoch training losses (bits per dimension).
+
+    Example:
+        >>> calibrator = FlowCalibrator("l2_d3_w32").fit(X, encoder=encoder)
+        >>> Z = calibrator.transform(X)          # float32 (n, d)
+        >>> calibrator.save("model.flow")
+        >>> calibrator = FlowCalibrator.load("model.flow")
     """
 
     def __init__(self, config: str = "l2_d3_w32", epochs: int = 1, batch_size: int = 32,
@@ -39,6 +62,7 @@ class FlowCalibrator:
         self.standardizer: Standardizer | None = None
         self.losses: list[float] = []
         self.metadata: dict = {}
+        self.provenance: EncoderProvenance | None = None
 
     @property
     def dim(self) -> int:
@@ -51,7 +75,20 @@ class FlowCalibrator:
             raise RuntimeError("this FlowCalibrator is not fitted yet; call .fit(X) or FlowCalibrator.load(path)")
         return self.flow
 
-    def fit(self, X, progress: bool = True) -> "FlowCalibrator":
+    def fit(self, X, progress: bool = True, encoder=None) -> "FlowCalibrator":
+        """Train on the rows of `X` (numpy array or tensor, at least 2 rows).
+
+        Args:
+            X: (n, d) sentence vectors.
+            progress: show a progress bar.
+            encoder: the `Encoder` (or an `EncoderProvenance`) that produced X, recorded as
+                `provenance`; None keeps the current one.
+
+        Returns:
+            self, fitted.
+        """
+        if encoder is not None:
+            self.provenance = encoder if isinstance(encoder, EncoderProvenance) else EncoderProvenance.of(encoder)
         data = check_matrix(X, min_rows=2)
         standardizer = None
         if self.standardize:
@@ -126,6 +163,7 @@ class FlowCalibrator:
         return self._map(Z, inverse=True, chunk_rows=chunk_rows)
 
     def save(self, path) -> None:
+        """Write the calibrator to one flow file (safetensors + JSON header, atomically)."""
         flow = self._fitted()
         info = {
             "glow": flow.config,
@@ -134,6 +172,7 @@ class FlowCalibrator:
             "dtype": str(next(flow.parameters()).dtype).removeprefix("torch."),
             "training": {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
                          "seed": self.seed, "losses": self.losses},
+            "encoder": self.provenance.to_json() if self.provenance is not None else None,
             "metadata": self.metadata,
         }
         tensors = {f"flow.{name}": value for name, value in flow.state_dict().items()}
@@ -143,6 +182,7 @@ class FlowCalibrator:
 
     @classmethod
     def load(cls, path, device=None) -> "FlowCalibrator":
+        """A calibrator saved with `save` (or by `flowcore fit`), on `device` if given."""
         tensors, info = load_flow(path)
         try:
             training = info["training"]
@@ -164,6 +204,8 @@ class FlowCalibrator:
                     raise ValueError(f"the input standardizer passes {standardizer.flow_dim} coordinates "
                                      f"to a flow of width {flow.dim}")
                 calibrator.standardizer = standardizer
+            encoder = info.get("encoder")
+            calibrator.provenance = EncoderProvenance(**encoder) if encoder is not None else None
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
             raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}") from None
         if device is not None:

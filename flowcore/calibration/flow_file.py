@@ -1,23 +1,48 @@
 """Flow files: one safetensors file, tensors plus JSON metadata; never pickle.
 
-The header metadata holds the format name and version, the Glow configuration, the training
-settings, free-form user metadata (e.g. the encoder and pooling the flow was fitted for), and a
-SHA-256 of the tensor bytes so that a corrupted file is caught, not silently used.
+The header metadata holds the format name and version, a JSON `info` document (for a
+`FlowCalibrator`: the Glow configuration, the training settings, the encoder and pooling the
+flow was fitted for, and free-form user metadata), and a SHA-256 of the tensor bytes so that a
+corrupted file is caught, not silently used.
+
+Version 2 records the encoder as `info["encoder"] = {"model", "pooling"}`. Version 1 files kept
+it as `info["metadata"]["encoder"/"pooling"] strings; they are read and migrated on load.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
+
+from flowcore._fs import atomic_write
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "EncoderProvenance", "FlowFileError", "load_flow", "save_flow"]
 
 FORMAT = "flowcore-flow"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = ("1", "2")
+
+
+@dataclass(frozen=True)
+class EncoderProvenance:
+    """The encoder (`model`: "default", a folder path or a hub name) and canonical pooling name
+    that produced the vectors a flow was fitted on."""
+
+    model: str
+    pooling: str
+
+    @classmethod
+    def of(cls, encoder) -> "EncoderProvenance":
+        """The provenance of an `Encoder` (anything with `model_id` and `pooling`)."""
+        return cls(str(encoder.model_id), str(encoder.pooling))
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 class FlowFileError(ValueError):
@@ -35,7 +60,7 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def save_flow(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
-    """Write atomically: a temporary file beside `path`, fsync, rename."""
+    """Write `tensors` and the JSON-able `info` to `path` atomically (`flowcore._fs.atomic_write`)."""
     path = Path(path)
     tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
     metadata = {
@@ -44,25 +69,9 @@ def save_flow(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
         "info": json.dumps(info, sort_keys=True),
         "sha256": _digest(tensors),
     }
+    data = safetensors_bytes(tensors, metadata=metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    try:
-        save_file(tensors, temporary, metadata=metadata)
-        with open(temporary, "rb+") as stream:
-            os.fsync(stream.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp's 0600 would hide the model from other users
-        os.replace(temporary, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda stream: stream.write(data))
 
 
 def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -79,12 +88,28 @@ def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
     if metadata.get("format") != FORMAT:
         raise FlowFileError(f"{path}: not a flowcore flow file (no '{FORMAT}' format tag in its metadata)")
     version = metadata.get("format_version", "?")
-    if version != str(FORMAT_VERSION):
-        raise FlowFileError(f"{path}: flow file format version {version}; this flowcore reads version {FORMAT_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise FlowFileError(f"{path}: flow file format version {version}; this flowcore reads versions "
+                            f"{', '.join(READABLE_VERSIONS)}. Refit the flow with this flowcore (`flowcore fit`)")
     if metadata.get("sha256") != _digest(tensors):
         raise FlowFileError(f"{path}: corrupted flow file (the weights do not match their recorded checksum)")
     try:
         info = json.loads(metadata["info"])
     except (KeyError, json.JSONDecodeError) as error:
         raise FlowFileError(f"{path}: flow file metadata is damaged: {error}") from None
+    if version == "1":
+        info = _migrated_v1(info)
     return tensors, info
+
+
+def _migrated_v1(info: dict) -> dict:
+    """A version 1 calibrator header in version 2 form: the encoder and pooling strings that the
+    CLI kept in the free-form metadata become the typed `encoder` field."""
+    metadata = info.get("metadata")
+    if "glow" not in info or not isinstance(metadata, dict):
+        return info
+    if not ("encoder" in metadata and "pooling" in metadata):
+        return {**info, "encoder": None}
+    metadata = dict(metadata)
+    encoder = {"model": metadata.pop("encoder"), "pooling": metadata.pop("pooling")}
+    return {**info, "metadata": metadata, "encoder": encoder}

@@ -14,7 +14,8 @@ def register(subparsers) -> None:
         "encode",
         help="encode sentences (one per line) into pooled sentence vectors (.npy)",
         description="Encode a UTF-8 text file, one sentence per line, with a frozen Hugging Face encoder. "
-        "Row i of the output is line i; empty lines are encoded as empty sentences.",
+        "Row i of the output is line i; empty lines are encoded as empty sentences, lines that are "
+        "not valid UTF-8 are NaN rows (and listed on stderr).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--input", required=True, help="text file, one sentence per line (UTF-8)")
@@ -31,41 +32,36 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flowcore.cli import check_device
-    from flowcore.text.encoder import Encoder
     import numpy as np
 
-    sentences = read_sentences(args.input)
+    from flowcore._fs import atomic_write
+    from flowcore.cli import check_device
+    from flowcore.text.encoder import Encoder
+
+    sentences, undecodable = read_sentences(args.input)
     encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=check_device(args.device))
-    embeddings = encoder.encode(sentences, batch_size=args.batch_size)
-    partial = f"{args.out}.partial"
-    with open(partial, "wb") as out:
-        np.save(out, embeddings)
-    os.replace(partial, args.out)
+    embeddings = np.full((len(sentences), encoder.dim), np.nan, dtype=np.float32)
+    good = [row for row, text in enumerate(sentences) if text is not None]
+    if good:
+        embeddings[good] = encoder.encode([sentences[row] for row in good], batch_size=args.batch_size)
+    atomic_write(args.out, lambda stream: np.save(stream, embeddings))
     print(f"wrote {len(embeddings)} embeddings ({embeddings.shape[0]} x {embeddings.shape[1]}, "
           f"pooling {encoder.pooling}) to {args.out}")
+    if undecodable:
+        shown = ", ".join(map(str, undecodable[:10])) + (", ..." if len(undecodable) > 10 else "")
+        print(f"flowcore encode: warning: {len(undecodable)} line(s) of {args.input} are not valid UTF-8 "
+              f"(lines {shown}); their rows are NaN", file=sys.stderr)
     return 0
 
 
-def read_sentences(path: str) -> list[str]:
-    """The lines of `path` without line endings. Bytes that are not UTF-8 become U+FFFD and the
-    lines holding them are reported on stderr (the rows are kept, so row i is still line i)."""
-    with open(path, "rb") as file:
-        raw_lines = file.read().split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()
-    if not raw_lines:
+def read_sentences(path: str) -> tuple[list[str | None], list[int]]:
+    """The lines of `path` (None where a line is not valid UTF-8) and the numbers of those lines,
+    read with the one line reader's policy (`flowcore._lines`): row i is always line i."""
+    from flowcore._lines import iter_lines
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input not found: {path}")
+    lines = list(iter_lines(path))
+    if not lines:
         raise ValueError(f"{path} is empty: there are no sentences to encode")
-    sentences, undecodable = [], []
-    for number, raw in enumerate(raw_lines, start=1):
-        raw = raw.removesuffix(b"\r")
-        try:
-            sentences.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            sentences.append(raw.decode("utf-8", errors="replace"))
-            undecodable.append(number)
-    if undecodable:
-        shown = ", ".join(map(str, undecodable[:10])) + (", ..." if len(undecodable) > 10 else "")
-        print(f"flowcore encode: warning: {len(undecodable)} line(s) of {path} are not valid UTF-8 "
-              f"(lines {shown}); their undecodable bytes were replaced with U+FFFD", file=sys.stderr)
-    return sentences
+    return [line.text for line in lines], [line.number for line in lines if line.text is None]

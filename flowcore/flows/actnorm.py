@@ -3,6 +3,9 @@
 On the first forward pass in training mode, loc and logs are set so that the batch leaves with
 zero mean and unit variance per feature. The `initialized` flag is a buffer, so it is saved with
 the weights and a loaded model is never re-initialised.
+
+In the default LU step ActNorm is folded into the 1x1 weight (`flowcore.flows.step`); `forward`
+here is what the reverse-permutation variant and the contract tests run.
 """
 from __future__ import annotations
 
@@ -11,8 +14,12 @@ from torch import nn
 
 from flowcore import kernels
 
+__all__ = ["ActNorm"]
+
 
 class ActNorm(nn.Module):
+    """Per-feature affine map on `dim` features, initialised from the first training batch."""
+
     def __init__(self, dim: int):
         super().__init__()
         self.dim = dim
@@ -44,13 +51,16 @@ class ActNorm(nn.Module):
         self.initialized.fill_(True)
 
     def maybe_initialize(self, x: torch.Tensor) -> None:
+        """`initialize` from `x` on the first call in training mode; nothing otherwise."""
         if self.training and not bool(self.initialized):
             self.initialize(x.detach())
 
     def logdet(self) -> torch.Tensor:
+        """log|det| of the map, the same for every row: sum(logs)."""
         return self.logs.sum()
 
     def forward(self, x: torch.Tensor):
+        """(y, logdet per row) on the `kernels.actnorm` op (Triton or PyTorch, per the backend)."""
         self.maybe_initialize(x)
         y = kernels.actnorm(x, self.loc, self.logs)
         return y, self.logdet().expand(x.shape[0])

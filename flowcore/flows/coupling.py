@@ -3,10 +3,14 @@
 x1 = x[:, :d // 2] passes through; the conditioner NN(x1) = Linear(d1 -> width) -> ReLU ->
 Linear(width -> width) -> ReLU -> Linear (zero-initialised, so each coupling starts as the
 identity) gives h, and
-- affine:   shift = h[:, 0::2], scale = sigmoid(h[:, 1::2] + 2), z2 = (x2 + shift) * scale,
-            log-det = sum(log scale);
+- affine:   shift = h[:, 0::2], scale = sigmoid(h[:, 1::2] + SCALE_OFFSET), z2 = (x2 + shift) * scale,
+            log-det = sum(log scale) (`kernels.coupling.SCALE_OFFSET` = 2, the official code's);
 - additive: z2 = x2 + h, log-det 0.
 Odd dimensions work: x2 takes the extra feature.
+
+In the default LU + affine step the coupling runs fused with the step's GEMM
+(`flowcore.flows.step`); `forward` here is what the additive and reverse-permutation variants
+and the contract tests run.
 """
 from __future__ import annotations
 
@@ -15,10 +19,15 @@ from torch import nn
 
 from flowcore import kernels
 
+__all__ = ["COUPLINGS", "Coupling"]
+
 COUPLINGS = ("affine", "additive")
 
 
 class Coupling(nn.Module):
+    """A coupling layer of `kind` "affine" or "additive" on `dim` features; `split` = dim // 2
+    features condition the rest through `net`, an MLP of `width` hidden units."""
+
     def __init__(self, dim: int, width: int = 32, kind: str = "affine"):
         super().__init__()
         if kind not in COUPLINGS:
@@ -38,6 +47,7 @@ class Coupling(nn.Module):
         nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, x: torch.Tensor):
+        """(z, logdet per row): the conditioner on x1, then the coupling op of `kernels`."""
         x1, x2 = x.split([self.split, x.shape[1] - self.split], dim=1)
         h = self.net(x1)
         if self.kind == "affine":

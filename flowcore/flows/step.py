@@ -1,12 +1,17 @@
-"""One Glow step: ActNorm -> invertible linear -> coupling, data -> latent.
+"""One Glow step, data -> latent: ActNorm -> invertible linear -> coupling.
 
-ActNorm is folded into the assembled LU weight, W' = W diag(exp(logs)), b = W' loc, so ActNorm +
-1x1 cost one GEMM + bias (`kernels.folded_linear`) and no pass over the batch of their own; in
-training the fold is differentiated through (d x d work), which is cheaper than back-propagating
-through an elementwise ActNorm on (batch x d). In eval mode, when no gradient is wanted, the
-folded weight is cached and rebuilt whenever a parameter changes (tracked by the tensors' version
-counters) or the module returns to training. Writes through `.data` bypass version counters: after
-such surgery call `train()` (or `eval()`) to drop the cache.
+What runs depends on the step's variant, and `FlowStep.forward` shows it:
+- LU mixing (the default): ActNorm is folded into the assembled LU weight, W' = W diag(exp(logs)),
+  b = W' loc, so ActNorm + 1x1 cost one GEMM + bias and no pass over the batch of their own. With
+  the affine coupling (the default) the GEMM and the coupling run fused in
+  `kernels.folded_affine_step`, in training and in inference; with the additive coupling the GEMM
+  (`kernels.folded_linear`) is followed by `Coupling.forward`. In training the fold is
+  differentiated through (d x d work, cheaper than back-propagating through an elementwise
+  ActNorm on batch x d).
+- Reverse mixing: the layers' own forwards, one after the other.
+In inference (eval mode, no gradient wanted) the folded weight is cached and rebuilt whenever a
+parameter changes (the tensors' version counters) or the module returns to training. Writes through
+`.data` bypass version counters: after such surgery call `train()` (or `eval()`) to drop the cache.
 """
 from __future__ import annotations
 
@@ -18,10 +23,19 @@ from flowcore.flows.actnorm import ActNorm
 from flowcore.flows.coupling import Coupling
 from flowcore.flows.invertible_linear import LULinear, ReversePermutation
 
+__all__ = ["PERMUTATIONS", "FlowStep"]
+
 PERMUTATIONS = ("lu", "reverse")
 
 
 class FlowStep(nn.Module):
+    """ActNorm -> invertible linear (`permutation`: "lu" or "reverse") -> coupling (`coupling`:
+    "affine" or "additive") on `dim` features, the coupling's conditioner `width` units wide.
+
+    `z, logdet = step(x)` maps data -> latent with logdet = log|det dz/dx| per row;
+    `x, logdet = step.inverse(z)` maps back with the inverse's log-det.
+    """
+
     def __init__(self, dim: int, width: int = 32, coupling: str = "affine", permutation: str = "lu"):
         super().__init__()
         if permutation not in PERMUTATIONS:
@@ -29,58 +43,24 @@ class FlowStep(nn.Module):
         self.actnorm = ActNorm(dim)
         self.mixing = LULinear(dim) if permutation == "lu" else ReversePermutation(dim)
         self.coupling = Coupling(dim, width, coupling)
-        self._folded: tuple | None = None
+        self._fold_cache: tuple | None = None
 
     def train(self, mode: bool = True):
-        self._folded = None
+        self._fold_cache = None
         return super().train(mode)
 
-    def _fast_path(self) -> bool:
-        if self.training:
-            return False
-        return not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
-
-    def _fold(self):
-        """(W', b, logdet) of ActNorm + LU linear."""
-        weight = self.mixing.weight() * torch.exp(self.actnorm.logs)
-        return weight, weight @ self.actnorm.loc, self.actnorm.logdet() + self.mixing.logdet()
-
-    def _cached_fold(self):
-        """`_fold()` without autograd, rebuilt only when one of its parameters changed."""
-        params = (self.actnorm.loc, self.actnorm.logs, *self.mixing.parameters())
-        key = tuple((p.data_ptr(), p._version) for p in params)
-        if self._folded is None or self._folded[0] != key:
-            # a normal tensor even when first built under inference_mode, so that a later
-            # gradient-enabled call with frozen parameters may still use it
-            with torch.inference_mode(False), torch.no_grad():
-                self._folded = (key, *self._fold())
-        return self._folded[1:]
-
-    def _mix(self, x: torch.Tensor):
-        loc, logs = self.actnorm.loc, self.actnorm.logs
-        if isinstance(self.mixing, ReversePermutation):
-            if not self._fast_path():
-                self.actnorm.maybe_initialize(x)
-            return kernels.actnorm(x, loc, logs).flip(1), self.actnorm.logdet()
-        if self._fast_path():
-            weight, bias, logdet = self._cached_fold()
-        else:
-            self.actnorm.maybe_initialize(x)
-            weight, bias, logdet = self._fold()
-        return kernels.folded_linear(x, weight, bias), logdet
-
     def forward(self, x: torch.Tensor):
-        if isinstance(self.mixing, LULinear) and self.coupling.kind == "affine":
-            # the fused step (`kernels.flow_step`): in inference one GEMM + coupling epilogue on
-            # Triton; in training on PyTorch, a hand-written backward without concatenations
-            if self._fast_path():
-                weight, bias, logdet = self._cached_fold()
-            else:
-                self.actnorm.maybe_initialize(x)
-                weight, bias, logdet = self._fold()
-            z, coupling_logdet = kernels.folded_affine_step(x, weight, bias, self.coupling.split, self.coupling.net)
-            return z, coupling_logdet + logdet
-        y, logdet = self._mix(x)
+        if isinstance(self.mixing, LULinear):
+            weight, bias, logdet = self._folded(x)
+            if self.coupling.kind == "affine":
+                z, coupling_logdet = kernels.folded_affine_step(x, weight, bias, self.coupling.split,
+                                                                self.coupling.net)
+                return z, coupling_logdet + logdet
+            y = kernels.folded_linear(x, weight, bias)
+        else:
+            y, logdet = self.actnorm(x)
+            y, mixing_logdet = self.mixing(y)
+            logdet = logdet + mixing_logdet
         z, coupling_logdet = self.coupling(y)
         return z, coupling_logdet + logdet
 
@@ -89,3 +69,26 @@ class FlowStep(nn.Module):
         y, mixing_logdet = self.mixing.inverse(y)
         x, actnorm_logdet = self.actnorm.inverse(y)
         return x, logdet + mixing_logdet + actnorm_logdet
+
+    def _folded(self, x: torch.Tensor):
+        """(W', b, logdet) of ActNorm + LU linear for input `x`: the cached fold in inference;
+        in training, after ActNorm's data-dependent initialisation from `x`, differentiable."""
+        if not self.training and not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())):
+            return self._cached_fold()
+        self.actnorm.maybe_initialize(x)
+        return self._fold()
+
+    def _fold(self):
+        weight = self.mixing.weight() * torch.exp(self.actnorm.logs)
+        return weight, weight @ self.actnorm.loc, self.actnorm.logdet() + self.mixing.logdet()
+
+    def _cached_fold(self):
+        """`_fold()` without autograd, rebuilt only when one of its parameters changed."""
+        params = (self.actnorm.loc, self.actnorm.logs, *self.mixing.parameters())
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if self._fold_cache is None or self._fold_cache[0] != key:
+            # a normal tensor even when first built under inference_mode, so that a later
+            # gradient-enabled call with frozen parameters may still use it
+            with torch.inference_mode(False), torch.no_grad():
+                self._fold_cache = (key, *self._fold())
+        return self._fold_cache[1:]

@@ -80,7 +80,8 @@ def bind_pooling(kind: str, indices: tuple[int, ...], num_layers: int) -> Poolin
         resolved.append(index % (num_layers + 1))
     if kind == "layers":
         if len(set(resolved)) != len(resolved):
-            raise ValueError(f"layers {list(indices)} name the same hidden state twice (this encoder has {num_layers} layers)")
+            raise ValueError(f"layers {list(indices)} name the same hidden state twice "
+                             f"(this encoder has {num_layers} layers)")
         resolved.sort()
         name = _LAYERS_PREFIX + ",".join(str(index) for index in resolved)
     else:

@@ -42,12 +42,16 @@ def test_same_seed_same_model(data, calibrator):
 
 
 def test_save_load_round_trip(calibrator, data, tmp_path):
-    calibrator.metadata = {"encoder": "default", "pooling": "mean"}
+    from flowcore.calibration.flow_file import EncoderProvenance
+
+    calibrator.metadata = {"corpus": "nli", "sentences": 500}
+    calibrator.provenance = EncoderProvenance("default", "mean")
     path = tmp_path / "model.flow"
     calibrator.save(path)
     loaded = flowcore.FlowCalibrator.load(path)
     np.testing.assert_array_equal(loaded.transform(data), calibrator.transform(data))
-    assert loaded.metadata == {"encoder": "default", "pooling": "mean"}
+    assert loaded.metadata == {"corpus": "nli", "sentences": 500}
+    assert loaded.provenance == EncoderProvenance("default", "mean")
     assert loaded.config == "l2_d2_w32" and loaded.losses == calibrator.losses
     assert all(bool(m.initialized) for m in loaded.flow.modules() if hasattr(m, "initialized"))
     assert b"pickle" not in path.read_bytes()[:200]

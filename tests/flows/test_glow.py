@@ -76,17 +76,17 @@ def test_eval_cache_follows_parameter_changes():
     step = glow.levels[0][0]
     with torch.no_grad():
         glow(x)
-        cached = step._folded[1]
+        cached = step._fold_cache[1]
         glow(x)
-        assert step._folded[1] is cached, "the folded weight must be reused while parameters are unchanged"
+        assert step._fold_cache[1] is cached, "the folded weight must be reused while parameters are unchanged"
         step.mixing.upper.add_(0.05)  # an in-place update, as an optimizer makes
         z_after, _ = glow(x)
-    assert step._folded[1] is not cached
+    assert step._fold_cache[1] is not cached
     with torch.enable_grad():
         z_fresh, _ = glow(x)  # grad-enabled eval call recomputes without the cache
     torch.testing.assert_close(z_after, z_fresh.detach(), rtol=1e-5, atol=1e-5)
     glow.train()
-    assert step._folded is None
+    assert step._fold_cache is None
 
 
 def test_eval_mode_still_gives_gradients_when_asked():
@@ -173,9 +173,10 @@ def test_fused_training_step_equals_the_composed_layers(dtype):
     step(x)  # data-dependent ActNorm initialisation
 
     def composed(v):
-        y, mixing_logdet = step._mix(v)
+        y, actnorm_logdet = step.actnorm(v)
+        y, mixing_logdet = step.mixing(y)
         z, coupling_logdet = step.coupling(y)
-        return z, coupling_logdet + mixing_logdet
+        return z, coupling_logdet + mixing_logdet + actnorm_logdet
 
     results = []
     for run in (step, composed):

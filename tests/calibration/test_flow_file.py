@@ -1,0 +1,77 @@
+"""Flow files: the typed encoder provenance, and files of the previous format version."""
+import json
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import flowcore
+from flowcore.calibration.flow_file import FORMAT_VERSION, EncoderProvenance, FlowFileError
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    data = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
+    return data, flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, progress=False)
+
+
+def _rewrite_header(source, target, version: str, edit) -> None:
+    """Copy a flow file with its header's format version and info changed (tensors and hash kept)."""
+    with safe_open(str(source), framework="pt") as reader:
+        metadata = dict(reader.metadata())
+        tensors = {name: reader.get_tensor(name) for name in reader.keys()}
+    info = json.loads(metadata["info"])
+    edit(info)
+    metadata.update(format_version=version, info=json.dumps(info, sort_keys=True))
+    save_file(tensors, str(target), metadata=metadata)
+
+
+class _FakeEncoder:
+    model_id = "/models/bert"
+    pooling = "first-last-avg"
+
+
+def test_fit_records_the_encoder_as_typed_provenance(fitted, tmp_path):
+    data, _ = fitted
+    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, progress=False,
+                                                                                encoder=_FakeEncoder())
+    assert calibrator.provenance == EncoderProvenance("/models/bert", "first-last-avg")
+    calibrator.save(tmp_path / "m.flow")
+    with safe_open(str(tmp_path / "m.flow"), framework="pt") as reader:
+        header = reader.metadata()
+    assert header["format_version"] == str(FORMAT_VERSION) == "2"
+    assert json.loads(header["info"])["encoder"] == {"model": "/models/bert", "pooling": "first-last-avg"}
+    assert flowcore.FlowCalibrator.load(tmp_path / "m.flow").provenance == calibrator.provenance
+
+
+def test_a_version_1_file_loads_with_its_encoder_migrated(fitted, tmp_path):
+    data, calibrator = fitted
+    calibrator.save(tmp_path / "v2.flow")
+
+    def as_version_1(info):
+        del info["encoder"]
+        info["metadata"] = {"encoder": "default", "pooling": "mean", "note": "kept"}
+
+    _rewrite_header(tmp_path / "v2.flow", tmp_path / "v1.flow", "1", as_version_1)
+    loaded = flowcore.FlowCalibrator.load(tmp_path / "v1.flow")
+    assert loaded.provenance == EncoderProvenance("default", "mean")
+    assert loaded.metadata == {"note": "kept"}
+    np.testing.assert_array_equal(loaded.transform(data), calibrator.transform(data))
+
+
+def test_a_version_1_file_without_an_encoder_loads_without_provenance(fitted, tmp_path):
+    _, calibrator = fitted
+    calibrator.save(tmp_path / "v2.flow")
+    _rewrite_header(tmp_path / "v2.flow", tmp_path / "v1.flow", "1",
+                    lambda info: (info.pop("encoder"), info.update(metadata={})))
+    loaded = flowcore.FlowCalibrator.load(tmp_path / "v1.flow")
+    assert loaded.provenance is None and loaded.metadata == {}
+
+
+def test_an_unknown_version_says_how_to_refit(fitted, tmp_path):
+    _, calibrator = fitted
+    calibrator.save(tmp_path / "v2.flow")
+    _rewrite_header(tmp_path / "v2.flow", tmp_path / "v9.flow", "9", lambda info: None)
+    with pytest.raises(FlowFileError, match=r"v9.flow: flow file format version 9; .* Refit the flow"):
+        flowcore.FlowCalibrator.load(tmp_path / "v9.flow")

@@ -1,0 +1,71 @@
+"""The private helpers every package shares: durable writes, the line reader, thread pinning."""
+import hashlib
+import os
+import stat
+
+import pytest
+import torch
+
+from flowcore._fs import atomic_write, atomic_write_json, file_sha256
+from flowcore._lines import iter_lines, read_lines
+from flowcore._threads import available_cpus, check_threads, pinned_threads
+
+
+def test_atomic_write_replaces_whole_files_with_normal_permissions(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    atomic_write(target, lambda stream: stream.write(b"new content"))
+    assert target.read_bytes() == b"new content"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+    assert os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+
+    def broken(stream):
+        stream.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(target, broken)
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_atomic_json_and_sha256(tmp_path):
+    atomic_write_json(tmp_path / "a.json", {"b": 1}, sort_keys=True)
+    assert (tmp_path / "a.json").read_text() == '{"b": 1}'
+    assert file_sha256(tmp_path / "a.json") == hashlib.sha256(b'{"b": 1}').hexdigest()
+
+
+def test_line_reader_policy(tmp_path):
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"\xef\xbb\xbffirst\r\n" + "second\u2028half\n".encode() + b"caf\xe9\n\nlast\r")
+    lines = list(iter_lines(path))
+    assert [line.text for line in lines] == ["first", "second\u2028half", None, "", "last"]
+    assert [line.number for line in lines] == [1, 2, 3, 4, 5]
+    assert lines[2].bad_byte == 3
+    assert lines[-1].end == path.stat().st_size
+    resumed = list(iter_lines(path, offset=lines[1].end, line=2))
+    assert resumed == lines[2:]
+    with pytest.raises(ValueError, match=r"lines.txt:3: not valid UTF-8 \(byte 3 of the line\)"):
+        read_lines(path)
+    with pytest.raises(KeyError, match="missing file"):
+        read_lines(tmp_path / "nope.txt", error=KeyError)
+
+
+def test_pinned_threads_restore_and_none_leaves_torch_alone():
+    before = torch.get_num_threads()
+    with pinned_threads(2):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == before
+    with pinned_threads(None):
+        assert torch.get_num_threads() == before
+    assert 1 <= available_cpus() <= (os.cpu_count() or 1)
+    assert check_threads(None) is None and check_threads(3) == 3
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="threads must be a positive integer"):
+            check_threads(bad)
