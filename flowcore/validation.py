@@ -6,6 +6,8 @@ import warnings
 import numpy as np
 import torch
 
+__all__ = ["check_matrix"]
+
 
 def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X",
                  row_offset: int = 0) -> torch.Tensor:

@@ -10,11 +10,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+__all__ = ["CONSTANT_TOLERANCE", "Standardizer"]
+
 CONSTANT_TOLERANCE = 1e-4  # a coordinate whose std is below this fraction of the largest is constant
 STAT_CHUNK_ROWS = 65536
 
 
 class Standardizer(nn.Module):
+    """Per-coordinate (x - mean) / std for `dim` coordinates, fitted once with `fit(X)`; the
+    coordinates with `varying` False are only centred and bypass the flow."""
+
     def __init__(self, dim: int):
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
@@ -23,14 +28,17 @@ class Standardizer(nn.Module):
 
     @property
     def dim(self) -> int:
+        """Width of the vectors taken and returned."""
         return self.mean.shape[0]
 
     @property
     def all_varying(self) -> bool:
+        """True when every coordinate goes through the flow (no gather/scatter needed)."""
         return self.flow_dim == self.dim
 
     @property
     def flow_dim(self) -> int:
+        """How many coordinates go through the flow."""
         return int(self.varying.sum())
 
     @torch.no_grad()
@@ -59,4 +67,5 @@ class Standardizer(nn.Module):
         return (x - self.mean.to(x.dtype)) / self.scale.to(x.dtype)
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """x from `forward`'s output."""
         return y * self.scale.to(y.dtype) + self.mean.to(y.dtype)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["Whitening"]
+
 
 class Whitening:
     """Linear whitening fitted on a corpus of embeddings; optional reduction to `dim` columns.
@@ -15,6 +17,17 @@ class Whitening:
     Directions whose variance is at most `tolerance` × the largest carry no information (e.g.
     the constant coordinates of a LayerNorm output) and would be blown up by Λ^(−1/2): they are
     dropped, so `output_dim` can be smaller than `dim` on a rank-deficient corpus.
+
+    Arguments:
+        dim: keep only the `dim` directions of largest variance (BERT-whitening-k); None keeps all.
+        tolerance: directions with variance <= tolerance × the largest are dropped.
+
+    Attributes:
+        mean: μ, shape (D,); matrix: W = U·Λ^(−1/2), shape (D, output_dim); eigenvalues: the kept Λ.
+
+    Example:
+        >>> whitening = Whitening(dim=256).fit(X)
+        >>> Z = whitening.transform(X)          # float32 (n, 256), zero mean, identity covariance
     """
 
     def __init__(self, dim: int | None = None, tolerance: float = 1e-8):
@@ -61,6 +74,7 @@ class Whitening:
         return ((X - self.mean) @ self.matrix).astype(np.float32)
 
     def fit_transform(self, X) -> np.ndarray:
+        """`fit(X)`, then `transform(X)`."""
         return self.fit(X).transform(X)
 
     @staticmethod

@@ -8,6 +8,8 @@ from tqdm.auto import tqdm
 
 from flowcore.validation import check_matrix
 
+__all__ = ["TrainingDivergedError", "fit"]
+
 
 class TrainingDivergedError(FloatingPointError, ValueError):
     """The loss or the gradients stopped being finite; the weights are left as before that step."""
@@ -15,13 +17,32 @@ class TrainingDivergedError(FloatingPointError, ValueError):
 
 def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
         device=None, progress: bool = True, init_rows: int = 1024) -> list[float]:
-    """Train `flow` on the rows of `X` (numpy array or tensor); returns the per-epoch mean losses.
+    """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
     Works in the flow's dtype (float64 included). Before the first step, every ActNorm is
     initialised from the data (as Glow's `n_batch_init`): the first `max(batch_size, init_rows)`
-    shuffled rows, so that a small training batch does not give noisy statistics. Batches are shuffled with a generator seeded by `seed`, so the same seed gives the
-    same result. A non-finite loss or gradient stops training with `TrainingDivergedError`
-    before any weight is touched.
+    shuffled rows, so that a small training batch does not give noisy statistics. Batches are
+    shuffled with a generator seeded by `seed`, so the same seed gives the same result. A
+    non-finite loss or gradient stops training with `TrainingDivergedError` before any weight is
+    touched. The flow is left in eval mode.
+
+    Args:
+        flow: a `Glow` (anything with `bits_per_dim(x)`, `dim` and parameters).
+        X: (n, dim) numpy array or tensor, n >= 2, finite.
+        epochs: passes over X.
+        batch_size: rows per step (the paper's 32).
+        lr: Adam's learning rate (the paper's 1e-3).
+        seed: seeds the batch order.
+        device: move the flow there first (the data follows the flow).
+        progress: show a tqdm bar.
+        init_rows: rows used for ActNorm's data-dependent initialisation.
+
+    Returns:
+        The mean loss (bits per dimension) of each epoch.
+
+    Example:
+        >>> glow = flowcore.Glow(384, levels=2, depth=3, width=32)
+        >>> losses = flowcore.fit(glow, X, epochs=1, batch_size=32, lr=1e-3, seed=0)
     """
     if epochs < 1 or batch_size < 1 or not lr > 0:
         raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0 (got {epochs}, {batch_size}, {lr})")

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = ["NAMED_POOLINGS", "Pooling", "bind_pooling", "parse_pooling"]
+
 # name -> hidden-state indices it averages (as Hugging Face would index them).
 NAMED_POOLINGS: dict[str, tuple[int, ...]] = {
     "cls": (-1,),  # last layer, first token
