@@ -237,9 +237,9 @@ def test_progress_bar_shows_rate(tiny_bert, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_default_threads_leave_torch_alone_so_output_is_reproducible(tiny_bert, monkeypatch):
+def _spy_on_thread_counts(encoder, monkeypatch) -> list[int]:
+    """The torch thread count at each forward of `encoder`, appended as it encodes."""
     seen = []
-    encoder = Encoder(tiny_bert, pooling="mean")
     real_forward = encoder._hidden_states
 
     def spying(inputs):
@@ -247,6 +247,12 @@ def test_default_threads_leave_torch_alone_so_output_is_reproducible(tiny_bert, 
         return real_forward(inputs)
 
     monkeypatch.setattr(encoder, "_hidden_states", spying)
+    return seen
+
+
+def test_default_threads_leave_torch_alone_so_output_is_reproducible(tiny_bert, monkeypatch):
+    encoder = Encoder(tiny_bert, pooling="mean")
+    seen = _spy_on_thread_counts(encoder, monkeypatch)
     before = torch.get_num_threads()
     sentences = _random_sentences(30)
     first = encoder.encode(sentences, batch_size=4)
@@ -332,15 +338,8 @@ def test_cli_encode_bad_input_is_reported(tiny_bert, tmp_path, capsys):
 
 
 def test_pinned_threads_are_used_and_restored(tiny_bert, monkeypatch):
-    seen = []
     encoder = Encoder(tiny_bert, pooling="mean", threads=2)
-    real_forward = encoder._hidden_states
-
-    def spying(inputs):
-        seen.append(torch.get_num_threads())
-        return real_forward(inputs)
-
-    monkeypatch.setattr(encoder, "_hidden_states", spying)
+    seen = _spy_on_thread_counts(encoder, monkeypatch)
     before = torch.get_num_threads()
     encoder.encode(_random_sentences(50), batch_size=8)
     assert seen and set(seen) == {2}
