@@ -21,18 +21,13 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import torch
+from test_bench_kernels_gpu import CHUNKS as BENCH_CHUNKS  # this folder is on sys.path for a script
 
 REPO = Path(__file__).resolve().parents[1]
-TESTS = "tests/kernels/test_gpu.py"
+TESTS = "tests"  # the CUDA tests are the ones marked `gpu` (pytest -m gpu)
 BENCH = "bench/test_bench_kernels_gpu.py"
-# (chunk name, pytest -k expression), most important first.
-BENCH_CHUNKS = [
-    ("flow_step_train", "test_flow_step_forward_backward"),
-    ("elementwise_forward", "test_actnorm_forward and not backward or test_affine_coupling_forward and not backward"),
-    ("elementwise_backward", "test_actnorm_forward_backward or test_affine_coupling_forward_backward"),
-    ("actnorm_linear", "test_actnorm_linear_forward_backward"),
-    ("flow_step_inference", "test_flow_step_inference"),
-]
+# BENCH_CHUNKS (BENCH's CHUNKS), most important first: each benchmark is marked
+# `gpu(chunk=NAME)` and a chunk runs with -m "gpu(chunk='NAME')".
 STEP_GOALS = {"eager": 2.0, "compile": 1.2}
 HBM_GOAL = 0.8
 ELEMENTWISE_GROUPS = ("actnorm forward", "affine coupling forward", "actnorm forward+backward",
@@ -120,20 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 
     junit = out / "gpu-tests.xml"
-    summary["tests"] = _run(pytest + [TESTS, f"--junitxml={junit}"], args.budget * args.test_share, env,
-                            out / "gpu-tests.log")
+    summary["tests"] = _run(pytest + [TESTS, "-m", "gpu", f"--junitxml={junit}"], args.budget * args.test_share,
+                            env, out / "gpu-tests.log")
     summary["tests"].update(_junit_counts(junit))
 
     groups, chunks = {}, {}
-    for name, selection in BENCH_CHUNKS:
+    for name in BENCH_CHUNKS:
         left = deadline - time.monotonic()
         if left < 15:
             chunks[name] = {"exit": "not run: time budget spent"}
             continue
         ratios = out / f"bench-{name}.json"
         chunk_env = {**env, "FLOWCORE_BENCH_JSON": str(ratios)}
-        chunks[name] = _run(pytest + [BENCH, "-k", selection, f"--benchmark-json={out / f'benchmark-{name}.json'}"],
-                            left, chunk_env, out / f"bench-{name}.log")
+        selection = ["-m", f"gpu(chunk={name!r})", f"--benchmark-json={out / f'benchmark-{name}.json'}"]
+        chunks[name] = _run(pytest + [BENCH, *selection], left, chunk_env, out / f"bench-{name}.log")
         if ratios.exists():
             groups.update(json.loads(ratios.read_text()))
     summary["benchmark_chunks"] = chunks

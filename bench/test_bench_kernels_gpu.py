@@ -6,9 +6,12 @@ The inference step also runs as `triton_fused` (`folded_affine_step`: one kernel
 the coupling in the second GEMM's epilogue).
 Each group records median times of a round of repeated calls (labels `triton`, `eager`,
 `compile`; the summary prints eager/triton and compile/triton as `Nx of triton`), each label's
-`<label>_ms_per_op`, and `gbps` / `hbm_fraction` for the Triton run: the bytes the op must move at minimum (inputs read once, outputs written once) over its
-time, against the GPU's HBM peak. Goals on an H200: flow step forward + backward >= 2x eager and
->= 1.2x torch.compile; elementwise kernels >= 80 % of HBM bandwidth.
+`<label>_ms_per_op`, and `gbps` / `hbm_fraction` for the Triton run: the bytes the op must move
+at minimum (inputs read once, outputs written once) over its time, against the GPU's HBM peak.
+Goals on an H200: flow step forward + backward >= 2x eager and >= 1.2x torch.compile;
+elementwise kernels >= 80 % of HBM bandwidth.
+Every benchmark is marked `gpu(chunk=...)`: bench/gpu_check.py runs one chunk at a time with
+`-m "gpu(chunk='NAME')"` (the chunk names are `CHUNKS`), most important first.
 Run: `python bench/gpu_check.py --out DIR` (or `pytest bench/test_bench_kernels_gpu.py`).
 """
 from __future__ import annotations
@@ -18,9 +21,18 @@ import torch
 import torch.nn.functional as F
 
 from flowcore.backend import use_backend
-from flowcore.kernels import actnorm, actnorm_linear, affine_coupling, folded_affine_step, folded_linear
+from flowcore.kernels import actnorm, affine_coupling, folded_affine_step, folded_linear
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU benchmarks need CUDA")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU benchmarks need CUDA")]
+
+CHUNKS = ("flow_step_train", "elementwise_forward", "elementwise_backward", "flow_step_inference")
+"""The benchmark chunks of bench/gpu_check.py, most important first."""
+
+
+def chunk(name: str):
+    """Put a benchmark in one of `CHUNKS` (selected by `-m "gpu(chunk='NAME')"`)."""
+    assert name in CHUNKS, name
+    return pytest.mark.gpu(chunk=name)
 
 DIMS = (768, 1024)
 BATCHES = (4096, 65536, 262144)
@@ -109,6 +121,7 @@ def _actnorm_inputs(batch, d, dtype, grad=False):
     return x, loc, logs
 
 
+@chunk("elementwise_forward")
 @pytest.mark.parametrize("d,batch,dtype,impl", list(_cases(compiled=False)))
 def test_actnorm_forward(benchmark, record, d, batch, dtype, impl):
     x, loc, logs = _actnorm_inputs(batch, d, dtype)
@@ -120,6 +133,7 @@ def _actnorm_step(x, loc, logs, upstream):
     return torch.autograd.grad(actnorm(x, loc, logs), (x, loc, logs), upstream)
 
 
+@chunk("elementwise_backward")
 @pytest.mark.parametrize("d,batch,dtype,impl", list(_cases()))
 def test_actnorm_forward_backward(benchmark, record, d, batch, dtype, impl):
     x, loc, logs = _actnorm_inputs(batch, d, dtype, grad=True)
@@ -135,6 +149,7 @@ def _coupling_inputs(batch, d, dtype, grad=False):
     return x2, h
 
 
+@chunk("elementwise_forward")
 @pytest.mark.parametrize("d,batch,dtype,impl", list(_cases(compiled=False)))
 def test_affine_coupling_forward(benchmark, record, d, batch, dtype, impl):
     x2, h = _coupling_inputs(batch, d, dtype)
@@ -147,6 +162,7 @@ def _coupling_step(x2, h, upstream):
     return torch.autograd.grad((z2 * upstream).sum() - logdet.sum(), (x2, h))
 
 
+@chunk("elementwise_backward")
 @pytest.mark.parametrize("d,batch,dtype,impl", list(_cases()))
 def test_affine_coupling_forward_backward(benchmark, record, d, batch, dtype, impl):
     x2, h = _coupling_inputs(batch, d, dtype, grad=True)
@@ -155,21 +171,6 @@ def test_affine_coupling_forward_backward(benchmark, record, d, batch, dtype, im
     # forward reads x2, h (2x) and writes z2; backward reads upstream, x2, h (2x), writes dx2, dh (2x)
     _bench(benchmark, record, _group("affine coupling forward+backward", d, batch, dtype), impl,
            lambda: op(x2, h, upstream), batch, 11 * x2.numel() * x2.element_size())
-
-
-def _linear_step(x, loc, logs, weight, upstream):
-    return torch.autograd.grad(actnorm_linear(x, loc, logs, weight), (x, loc, logs, weight), upstream)
-
-
-@pytest.mark.parametrize("d,batch,dtype,impl", list(_cases()))
-def test_actnorm_linear_forward_backward(benchmark, record, d, batch, dtype, impl):
-    x, loc, logs = _actnorm_inputs(batch, d, dtype, grad=True)
-    weight = (torch.linalg.qr(torch.randn(d, d, device="cuda"))[0]).to(dtype).requires_grad_()
-    upstream = torch.randn_like(x)
-    op = _compiled(("linear_fb", d, dtype), _linear_step) if impl == "compile" else _linear_step
-    _bench(benchmark, record, _group("actnorm+1x1 forward+backward", d, batch, dtype), impl,
-           lambda: op(x, loc, logs, weight, upstream), batch, 5 * x.numel() * x.element_size(),
-           flops=3 * 2 * batch * d * d)
 
 
 class _StepParams:
@@ -210,6 +211,7 @@ def _flow_step_train(x, *params):
     return torch.autograd.grad(_flow_step_loss(x, *params), params)
 
 
+@chunk("flow_step_train")
 @pytest.mark.parametrize("d,batch,dtype,impl", list(_cases((torch.bfloat16, torch.float32))))
 def test_flow_step_forward_backward(benchmark, record, d, batch, dtype, impl):
     x = torch.randn(batch, d, device="cuda", dtype=dtype)
@@ -234,6 +236,7 @@ def _flow_step_inference_fused(x, weight, bias, *net):
     return folded_affine_step(x, weight, bias, half, lambda y1: _conditioner(y1, net))
 
 
+@chunk("flow_step_inference")
 @pytest.mark.parametrize("d,batch,dtype,impl", list(_cases()) + [
     pytest.param(d, batch, torch.bfloat16, "triton_fused", id=f"d{d}-b{batch}-bfloat16-triton_fused")
     for d in DIMS for batch in BATCHES])

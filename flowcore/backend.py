@@ -10,13 +10,13 @@ Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then 
 - `torch`  : PyTorch ops: the `_ref` twins, and for the LU + affine step a fused autograd
              Function with a hand-written backward (`flowcore.kernels.flow_step`).
 
-`composed_autograd_only(tensor)` says where hand-written backwards must give way to composed
-autograd ops (inside `torch.func` transforms, under autocast); `composed_backward` is their
-fallback under `create_graph=True`.
+Probes of torch internals (`composed_autograd_only`, `composed_backward`, hook detection) live in
+`flowcore._torch_compat`.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 from typing import Iterator
@@ -65,7 +65,9 @@ def use_backend(name: str) -> Iterator[None]:
         _override = previous
 
 
+@functools.cache
 def triton_available() -> bool:
+    """Whether Triton is importable (looked up once per process)."""
     return importlib.util.find_spec("triton") is not None
 
 
@@ -94,18 +96,3 @@ def resolve(tensor: torch.Tensor) -> str:
         )
     return "triton"
 
-
-def composed_autograd_only(tensor: torch.Tensor) -> bool:
-    """True inside `torch.func` transforms (grad, vmap, jacrev) and under autocast for the
-    tensor's device: there the custom autograd Functions give way to composed PyTorch ops, which
-    those machineries know how to transform and to cast."""
-    return torch._C._are_functorch_transforms_active() or torch.is_autocast_enabled(tensor.device.type)
-
-
-def composed_backward(outputs, inputs, needs_input_grad, grads) -> tuple:
-    """A custom Function's backward under create_graph=True: gradients of `outputs` (recomputed
-    from composed ops) w.r.t. the `inputs` flagged in `needs_input_grad` (None for the others),
-    with a graph, so that higher-order gradients are exact."""
-    wanted = [t for t, needed in zip(inputs, needs_input_grad) if needed]
-    computed = iter(torch.autograd.grad(outputs, wanted, grads, create_graph=True, allow_unused=True))
-    return tuple(next(computed) if needed else None for needed in needs_input_grad)

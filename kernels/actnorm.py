@@ -1,4 +1,5 @@
-"""ActNorm: y = (x + loc) * exp(logs), per feature, and its inverse x = y * exp(-logs) - loc.
+"""ActNorm: y = (x + loc) * exp(logs), per feature, and its inverse x = y * exp(-logs) - loc:
+kernels, launchers, autograd Function, `_ref` twins and dispatchers.
 
 `actnorm` / `actnorm_inverse` dispatch on `flowcore.backend.resolve`; `actnorm_ref` and
 `actnorm_inverse_ref` are the pure-PyTorch twins (test oracle and CPU path).
@@ -18,7 +19,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
-from flowcore.kernels import _launch
+from flowcore.kernels import _utils
 
 
 def actnorm_ref(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor) -> torch.Tensor:
@@ -90,22 +91,16 @@ def _actnorm_bwd_kernel(
     tl.store(part_logs_ptr + out, tl.sum(acc_logs, axis=0), mask=col_ok)
 
 
-def _blocks(D: int) -> tuple[int, int]:
-    if _launch.INTERPRETED:  # few, large programs: the interpreter pays per program
-        return 128, min(triton.next_power_of_2(D), 512)
-    return 16, min(triton.next_power_of_2(D), 256)
-
-
 @triton_op("flowcore::actnorm_fwd", mutates_args=())
 def _actnorm_fwd(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor, inverse: bool) -> torch.Tensor:
     B, D = x.shape
     y = torch.empty((B, D), dtype=x.dtype, device=x.device)
-    block_b, block_d = _blocks(D)
-    _launch.record_launch("actnorm_inverse" if inverse else "actnorm")
+    block_b, block_d = _utils.actnorm_tiles(D)
+    _utils.record_launch("actnorm_inverse" if inverse else "actnorm")
     grid = (triton.cdiv(B, block_b), triton.cdiv(D, block_d))
     wrap_triton(_actnorm_fwd_kernel)[grid](
         x, loc, logs, y, B, D, x.stride(0), x.stride(1), loc.stride(0), logs.stride(0),
-        INVERSE=inverse, FP64=_launch.is_fp64(x), BLOCK_B=block_b, BLOCK_D=block_d,
+        INVERSE=inverse, FP64=_utils.is_fp64(x), BLOCK_B=block_b, BLOCK_D=block_d,
     )
     return y
 
@@ -117,17 +112,16 @@ def _actnorm_bwd(
     """Gradients for the input, loc and logs of actnorm (or its inverse) given grad of the output."""
     B, D = inp.shape
     dinp = torch.empty((B, D), dtype=inp.dtype, device=inp.device)
-    block_b, block_d = _blocks(D)
+    block_b, block_d = _utils.actnorm_tiles(D)
     col_blocks = triton.cdiv(D, block_d)
-    splits = _launch.row_splits(triton.cdiv(B, block_b), col_blocks, inp.device)
-    partial_dtype = torch.float64 if _launch.is_fp64(inp) else torch.float32
-    part_loc = torch.empty((splits, D), dtype=partial_dtype, device=inp.device)
-    part_logs = torch.empty((splits, D), dtype=partial_dtype, device=inp.device)
-    _launch.record_launch("actnorm_inverse_backward" if inverse else "actnorm_backward")
+    splits = _utils.row_splits(triton.cdiv(B, block_b), col_blocks, inp.device)
+    part_loc = torch.empty((splits, D), dtype=_utils.partial_dtype(inp), device=inp.device)
+    part_logs = torch.empty((splits, D), dtype=_utils.partial_dtype(inp), device=inp.device)
+    _utils.record_launch("actnorm_inverse_backward" if inverse else "actnorm_backward")
     wrap_triton(_actnorm_bwd_kernel)[(splits, col_blocks)](
         grad, inp, loc, logs, dinp, part_loc, part_logs,
         B, D, grad.stride(0), grad.stride(1), inp.stride(0), inp.stride(1), loc.stride(0), logs.stride(0),
-        INVERSE=inverse, FP64=_launch.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+        INVERSE=inverse, FP64=_utils.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
     )
     return dinp, part_loc.sum(dim=0).to(loc.dtype), part_logs.sum(dim=0).to(logs.dtype)
 
@@ -148,10 +142,10 @@ class _ActNorm(torch.autograd.Function):
 
 def _triton_actnorm(inp, loc, logs, inverse: bool):
     op = "actnorm_inverse" if inverse else "actnorm"
-    _launch.require_matrix(f"{op} input", inp)
-    _launch.require_vector(f"{op} loc", loc, inp.shape[1])
-    _launch.require_vector(f"{op} logs", logs, inp.shape[1])
-    _launch.require_launchable(inp, op)
+    _utils.require_matrix(f"{op} input", inp)
+    _utils.require_vector(f"{op} loc", loc, inp.shape[1])
+    _utils.require_vector(f"{op} logs", logs, inp.shape[1])
+    _utils.require_launchable(inp, op)
     return _ActNorm.apply(inp, loc, logs, inverse)
 
 

@@ -1,7 +1,8 @@
-"""Affine and additive coupling on the second half of the features.
+"""Affine and additive coupling on the second half of the features: kernels, launchers,
+autograd Functions, `_ref` twins and dispatchers. Owns `SCALE_OFFSET`.
 
 Given x2 (B, d2) and the conditioner output h:
-- affine (h is (B, 2*d2)): shift = h[:, 0::2], scale = sigmoid(h[:, 1::2] + 2),
+- affine (h is (B, 2*d2)): shift = h[:, 0::2], scale = sigmoid(h[:, 1::2] + SCALE_OFFSET),
   z2 = (x2 + shift) * scale, logdet = sum(log(scale)) per row; inverse x2 = z2 / scale - shift.
 - additive (h is (B, d2)): z2 = x2 + h, logdet 0.
 `*_ref` are the pure-PyTorch twins; the others dispatch on `flowcore.backend.resolve`.
@@ -21,7 +22,13 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
-from flowcore.kernels import _launch
+from flowcore.kernels import _utils
+from flowcore.kernels._utils import load_shift_raw, log_sigmoid
+
+SCALE_OFFSET = 2.0
+"""The affine coupling's scale is sigmoid(raw + SCALE_OFFSET), as in the Glow code (sigmoid(2) is
+about 0.88 at raw = 0). Every implementation of the coupling (these kernels and `_ref` twins, the
+fused step and its PyTorch path) reads it from here."""
 
 
 def _interleaved(h):
@@ -32,7 +39,7 @@ def _interleaved(h):
 
 def affine_coupling_ref(x2, h):
     shift, raw = _interleaved(h)
-    raw = raw + 2.0
+    raw = raw + SCALE_OFFSET
     scale = torch.sigmoid(raw)
     z2 = (x2 + shift) * scale
     return z2, F.logsigmoid(raw).sum(dim=1)
@@ -41,7 +48,7 @@ def affine_coupling_ref(x2, h):
 def affine_coupling_inverse_ref(z2, h):
     """Returns x2 and the log-det of the *forward* map (the inverse's is its negative)."""
     shift, raw = _interleaved(h)
-    raw = raw + 2.0
+    raw = raw + SCALE_OFFSET
     x2 = z2 / torch.sigmoid(raw) - shift
     return x2, F.logsigmoid(raw).sum(dim=1)
 
@@ -55,24 +62,11 @@ def additive_coupling_inverse_ref(z2, h):
 
 
 @triton.jit
-def _load_shift_raw(
-    h_ptr, rows, col_start, B, D2, stride_hb, stride_hd,
-    compute: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """shift = h[rows, 2c], raw = h[rows, 2c + 1] + 2 for the BLOCK_D columns c from col_start,
-    read as one contiguous (BLOCK_B, 2 * BLOCK_D) tile of h."""
-    cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
-    mask = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
-    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols2[None, :] * stride_hd, mask=mask, other=0.0)
-    shift, raw = tl.split(tl.reshape(h.to(compute), (BLOCK_B, BLOCK_D, 2)))
-    return shift, raw + 2.0
-
-
-@triton.jit
 def _affine_fwd_kernel(
     inp_ptr, h_ptr, out_ptr, logdet_ptr,
     B, D2, stride_ib, stride_id, stride_hb, stride_hd,
-    INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+    SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """One program per row block: walks the columns, writes z2 (or x2) and the row log-dets."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
@@ -82,15 +76,15 @@ def _affine_fwd_kernel(
         cols = d0 + tl.arange(0, BLOCK_D)
         mask = (rows[:, None] < B) & (cols[None, :] < D2)
         inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0)
-        shift, raw = _load_shift_raw(h_ptr, rows, d0, B, D2, stride_hb, stride_hd, compute, BLOCK_B, BLOCK_D)
+        shift, raw = load_shift_raw(h_ptr, rows, d0, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
+                                    BLOCK_B, BLOCK_D)
         scale = 1.0 / (1.0 + tl.exp(-raw))
         if INVERSE:
             out = inp.to(compute) / scale - shift
         else:
             out = (inp.to(compute) + shift) * scale
         tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
-        log_sigmoid = tl.minimum(raw, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(raw)))
-        logdet += tl.where(mask, log_sigmoid, 0.0)
+        logdet += tl.where(mask, log_sigmoid(raw), 0.0)
     tl.store(logdet_ptr + rows, tl.sum(logdet, axis=1).to(logdet_ptr.dtype.element_ty), mask=rows < B)
 
 
@@ -98,7 +92,8 @@ def _affine_fwd_kernel(
 def _affine_bwd_kernel(
     grad_ptr, grad_logdet_ptr, inp_ptr, h_ptr, dinp_ptr, dh_ptr,
     B, D2, stride_gb, stride_gd, stride_gl, stride_ib, stride_id, stride_hb, stride_hd,
-    INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+    SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """Elementwise: d(input) and the interleaved dh = [dshift, draw] from the output grad g and
     the log-det grad gl. With s = sigmoid(raw) and ds/draw = s(1 - s):
@@ -112,7 +107,8 @@ def _affine_bwd_kernel(
     g = tl.load(grad_ptr + rows[:, None] * stride_gb + cols[None, :] * stride_gd, mask=mask, other=0.0).to(compute)
     gl = tl.load(grad_logdet_ptr + rows * stride_gl, mask=rows < B, other=0.0).to(compute)[:, None]
     inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
-    shift, raw = _load_shift_raw(h_ptr, rows, col_start, B, D2, stride_hb, stride_hd, compute, BLOCK_B, BLOCK_D)
+    shift, raw = load_shift_raw(h_ptr, rows, col_start, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
+                                BLOCK_B, BLOCK_D)
     scale = 1.0 / (1.0 + tl.exp(-raw))
     if INVERSE:
         dinp = g / scale
@@ -144,22 +140,16 @@ def _additive_kernel(
     tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _blocks(D2: int) -> tuple[int, int]:
-    if _launch.INTERPRETED:  # few, large programs: the interpreter pays per program
-        return 128, min(triton.next_power_of_2(D2), 512)
-    return 16, min(triton.next_power_of_2(D2), 128)
-
-
 @triton_op("flowcore::affine_coupling_fwd", mutates_args=())
 def _affine_fwd(inp: torch.Tensor, h: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     B, D2 = inp.shape
     out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
     logdet = torch.empty((B,), dtype=inp.dtype, device=inp.device)
-    block_b, block_d = _blocks(D2)
-    _launch.record_launch("affine_coupling_inverse" if inverse else "affine_coupling")
+    block_b, block_d = _utils.coupling_tiles(D2)
+    _utils.record_launch("affine_coupling_inverse" if inverse else "affine_coupling")
     wrap_triton(_affine_fwd_kernel)[(triton.cdiv(B, block_b),)](
         inp, h, out, logdet, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1),
-        INVERSE=inverse, FP64=_launch.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+        SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FP64=_utils.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
     )
     return out, logdet
 
@@ -171,13 +161,13 @@ def _affine_bwd(
     B, D2 = inp.shape
     dinp = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
     dh = torch.empty((B, 2 * D2), dtype=h.dtype, device=h.device)
-    block_b, block_d = _blocks(D2)
-    _launch.record_launch("affine_coupling_inverse_backward" if inverse else "affine_coupling_backward")
+    block_b, block_d = _utils.coupling_tiles(D2)
+    _utils.record_launch("affine_coupling_inverse_backward" if inverse else "affine_coupling_backward")
     wrap_triton(_affine_bwd_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
         grad, grad_logdet, inp, h, dinp, dh,
         B, D2, grad.stride(0), grad.stride(1), grad_logdet.stride(0), inp.stride(0), inp.stride(1),
         h.stride(0), h.stride(1),
-        INVERSE=inverse, FP64=_launch.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+        SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FP64=_utils.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
     )
     return dinp, dh
 
@@ -186,11 +176,11 @@ def _affine_bwd(
 def _additive_fwd(inp: torch.Tensor, h: torch.Tensor, subtract: bool) -> torch.Tensor:
     B, D2 = inp.shape
     out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
-    block_b, block_d = _blocks(D2)
-    _launch.record_launch("additive_coupling_inverse" if subtract else "additive_coupling")
+    block_b, block_d = _utils.coupling_tiles(D2)
+    _utils.record_launch("additive_coupling_inverse" if subtract else "additive_coupling")
     wrap_triton(_additive_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
         inp, h, out, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1),
-        SUBTRACT=subtract, FP64=_launch.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+        SUBTRACT=subtract, FP64=_utils.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
     )
     return out
 
@@ -223,11 +213,11 @@ class _AdditiveCoupling(torch.autograd.Function):
 
 
 def _check_coupling(op: str, inp, h, h_width_factor: int) -> None:
-    _launch.require_matrix(f"{op} input", inp)
-    _launch.require_matrix(f"{op} conditioner output h", h, h_width_factor * inp.shape[1])
+    _utils.require_matrix(f"{op} input", inp)
+    _utils.require_matrix(f"{op} conditioner output h", h, h_width_factor * inp.shape[1])
     if h.shape[0] != inp.shape[0]:
         raise ValueError(f"{op}: input has {inp.shape[0]} rows but h has {h.shape[0]}")
-    _launch.require_launchable(inp, op)
+    _utils.require_launchable(inp, op)
 
 
 def affine_coupling(x2, h):

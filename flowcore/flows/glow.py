@@ -15,8 +15,9 @@ import math
 import torch
 from torch import nn
 
-from flowcore.backend import composed_autograd_only
+from flowcore._torch_compat import functorch_transforms_active, has_forward_hooks
 from flowcore.flows.step import FlowStep
+from flowcore.kernels import squared_norm
 
 CPU_BLOCK_BYTES = 6 << 20
 """Rows per block of CPU inference: about this many bytes of activations (2048 rows at d = 768)."""
@@ -83,7 +84,7 @@ class Glow(nn.Module):
         activations stay in cache from step to step (about 1.2x faster at d = 768)."""
         if self.training or x.device.type != "cpu" or x.shape[0] * self.dim * x.element_size() <= CPU_BLOCK_BYTES:
             return False
-        if torch._C._are_functorch_transforms_active():
+        if functorch_transforms_active():
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
 
@@ -115,13 +116,13 @@ class Glow(nn.Module):
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x, "log_prob")
-        if self._blocked_inference(x) or self._forward_hooks or self._forward_pre_hooks:
+        if self._blocked_inference(x) or has_forward_hooks(self, recurse=False):
             z, logdet = self(x)
             parts = [z]
         else:
             parts, logdet = self._latent_parts(x)
-        squared_norm = sum(_squared_norm(part) for part in parts)
-        return -0.5 * squared_norm - 0.5 * self.dim * math.log(2 * math.pi) + logdet
+        norm = sum(squared_norm(part) for part in parts)
+        return -0.5 * norm - 0.5 * self.dim * math.log(2 * math.pi) + logdet
 
     def bits_per_dim(self, x: torch.Tensor) -> torch.Tensor:
         """The training loss of the official code: mean negative log-likelihood in bits per dimension."""
@@ -129,24 +130,3 @@ class Glow(nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in self.config.items())
-
-
-def _squared_norm(z: torch.Tensor) -> torch.Tensor:
-    if composed_autograd_only(z):
-        return torch.linalg.vecdot(z, z)
-    return _SquaredNorm.apply(z)
-
-
-class _SquaredNorm(torch.autograd.Function):
-    """Each row's sum of squares: the forward makes no (batch x d) temporary and the backward
-    one pass, 2 z * grad (autograd of (z * z).sum(1) would make three)."""
-
-    @staticmethod
-    def forward(ctx, z):
-        ctx.save_for_backward(z)
-        return torch.linalg.vecdot(z, z)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (z,) = ctx.saved_tensors
-        return z * (2.0 * grad)[:, None]

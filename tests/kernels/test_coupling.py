@@ -1,6 +1,7 @@
 """Triton affine and additive coupling (interpreter on CPU) against `_ref` and float64."""
 import pytest
 import torch
+from helpers.kernel_checks import check_op
 
 from flowcore.backend import use_backend
 from flowcore.kernels import (
@@ -13,12 +14,13 @@ from flowcore.kernels import (
     affine_coupling_inverse_ref,
     affine_coupling_ref,
 )
-from helpers.kernel_checks import check_op
 
 # d2 is the width of the coupled half: x2 (rows, d2), h (rows, 2 * d2).
 SHAPES = [(rows, 383) for rows in (1, 7, 300, 767, 1023)] + [(rows, d2) for rows in (7, 1023) for d2 in (96, 768)]
-AFFINE = {"forward": (affine_coupling, affine_coupling_ref), "inverse": (affine_coupling_inverse, affine_coupling_inverse_ref)}
-ADDITIVE = {"forward": (additive_coupling, additive_coupling_ref), "inverse": (additive_coupling_inverse, additive_coupling_inverse_ref)}
+AFFINE = {"forward": (affine_coupling, affine_coupling_ref),
+          "inverse": (affine_coupling_inverse, affine_coupling_inverse_ref)}
+ADDITIVE = {"forward": (additive_coupling, additive_coupling_ref),
+            "inverse": (additive_coupling_inverse, additive_coupling_inverse_ref)}
 
 
 def _conditioner_output(rows, width, dtype):
@@ -30,7 +32,8 @@ def _conditioner_output(rows, width, dtype):
 @pytest.mark.parametrize("direction", ["forward", "inverse"])
 def test_affine_coupling_matches_reference_float32(rows, d2, direction):
     x2 = torch.randn(rows, d2)
-    check_op(*AFFINE[direction], (x2, _conditioner_output(rows, 2 * d2, torch.float32)), f"affine {direction} {rows}x{d2}")
+    h = _conditioner_output(rows, 2 * d2, torch.float32)
+    check_op(*AFFINE[direction], (x2, h), f"affine {direction} {rows}x{d2}")
 
 
 @pytest.mark.parametrize("rows,d2", [(7, 383), (1023, 96)])

@@ -1,24 +1,22 @@
 """The Triton kernels compiled for a CUDA GPU: fp32 / bf16 / fp16 against `_ref` and float64,
 deterministic reductions, a Glow on both backends, and torch.compile of the registered ops.
 
-Skipped without CUDA, and when the kernels were imported under the interpreter (tests/conftest.py
-sets TRITON_INTERPRET=1 by default): run them with `python bench/gpu_check.py --out DIR`, or
-`TRITON_INTERPRET=0 pytest tests/kernels/test_gpu.py`.
+Marked `gpu`; skipped without CUDA, and when the kernels were imported under the interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1 by default): run them with
+`python bench/gpu_check.py --out DIR`, or `TRITON_INTERPRET=0 pytest tests -m gpu`.
 """
 import copy
 
 import pytest
 import torch
+from helpers.kernel_checks import assert_close_scaled, check_op
 
 import flowcore
 from flowcore.backend import use_backend
 from flowcore.kernels import (
-    _launch,
     actnorm,
     actnorm_inverse,
     actnorm_inverse_ref,
-    actnorm_linear,
-    actnorm_linear_ref,
     actnorm_ref,
     additive_coupling,
     additive_coupling_ref,
@@ -32,11 +30,12 @@ from flowcore.kernels import (
     folded_linear_ref,
     launch_counts,
 )
-from helpers.kernel_checks import assert_close_scaled, check_op
+from flowcore.kernels._utils import INTERPRETED
 
 pytestmark = [
+    pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(_launch.INTERPRETED, reason="kernels imported under TRITON_INTERPRET=1; "
+    pytest.mark.skipif(INTERPRETED, reason="kernels imported under TRITON_INTERPRET=1; "
                        "run with TRITON_INTERPRET=0 (bench/gpu_check.py does)"),
 ]
 
@@ -62,17 +61,17 @@ def _cuda(*shape, dtype, scale=1.0, shift=0.0):
 
 @pytest.mark.parametrize("rows,d,dtype", CASES, ids=CASE_IDS)
 def test_actnorm_on_gpu(rows, d, dtype):
-    inputs = (_cuda(rows, d, dtype=dtype, scale=2.0, shift=1.0), _cuda(d, dtype=dtype), _cuda(d, dtype=dtype, scale=0.3))
+    inputs = (_cuda(rows, d, dtype=dtype, scale=2.0, shift=1.0), _cuda(d, dtype=dtype),
+              _cuda(d, dtype=dtype, scale=0.3))
     check_op(actnorm, actnorm_ref, inputs, f"actnorm {dtype} {rows}x{d}")
     check_op(actnorm_inverse, actnorm_inverse_ref, inputs, f"actnorm_inverse {dtype} {rows}x{d}")
 
 
 @pytest.mark.parametrize("rows,d,dtype", CASES, ids=CASE_IDS)
-def test_linear_ops_on_gpu(rows, d, dtype):
+def test_folded_linear_on_gpu(rows, d, dtype):
     x = _cuda(rows, d, dtype=dtype, shift=0.5)
     weight = (torch.linalg.qr(torch.randn(d, d, device="cuda"))[0] + 0.1 * torch.randn(d, d, device="cuda")).to(dtype)
-    loc, logs, bias = _cuda(d, dtype=dtype, scale=0.5), _cuda(d, dtype=dtype, scale=0.2), _cuda(d, dtype=dtype)
-    check_op(actnorm_linear, actnorm_linear_ref, (x, loc, logs, weight), f"actnorm_linear {dtype} {rows}x{d}")
+    bias = _cuda(d, dtype=dtype)
     check_op(folded_linear, folded_linear_ref, (x, weight, bias), f"folded_linear {dtype} {rows}x{d}")
 
 
@@ -110,8 +109,8 @@ def test_strided_inputs_on_gpu():
     x = torch.randn(768, 4096, device="cuda").T
     weight = torch.randn(768, 768, device="cuda").T
     vectors = torch.randn(3, 1536, device="cuda")
-    loc, logs = vectors[0, ::2], 0.2 * vectors[1, 1::2]
-    check_op(actnorm_linear, actnorm_linear_ref, (x, loc, logs, weight), "actnorm_linear transposed")
+    loc, logs, bias = vectors[0, ::2], 0.2 * vectors[1, 1::2], vectors[2, ::2]
+    check_op(folded_linear, folded_linear_ref, (x, weight, bias), "folded_linear transposed")
     check_op(actnorm, actnorm_ref, (x, loc, logs), "actnorm transposed")
     y = torch.randn(4096, 1535, device="cuda")
     check_op(affine_coupling, affine_coupling_ref, (y[:, 767:], torch.randn(4096, 1536, device="cuda")), "affine slice")
@@ -122,9 +121,10 @@ def test_batch_reductions_are_bitwise_deterministic_on_gpu():
     loc = torch.randn(768, device="cuda", requires_grad=True)
     logs = (0.1 * torch.randn(768, device="cuda")).requires_grad_()
     weight = torch.randn(768, 768, device="cuda", requires_grad=True)
+    bias = torch.randn(768, device="cuda", requires_grad=True)
     upstream = torch.randn(65536, 768, device="cuda")
     with use_backend("triton"):
-        for op, args in ((actnorm, (x, loc, logs)), (actnorm_linear, (x, loc, logs, weight))):
+        for op, args in ((actnorm, (x, loc, logs)), (folded_linear, (x, weight, bias))):
             first = torch.autograd.grad(op(*args), args, upstream)
             for _ in range(3):
                 again = torch.autograd.grad(op(*args), args, upstream)
@@ -157,8 +157,8 @@ def test_glow_on_gpu_matches_torch_backend(dtype):
         assert error <= 20 * tolerance, f"gradient of {name}: relative error {error:.2e}"
 
 
-def _fused_pipeline(x, loc, logs, weight, h):
-    y = actnorm_linear(x, loc, logs, weight)
+def _fused_pipeline(x, loc, logs, weight, bias, h):
+    y = folded_linear(x, weight, bias)
     z2, logdet = affine_coupling(y[:, 384:], h)
     return actnorm(torch.cat([y[:, :384], z2], dim=1), loc, logs), logdet
 
@@ -169,7 +169,8 @@ def test_ops_compile_with_torch_compile():
     torch._dynamo.reset()
     dtype = torch.bfloat16
     args = [_cuda(2048, 768, dtype=dtype, shift=0.5), _cuda(768, dtype=dtype), _cuda(768, dtype=dtype, scale=0.1),
-            torch.linalg.qr(torch.randn(768, 768, device="cuda"))[0].to(dtype), _cuda(2048, 768, dtype=dtype)]
+            torch.linalg.qr(torch.randn(768, 768, device="cuda"))[0].to(dtype), _cuda(768, dtype=dtype),
+            _cuda(2048, 768, dtype=dtype)]
     args = [a.requires_grad_() for a in args]
     upstream = _cuda(2048, 768, dtype=dtype)
 

@@ -1,0 +1,46 @@
+"""Every probe of torch internals flowcore relies on, in one place, so that a torch upgrade that
+moves one of them breaks here and nowhere else.
+
+- `functorch_transforms_active()`: inside `torch.func` transforms (grad, vmap, jacrev)?
+- `composed_autograd_only(tensor)`: where hand-written backwards must give way to composed
+  autograd ops (inside `torch.func` transforms, under autocast);
+- `composed_backward(...)`: a custom Function's backward under `create_graph=True`;
+- `has_forward_hooks(module)`: forward (pre-)hooks on a module, its children, or globally.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module_globals
+
+
+def functorch_transforms_active() -> bool:
+    """True inside `torch.func` transforms (grad, vmap, jacrev, ...)."""
+    return torch._C._are_functorch_transforms_active()
+
+
+def composed_autograd_only(tensor: torch.Tensor) -> bool:
+    """True inside `torch.func` transforms (grad, vmap, jacrev) and under autocast for the
+    tensor's device: there the custom autograd Functions give way to composed PyTorch ops, which
+    those machineries know how to transform and to cast."""
+    return functorch_transforms_active() or torch.is_autocast_enabled(tensor.device.type)
+
+
+def composed_backward(outputs, inputs, needs_input_grad, grads) -> tuple:
+    """A custom Function's backward under create_graph=True: gradients of `outputs` (recomputed
+    from composed ops) w.r.t. the `inputs` flagged in `needs_input_grad` (None for the others),
+    with a graph, so that higher-order gradients are exact."""
+    wanted = [t for t, needed in zip(inputs, needs_input_grad) if needed]
+    computed = iter(torch.autograd.grad(outputs, wanted, grads, create_graph=True, allow_unused=True))
+    return tuple(next(computed) if needed else None for needed in needs_input_grad)
+
+
+def has_forward_hooks(module: nn.Module, recurse: bool = True) -> bool:
+    """Forward (pre-)hooks on `module`, on its children (unless `recurse=False`), or registered
+    globally for all modules (`torch.nn.modules.module.register_module_forward_hook`)."""
+    if getattr(_module_globals, "_global_forward_hooks", None) or getattr(
+        _module_globals, "_global_forward_pre_hooks", None
+    ):
+        return True
+    modules = module.modules() if recurse else (module,)
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)

@@ -1,0 +1,155 @@
+"""Helpers shared by the kernel files, in one place (Liger-Kernel's `ops/utils.py`):
+
+- host side: the launch counter, device and shape checks, compute-dtype flags, the dtype of
+  the batch-reduction partial sums and grid sizing;
+- the tile tables of every launcher (block sizes and launch options per dtype), interpreter
+  tables included;
+- `@triton.jit` helpers used by more than one kernel: `load_shift_raw` (the coupling's
+  interleaved conditioner output) and a numerically stable `log_sigmoid`.
+
+The Triton decorators pick the interpreter or the GPU compiler when a kernel module is
+imported, so `INTERPRETED` is read once, here, at that same moment.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flowcore.backend import BackendUnavailableError
+
+INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+
+launch_counts: dict[str, int] = {}
+"""Op name -> number of Triton kernel launches made by the host launchers (eager calls)."""
+
+
+def record_launch(op: str) -> None:
+    launch_counts[op] = launch_counts.get(op, 0) + 1
+
+
+def require_launchable(tensor: torch.Tensor, op: str) -> None:
+    """Fail clearly when the kernels cannot run on `tensor`'s device."""
+    if tensor.device.type != "cuda" and not INTERPRETED:
+        raise BackendUnavailableError(
+            f"{op}: the Triton kernels were built for the GPU (TRITON_INTERPRET was not set when "
+            f"flowcore.kernels was imported) and cannot run on a {tensor.device.type} tensor"
+        )
+
+
+def require_matrix(name: str, tensor: torch.Tensor, width: int | None = None) -> None:
+    if tensor.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (rows, features), got shape {tuple(tensor.shape)}")
+    if width is not None and tensor.shape[1] != width:
+        raise ValueError(f"{name} must have {width} columns, got shape {tuple(tensor.shape)}")
+
+
+def require_vector(name: str, tensor: torch.Tensor, length: int) -> None:
+    if tensor.shape != (length,):
+        raise ValueError(f"{name} must have shape ({length},), got {tuple(tensor.shape)}")
+
+
+def is_fp64(tensor: torch.Tensor) -> bool:
+    """Float64 inputs compute in float64; every other dtype accumulates in float32."""
+    return tensor.dtype == torch.float64
+
+
+def partial_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype of the per-program partial sums of a batch reduction over `tensor`."""
+    return torch.float64 if is_fp64(tensor) else torch.float32
+
+
+def allow_tf32(tensor: torch.Tensor) -> bool:
+    """Follow torch's own float32 matmul policy (`torch.set_float32_matmul_precision`)."""
+    return tensor.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest"
+
+
+def parallel_programs(device: torch.device) -> int:
+    """How many programs keep the device busy (a few per SM; a handful in the interpreter)."""
+    if device.type == "cuda":
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def row_splits(row_blocks: int, other_programs: int, device: torch.device) -> int:
+    """Number of row ranges a batch reduction is split into (one fp32 partial each)."""
+    wanted = triton.cdiv(parallel_programs(device), max(other_programs, 1))
+    return max(1, min(row_blocks, wanted))
+
+
+# --- tile tables: (BLOCK_B, BLOCK_D) for elementwise kernels, (BLOCK_B, BLOCK_N, BLOCK_K,
+# launch options) for GEMMs. In the interpreter: few, large programs (it pays per program).
+
+
+def actnorm_tiles(D: int) -> tuple[int, int]:
+    """(BLOCK_B, BLOCK_D) of the ActNorm kernels for D features."""
+    if INTERPRETED:
+        return 128, min(triton.next_power_of_2(D), 512)
+    return 16, min(triton.next_power_of_2(D), 256)
+
+
+def coupling_tiles(D2: int) -> tuple[int, int]:
+    """(BLOCK_B, BLOCK_D) of the coupling kernels for a coupled half of width D2."""
+    if INTERPRETED:
+        return 128, min(triton.next_power_of_2(D2), 512)
+    return 16, min(triton.next_power_of_2(D2), 128)
+
+
+def interpreter_gemm_tiles(B: int, D: int) -> tuple[int, int, int, dict]:
+    """Few, large tiles (the interpreter pays per program), shrunk to small inputs because its
+    dot products cost per padded element."""
+    block_b = min(max(triton.next_power_of_2(B), 16), 128)
+    block_d = min(max(triton.next_power_of_2(D), 16), 128)
+    return block_b, block_d, block_d, {}
+
+
+def gemm_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    """Tiles of the folded-linear forward and dx GEMMs."""
+    if INTERPRETED:
+        return interpreter_gemm_tiles(B, D)
+    if dtype == torch.float64:
+        return 64, 64, 32, {"num_warps": 4, "num_stages": 2}
+    if dtype == torch.float32:
+        return 128, 128, 32, {"num_warps": 8, "num_stages": 3}
+    return 128, 128, 64, {"num_warps": 8, "num_stages": 3}
+
+
+def dw_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    """Tiles of the split-batch dW GEMM."""
+    if INTERPRETED:
+        return interpreter_gemm_tiles(B, D)
+    if dtype == torch.float64:
+        return 32, 64, 64, {"num_warps": 4, "num_stages": 2}
+    return 64, 64, 64, {"num_warps": 4, "num_stages": 3}
+
+
+def fused_step_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    """Tiles of the fused step's GEMMs (narrower column blocks: the coupling epilogue)."""
+    if INTERPRETED:
+        return interpreter_gemm_tiles(B, D)
+    if dtype == torch.float64:
+        return 64, 64, 32, {"num_warps": 4, "num_stages": 2}
+    return 128, 64, 32 if dtype == torch.float32 else 64, {"num_warps": 8, "num_stages": 3}
+
+
+# --- @triton.jit helpers shared by kernels
+
+
+@triton.jit
+def load_shift_raw(
+    h_ptr, rows, col_start, B, D2, stride_hb, stride_hd,
+    offset: tl.constexpr, compute: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """shift = h[rows, 2c], raw = h[rows, 2c + 1] + offset (the coupling's `SCALE_OFFSET`) for the
+    BLOCK_D columns c from col_start, read as one contiguous (BLOCK_B, 2 * BLOCK_D) tile of h."""
+    cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
+    mask = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
+    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols2[None, :] * stride_hd, mask=mask, other=0.0)
+    shift, raw = tl.split(tl.reshape(h.to(compute), (BLOCK_B, BLOCK_D, 2)))
+    return shift, raw + offset
+
+
+@triton.jit
+def log_sigmoid(x):
+    """log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), finite for any x."""
+    return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
