@@ -4,7 +4,7 @@
   the batch-reduction partial sums and grid sizing;
 - the tile tables of every launcher (block sizes and launch options per dtype), interpreter
   tables included;
-- `@triton.jit` helpers used by more than one kernel: `load_shift_raw` (the coupling's
+- `@triton.jit` helpers used by more than one kernel: `load_shift_logit` (the coupling's
   interleaved conditioner output) and a numerically stable `log_sigmoid`.
 
 The Triton decorators pick the interpreter or the GPU compiler when a kernel module is
@@ -136,17 +136,17 @@ def fused_step_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int,
 
 
 @triton.jit
-def load_shift_raw(
+def load_shift_logit(
     h_ptr, rows, col_start, B, D2, stride_hb, stride_hd,
     offset: tl.constexpr, compute: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """shift = h[rows, 2c], raw = h[rows, 2c + 1] + offset (the coupling's `SCALE_OFFSET`) for the
+    """shift = h[rows, 2c], logit = h[rows, 2c + 1] + offset (the coupling's `SCALE_OFFSET`) for the
     BLOCK_D columns c from col_start, read as one contiguous (BLOCK_B, 2 * BLOCK_D) tile of h."""
     cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
     mask = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
     h = tl.load(h_ptr + rows[:, None] * stride_hb + cols2[None, :] * stride_hd, mask=mask, other=0.0)
-    shift, raw = tl.split(tl.reshape(h.to(compute), (BLOCK_B, BLOCK_D, 2)))
-    return shift, raw + offset
+    shift, logit = tl.split(tl.reshape(h.to(compute), (BLOCK_B, BLOCK_D, 2)))
+    return shift, logit + offset
 
 
 @triton.jit

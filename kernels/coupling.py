@@ -2,8 +2,9 @@
 autograd Functions, `_ref` twins and dispatchers. Owns `SCALE_OFFSET`.
 
 Given x2 (B, d2) and the conditioner output h:
-- affine (h is (B, 2*d2)): shift = h[:, 0::2], scale = sigmoid(h[:, 1::2] + SCALE_OFFSET),
-  z2 = (x2 + shift) * scale, logdet = sum(log(scale)) per row; inverse x2 = z2 / scale - shift.
+- affine (h is (B, 2*d2)): shift = h[:, 0::2], logit = h[:, 1::2] + SCALE_OFFSET (the scale's
+  logit), scale = sigmoid(logit), z2 = (x2 + shift) * scale, logdet = sum(log(scale)) per row;
+  inverse x2 = z2 / scale - shift.
 - additive (h is (B, d2)): z2 = x2 + h, logdet 0.
 `*_ref` are the pure-PyTorch twins; the others dispatch on `flowcore.backend.resolve`.
 
@@ -23,11 +24,11 @@ from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
-from flowcore.kernels._utils import load_shift_raw, log_sigmoid
+from flowcore.kernels._utils import load_shift_logit, log_sigmoid
 
 SCALE_OFFSET = 2.0
-"""The affine coupling's scale is sigmoid(raw + SCALE_OFFSET), as in the Glow code (sigmoid(2) is
-about 0.88 at raw = 0). Every implementation of the coupling (these kernels and `_ref` twins, the
+"""The affine coupling's scale is sigmoid(h[:, 1::2] + SCALE_OFFSET), as in the Glow code (0.88 while
+the zero-initialised conditioner outputs 0). Every implementation of the coupling (these kernels and `_ref` twins, the
 fused step and its PyTorch path) reads it from here."""
 
 
@@ -38,19 +39,19 @@ def _interleaved(h):
 
 
 def affine_coupling_ref(x2, h):
-    shift, raw = _interleaved(h)
-    raw = raw + SCALE_OFFSET
-    scale = torch.sigmoid(raw)
+    shift, logit = _interleaved(h)
+    logit = logit + SCALE_OFFSET
+    scale = torch.sigmoid(logit)
     z2 = (x2 + shift) * scale
-    return z2, F.logsigmoid(raw).sum(dim=1)
+    return z2, F.logsigmoid(logit).sum(dim=1)
 
 
 def affine_coupling_inverse_ref(z2, h):
     """Returns x2 and the log-det of the *forward* map (the inverse's is its negative)."""
-    shift, raw = _interleaved(h)
-    raw = raw + SCALE_OFFSET
-    x2 = z2 / torch.sigmoid(raw) - shift
-    return x2, F.logsigmoid(raw).sum(dim=1)
+    shift, logit = _interleaved(h)
+    logit = logit + SCALE_OFFSET
+    x2 = z2 / torch.sigmoid(logit) - shift
+    return x2, F.logsigmoid(logit).sum(dim=1)
 
 
 def additive_coupling_ref(x2, h):
@@ -76,15 +77,15 @@ def _affine_fwd_kernel(
         cols = d0 + tl.arange(0, BLOCK_D)
         mask = (rows[:, None] < B) & (cols[None, :] < D2)
         inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0)
-        shift, raw = load_shift_raw(h_ptr, rows, d0, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
+        shift, logit = load_shift_logit(h_ptr, rows, d0, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
                                     BLOCK_B, BLOCK_D)
-        scale = 1.0 / (1.0 + tl.exp(-raw))
+        scale = 1.0 / (1.0 + tl.exp(-logit))
         if INVERSE:
             out = inp.to(compute) / scale - shift
         else:
             out = (inp.to(compute) + shift) * scale
         tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
-        logdet += tl.where(mask, log_sigmoid(raw), 0.0)
+        logdet += tl.where(mask, log_sigmoid(logit), 0.0)
     tl.store(logdet_ptr + rows, tl.sum(logdet, axis=1).to(logdet_ptr.dtype.element_ty), mask=rows < B)
 
 
@@ -95,10 +96,10 @@ def _affine_bwd_kernel(
     SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Elementwise: d(input) and the interleaved dh = [dshift, draw] from the output grad g and
-    the log-det grad gl. With s = sigmoid(raw) and ds/draw = s(1 - s):
-    forward  z = (x + shift) s : dx = dshift = g s,  draw = (1 - s)(g z + gl);
-    inverse  x = z / s - shift : dz = g / s, dshift = -g, draw = (1 - s)(gl - g z / s)."""
+    """Elementwise: d(input) and the interleaved dh = [dshift, dlogit] from the output grad g and
+    the log-det grad gl. With s = sigmoid(logit) and ds/dlogit = s(1 - s):
+    forward  z = (x + shift) s : dx = dshift = g s,  dlogit = (1 - s)(g z + gl);
+    inverse  x = z / s - shift : dz = g / s, dshift = -g, dlogit = (1 - s)(gl - g z / s)."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     col_start = tl.program_id(1) * BLOCK_D
@@ -107,19 +108,19 @@ def _affine_bwd_kernel(
     g = tl.load(grad_ptr + rows[:, None] * stride_gb + cols[None, :] * stride_gd, mask=mask, other=0.0).to(compute)
     gl = tl.load(grad_logdet_ptr + rows * stride_gl, mask=rows < B, other=0.0).to(compute)[:, None]
     inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
-    shift, raw = load_shift_raw(h_ptr, rows, col_start, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
+    shift, logit = load_shift_logit(h_ptr, rows, col_start, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
                                 BLOCK_B, BLOCK_D)
-    scale = 1.0 / (1.0 + tl.exp(-raw))
+    scale = 1.0 / (1.0 + tl.exp(-logit))
     if INVERSE:
         dinp = g / scale
         dshift = -g
-        draw = (1.0 - scale) * (gl - g * inp / scale)
+        dlogit = (1.0 - scale) * (gl - g * inp / scale)
     else:
         dinp = g * scale
         dshift = dinp
-        draw = (1.0 - scale) * (g * (inp + shift) * scale + gl)
+        dlogit = (1.0 - scale) * (g * (inp + shift) * scale + gl)
     tl.store(dinp_ptr + rows[:, None] * D2 + cols[None, :], dinp.to(dinp_ptr.dtype.element_ty), mask=mask)
-    dh = tl.reshape(tl.join(dshift, draw), (BLOCK_B, 2 * BLOCK_D))
+    dh = tl.reshape(tl.join(dshift, dlogit), (BLOCK_B, 2 * BLOCK_D))
     cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
     mask2 = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
     tl.store(dh_ptr + rows[:, None] * (2 * D2) + cols2[None, :], dh.to(dh_ptr.dtype.element_ty), mask=mask2)

@@ -25,7 +25,7 @@ from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
-from flowcore.kernels._utils import load_shift_raw, log_sigmoid
+from flowcore.kernels._utils import load_shift_logit, log_sigmoid
 from flowcore.kernels.coupling import SCALE_OFFSET, affine_coupling, affine_coupling_ref
 from flowcore.kernels.folded_linear import folded_linear, folded_linear_ref
 from flowcore.kernels.torch_step import torch_affine_step
@@ -66,10 +66,10 @@ def _folded_gemm_kernel(
     acc += tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]
     mask = (rows[:, None] < B) & (ns[None, :] < N)
     if COUPLING:
-        shift, raw = load_shift_raw(h_ptr, rows, col_block * BLOCK_N, B, N, stride_hb, stride_hd,
+        shift, logit = load_shift_logit(h_ptr, rows, col_block * BLOCK_N, B, N, stride_hb, stride_hd,
                                     SCALE_OFFSET, compute, BLOCK_B, BLOCK_N)
-        acc = (acc + shift) / (1.0 + tl.exp(-raw))
-        partial = tl.sum(tl.where(mask, log_sigmoid(raw), 0.0), axis=1)
+        acc = (acc + shift) / (1.0 + tl.exp(-logit))
+        partial = tl.sum(tl.where(mask, log_sigmoid(logit), 0.0), axis=1)
         tl.store(part_logdet_ptr + col_block * B + rows, partial, mask=rows < B)
     tl.store(z_ptr + rows[:, None] * stride_zb + ns[None, :], acc.to(z_ptr.dtype.element_ty), mask=mask)
 
@@ -89,7 +89,7 @@ def _launch_gemm(x, weight, bias, h, z, part_logdet, coupling: bool) -> None:
 
 
 @triton_op("flowcore::folded_gemm_into", mutates_args=("z",))
-def _first_half(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> None:
+def _folded_gemm_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> None:
     """z[:, :n] = x @ weight.T + bias, n = weight.shape[0] (z's other columns untouched)."""
     _utils.record_launch("folded_step_first_half")
     # No coupling here: bias stands in for the h and log-det pointers, which are never read.
@@ -97,7 +97,7 @@ def _first_half(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: to
 
 
 @triton_op("flowcore::folded_gemm_coupling_into", mutates_args=("z",))
-def _second_half(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, h: torch.Tensor,
+def _folded_gemm_coupling_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, h: torch.Tensor,
                  z: torch.Tensor) -> torch.Tensor:
     """z[:, split:] = affine coupling of x @ weight.T + bias with h; returns the row log-dets."""
     B, N = x.shape[0], weight.shape[0]
@@ -125,11 +125,11 @@ def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
         z2, logdet = affine_coupling(y[:, split:], conditioner(y1))
         return torch.cat([y1, z2], dim=1), logdet
     z = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    _first_half(x, weight[:split], bias[:split], z)
+    _folded_gemm_into(x, weight[:split], bias[:split], z)
     h = conditioner(z[:, :split])
     _utils.require_matrix("folded_affine_step conditioner output", h, 2 * (weight.shape[0] - split))
     if h.requires_grad:  # a trainable conditioner under grad mode: keep h's gradient path
         z2, logdet = affine_coupling(folded_linear(x, weight[split:], bias[split:]), h)
         return torch.cat([z[:, :split], z2], dim=1), logdet
-    logdet = _second_half(x, weight[split:], bias[split:], h, z[:, split:])
+    logdet = _folded_gemm_coupling_into(x, weight[split:], bias[split:], h, z[:, split:])
     return z, logdet

@@ -4,7 +4,7 @@ autograd Function and its no-autograd forward `_torch_step`.
 
 y is computed once into z and the coupling is applied to its second half in place. When the
 conditioner is the coupling's MLP (`nn.Sequential` of `Linear` layers with `ReLU` between, no
-hooks), its last layer runs as two GEMMs so that shift and raw come out contiguous, and in
+hooks), its last layer runs as two GEMMs so that shift and logit come out contiguous, and in
 training `_TorchAffineStep` runs the whole step with a hand-written backward that writes
 d(shift) straight into dy (they are equal) and dy1 into dy's other half: autograd of the
 composed ops would add a concatenation, a split gradient and a stack per step, each a full pass
@@ -47,26 +47,26 @@ def torch_affine_step(x, weight, bias, split: int, conditioner: Callable):
         return _torch_step(x, weight, bias, split, _MLP(layers, weight.shape[0] - split))[:2]
 
 
-def _torch_step(x, weight, bias, split: int, shift_and_raw: Callable):
+def _torch_step(x, weight, bias, split: int, shift_and_logit: Callable):
     """(z, logdet, scale) without autograd: y is computed into z and the coupling applied in
-    place on z's second half. `shift_and_raw(y1)` returns (h[:, 0::2], h[:, 1::2] + SCALE_OFFSET);
-    the scale is exp(log sigmoid(raw)), computed in place on the log sigmoid's buffer."""
+    place on z's second half. `shift_and_logit(y1)` returns (h[:, 0::2], h[:, 1::2] + SCALE_OFFSET);
+    the scale is exp(log sigmoid(logit)), computed in place on the log sigmoid's buffer."""
     z = torch.addmm(bias, x, weight.T)
-    shift, raw = shift_and_raw(z[:, :split])
-    log_scale = F.logsigmoid(raw)
+    shift, logit = shift_and_logit(z[:, :split])
+    log_scale = F.logsigmoid(logit)
     logdet = log_scale.sum(dim=1)
     scale = log_scale.exp_()
     z[:, split:].add_(shift).mul_(scale)
     return z, logdet, scale
 
 
-def _split_output(conditioner: Callable, second: int) -> Callable:
-    """Any conditioner as `shift_and_raw` for `_torch_step`."""
-    def shift_and_raw(y1):
+def _split_output(conditioner: Callable, d2: int) -> Callable:
+    """Any conditioner as `shift_and_logit` for `_torch_step`."""
+    def shift_and_logit(y1):
         h = conditioner(y1)
-        _utils.require_matrix("folded_affine_step conditioner output", h, 2 * second)
+        _utils.require_matrix("folded_affine_step conditioner output", h, 2 * d2)
         return h[:, 0::2], h[:, 1::2] + SCALE_OFFSET
-    return shift_and_raw
+    return shift_and_logit
 
 
 def _mlp_layers(conditioner) -> list[torch.Tensor] | None:
@@ -88,15 +88,15 @@ def _mlp_layers(conditioner) -> list[torch.Tensor] | None:
 
 
 class _MLP:
-    """The coupling's MLP as `shift_and_raw`: its last layer runs as two GEMMs over its even
-    (shift) and odd (raw, with `SCALE_OFFSET` in the bias) weight rows, so that shift and raw
+    """The coupling's MLP as `shift_and_logit`: its last layer runs as two GEMMs over its even
+    (shift) and odd (logit, with `SCALE_OFFSET` in the bias) weight rows, so that shift and logit
     come out as contiguous matrices; the inputs of each layer are kept in `inputs` for the
     backward."""
 
-    def __init__(self, layers, second: int):
+    def __init__(self, layers, d2: int):
         self.weights, self.biases = layers[0::2], layers[1::2]
-        if self.weights[-1].shape[0] != 2 * second:
-            raise ValueError(f"folded_affine_step conditioner output must have {2 * second} columns, "
+        if self.weights[-1].shape[0] != 2 * d2:
+            raise ValueError(f"folded_affine_step conditioner output must have {2 * d2} columns, "
                              f"got {self.weights[-1].shape[0]}")
         self.inputs: list[torch.Tensor] = []
 
@@ -134,12 +134,12 @@ class _TorchAffineStep(torch.autograd.Function):
         dy = z.new_empty((rows, d))
         dz2 = dz[:, split:]
         dshift = torch.mul(dz2, scale, out=dy[:, split:])  # dy2 and d(shift) are equal
-        # d/draw of (y2 + shift) * scale and of log scale: (1 - scale) * (dz2 * z2 + dlogdet)
-        draw = torch.addcmul(dlogdet[:, None], dz2, z[:, split:])
-        draw.addcmul_(draw, scale, value=-1.0)
+        # d/dlogit of (y2 + shift) * scale and of log scale: (1 - scale) * (dz2 * z2 + dlogdet)
+        dlogit = torch.addcmul(dlogdet[:, None], dz2, z[:, split:])
+        dlogit.addcmul_(dlogit, scale, value=-1.0)
         # the gradient of each layer's output as (part, rows of the layer's weight) pairs: the last
-        # layer's is dh = interleaved (dshift, draw), kept apart so that dshift is never copied
-        parts = [(dshift, slice(0, None, 2)), (draw, slice(1, None, 2))]
+        # layer's is dh = interleaved (dshift, dlogit), kept apart so that dshift is never copied
+        parts = [(dshift, slice(0, None, 2)), (dlogit, slice(1, None, 2))]
         dshift_sum = dshift.sum(dim=0)  # the shift bias's gradient and half of the step bias's
         layer_grads = [None] * (2 * depth)
         for index in reversed(range(depth)):

@@ -36,8 +36,8 @@ class Coupling(nn.Module):
             raise ValueError(f"a coupling layer needs at least 2 features, got {dim}")
         self.kind = kind
         self.split = dim // 2
-        second = dim - self.split
-        out = 2 * second if kind == "affine" else second
+        d2 = dim - self.split
+        out = 2 * d2 if kind == "affine" else d2
         self.net = nn.Sequential(
             nn.Linear(self.split, width), nn.ReLU(),
             nn.Linear(width, width), nn.ReLU(),
