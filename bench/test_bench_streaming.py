@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from flowcore import Encoder, FlowCalibrator
-from flowcore.batch.readers import EmbeddingFile, TextCorpus
-from flowcore.batch.streaming import CalibrationJob, default_threads
+from flowcore.batch.job import CalibrationJob, default_threads
+from flowcore.batch.text_sources import TextCorpus
+from flowcore.batch.vector_sources import EmbeddingFile
 
 ROWS = {384: 24_000, 768: 12_000}
 SENTENCES = 768

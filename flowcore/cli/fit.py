@@ -31,30 +31,32 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _sample_rows(rows: int, max_rows: int | None, seed: int) -> np.ndarray | None:
+def _sample_rows(rows: int, max_rows: int | None, seed: int) -> list[int] | None:
+    """The rows `--max-rows` picks (`flowcore.batch.sampling`, sorted), or None for all of them."""
+    from flowcore.batch.sampling import sample_row_numbers
+
     if max_rows is None or max_rows >= rows:
         return None
     if max_rows < 2:
         raise CLIError(f"--max-rows must be at least 2, got {max_rows}")
-    return np.sort(np.random.default_rng(seed).choice(rows, size=max_rows, replace=False))
+    return sample_row_numbers(rows, max_rows, seed)
 
 
 def _load_embeddings(args) -> np.ndarray:
+    from flowcore.batch.vector_sources import NpyMatrix
+
     try:
-        array = np.load(args.embeddings, mmap_mode="r", allow_pickle=False)
+        matrix = NpyMatrix(args.embeddings)
     except FileNotFoundError:
         raise CLIError(f"{args.embeddings}: no such file") from None
-    except ValueError as error:
-        raise CLIError(f"{args.embeddings}: not a readable .npy array ({error})") from None
-    if array.ndim != 2:
-        raise CLIError(f"{args.embeddings}: expected a 2-D (rows, dim) array, got shape {array.shape}")
-    chosen = _sample_rows(len(array), args.max_rows, args.seed)
-    return np.asarray(array if chosen is None else array[chosen])
+    return matrix.read(_sample_rows(matrix.rows, args.max_rows, args.seed))
 
 
-def _encode_corpus(args) -> tuple[np.ndarray, dict]:
+def _encode_corpus(args):
+    """The vectors of (a `--max-rows` sample of) the corpus, and the `Encoder` that made them."""
+    from flowcore.batch.rows import count_reasons
+    from flowcore.batch.text_sources import sample_texts
     from flowcore.text.encoder import Encoder
-    from flowcore.batch.readers import count_reasons, sample_texts
 
     rejects = []
     texts = sample_texts(args.input, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
@@ -64,8 +66,7 @@ def _encode_corpus(args) -> tuple[np.ndarray, dict]:
     if len(texts) < 2:
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {len(texts)}")
     encoder = Encoder(args.model, pooling=args.pooling, device=args.device)
-    vectors = encoder.encode(texts)
-    return vectors, {"encoder": encoder.model_id, "pooling": encoder.pooling}
+    return encoder.encode(texts), encoder
 
 
 def run(args) -> int:
@@ -74,13 +75,12 @@ def run(args) -> int:
     check_device(args.device)
     started = time.perf_counter()
     if args.embeddings is not None:
-        data, metadata = _load_embeddings(args), {}
+        data, encoder = _load_embeddings(args), None
     else:
-        data, metadata = _encode_corpus(args)
+        data, encoder = _encode_corpus(args)
     calibrator = FlowCalibrator(config=args.config, epochs=args.epochs, batch_size=args.batch_size,
                                 lr=args.lr, seed=args.seed, device=args.device)
-    calibrator.fit(data)
-    calibrator.metadata = metadata
+    calibrator.fit(data, encoder=encoder)  # records the encoder and pooling (None: raw embeddings)
     calibrator.save(args.out)
     print(f"fitted {args.config} on {len(data)} x {data.shape[1]} in {time.perf_counter() - started:.1f}s; "
           f"final loss {calibrator.losses[-1]:.4f} bits/dim; wrote {args.out}")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import flowcore
+from flowcore.calibration.flow_file import EncoderProvenance
 from flowcore.cli import main
 
 
@@ -48,7 +49,7 @@ def test_fit_text_records_encoder_and_pooling(tmp_path, capsys):
                  "--config", "l2_d2_w32", "--batch-size", "8"]) == 0
     assert "skipped 1 unusable row(s)" in capsys.readouterr().out
     calibrator = flowcore.FlowCalibrator.load(out)
-    assert calibrator.metadata == {"encoder": "default", "pooling": "mean"}
+    assert calibrator.provenance == EncoderProvenance("default", "mean") and calibrator.metadata == {}
     assert calibrator.dim == 384
 
 

@@ -1,17 +1,23 @@
-"""Chunked readers: every row keeps its place, every bad row becomes a reject with its line/row
-number and reason, and reading resumes exactly from any chunk boundary."""
+"""Text sources: every row keeps its place, every bad row becomes a reject with its line/row
+number and reason, reading resumes exactly from any chunk boundary, and txt/jsonl follow the one
+line policy of `flowcore._lines`."""
 import json
 from collections import Counter
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flowcore.batch.readers import (
-    BROKEN_CSV, BROKEN_JSON, EMPTY_LINE, EMPTY_TEXT, INVALID_UTF8, MISSING_ID, MISSING_TEXT, MISSING_VECTOR,
-    NON_FINITE, WRONG_WIDTH, EmbeddingFile, TextCorpus, read_texts, sample_texts,
+from flowcore.batch.rows import (
+    BROKEN_CSV,
+    BROKEN_JSON,
+    EMPTY_LINE,
+    EMPTY_TEXT,
+    INVALID_UTF8,
+    MISSING_ID,
+    MISSING_TEXT,
 )
+from flowcore.batch.text_sources import TextCorpus, read_texts, sample_texts
 
 TXT = b"first sentence\n\n   \nbad \xff byte\r\nsecond sentence\r\nno final newline"
 JSONL = (b'{"text": "alpha", "id": 7}\n'
@@ -169,55 +175,11 @@ def test_sample_texts_is_reproducible_uniform_and_in_file_order(tmp_path):
         sample_texts(path, 0)
 
 
-def test_npy_embeddings_stream_as_float32_with_bad_rows_nan(tmp_path):
-    matrix = np.arange(40, dtype=np.float64).reshape(10, 4)
-    matrix[3, 1] = np.nan
-    matrix[7, 0] = -np.inf
-    np.save(tmp_path / "e.npy", matrix)
-    source = EmbeddingFile(tmp_path / "e.npy")
-    assert (source.rows, source.dim) == (10, 4)
-    chunks = list(source.chunks(4))
-    vectors = np.concatenate([chunk.vectors for chunk in chunks])
-    assert vectors.dtype == np.float32
-    assert [(r.row, r.reason) for c in chunks for r in c.rejects] == [(3, NON_FINITE), (7, NON_FINITE)]
-    assert np.isnan(vectors[[3, 7]]).all()
-    good = np.setdiff1d(np.arange(10), [3, 7])
-    np.testing.assert_array_equal(vectors[good], matrix[good].astype(np.float32))
-    resumed = list(source.chunks(4, chunks[0].end))
-    np.testing.assert_array_equal(np.concatenate([c.vectors for c in resumed]), vectors[4:])
-
-
-@pytest.mark.parametrize("array, message", [
-    (np.zeros(5), "2-D"),
-    (np.zeros((3, 2), dtype=np.int64), "floating-point"),
-    (np.asfortranarray(np.zeros((3, 2))), "Fortran"),
-])
-def test_unusable_npy_files_are_refused(tmp_path, array, message):
-    np.save(tmp_path / "e.npy", array)
-    with pytest.raises(ValueError, match=message):
-        EmbeddingFile(tmp_path / "e.npy")
-
-
-def test_truncated_npy_is_refused(tmp_path):
-    np.save(tmp_path / "e.npy", np.zeros((100, 8), dtype=np.float32))
-    data = (tmp_path / "e.npy").read_bytes()
-    (tmp_path / "e.npy").write_bytes(data[:-10])
-    with pytest.raises(ValueError, match="truncated"):
-        EmbeddingFile(tmp_path / "e.npy")
-
-
-def test_parquet_embeddings_reject_wrong_width_null_and_non_finite_vectors(tmp_path):
-    vectors = [[1.0, 2.0], [1.0], None, [float("nan"), 1.0], [3.0, 4.0], [5.0, 6.0], [1.0, 2.0, 3.0]]
-    ids = ["a", "b", "c", "d", None, "f", "g"]
-    pq.write_table(pa.table({"embedding": vectors, "id": ids}), tmp_path / "e.parquet", row_group_size=3)
-    source = EmbeddingFile(tmp_path / "e.parquet", id_field="id")
-    assert (source.rows, source.dim) == (7, 2)
-    chunks = list(source.chunks(3))
-    rejects = [(r.row, r.reason) for c in chunks for r in c.rejects]
-    assert rejects == [(1, WRONG_WIDTH), (2, MISSING_VECTOR), (3, NON_FINITE), (4, MISSING_ID), (6, WRONG_WIDTH)]
-    out = np.concatenate([c.vectors for c in chunks])
-    np.testing.assert_array_equal(out[[0, 5]], [[1, 2], [5, 6]])
-    assert np.isnan(out[1:5]).all() and np.isnan(out[6]).all()
-    assert [i for c in chunks for i in c.ids] == ids
-    resumed = list(source.chunks(3, chunks[0].end))
-    np.testing.assert_array_equal(np.concatenate([c.vectors for c in resumed]), out[3:])
+def test_txt_and_jsonl_follow_the_one_line_policy(tmp_path):
+    """`flowcore._lines`: a leading byte-order mark and each line's ending are dropped; a "\\r"
+    or U+2028 inside a line is text."""
+    corpus = TextCorpus(write(tmp_path, "c.txt", b"\xef\xbb\xbffirst\r\n" + "a\u2028b\n".encode() + b"x\ry\r\n"))
+    assert [entry.text for entry, _ in corpus.entries()] == ["first", "a\u2028b", "x\ry"]
+    corpus = TextCorpus(write(tmp_path, "c.jsonl", b'\xef\xbb\xbf{"text": "alpha"}\r\n{"text": "beta"}'))
+    assert [entry.text for entry, _ in corpus.entries()] == ["alpha", "beta"]
+    assert corpus.rows == 2

@@ -1,6 +1,7 @@
 """The resumable calibration job: results match the in-memory flow, bad rows are reported and
 kept as NaN, a job killed with SIGKILL resumes to byte-identical output, changed jobs and
-mismatched flows are refused, and memory stays flat on a large memory-mapped input."""
+mismatched flows are refused, the `on_chunk` hook sees every chunk at every stage, and memory
+stays flat on a large memory-mapped input."""
 import json
 import os
 import signal
@@ -13,11 +14,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from helpers.tiny_models import save_tiny_bert
 
 from flowcore import FlowCalibrator
-from flowcore.batch.readers import EMPTY_LINE, NON_FINITE, EmbeddingFile
-from flowcore.batch.streaming import SLOW_CHUNKS_ENV, CalibrationJob, JobMismatchError, calibrate_file, iter_calibrated
-from helpers.tiny_models import save_tiny_bert
+from flowcore.batch import outputs
+from flowcore.batch.job import STAGES, CalibrationJob, JobMismatchError, calibrate_file
+from flowcore.batch.rows import EMPTY_LINE, NON_FINITE
+from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
+from flowcore.calibration.flow_file import EncoderProvenance
 
 DIM = 8
 CLI = [sys.executable, "-m", "flowcore"]
@@ -86,15 +90,6 @@ def test_parquet_output_holds_row_numbers_and_null_vectors_for_rejects(tmp_path,
     assert leftovers(tmp_path, out) == []
 
 
-def test_iterator_api_streams_calibrated_chunks(tmp_path, flow):
-    _, calibrator = flow
-    matrix = embeddings_with_bad_rows(tmp_path / "in.npy", rows=130)
-    chunks = list(iter_calibrated(calibrator, EmbeddingFile(tmp_path / "in.npy"), chunk_rows=50))
-    assert [(c.row_start, len(c.vectors)) for c in chunks] == [(0, 50), (50, 50), (100, 30)]
-    assert [r.row for c in chunks for r in c.rejects] == [5, 65, 129]
-    np.testing.assert_allclose(chunks[0].vectors[:5], calibrator.transform(matrix[:5]), rtol=1e-5, atol=1e-5)
-
-
 class Crash(Exception):
     pass
 
@@ -143,8 +138,6 @@ def test_stopped_job_resumes_from_its_last_chunk_to_identical_output(tmp_path, s
 
 @pytest.mark.parametrize("suffix", [".npy", ".parquet"])
 def test_a_job_stopped_while_finishing_completes_on_the_next_run(tmp_path, monkeypatch, suffix):
-    from flowcore import streaming
-
     embeddings_with_bad_rows(tmp_path / "in.npy", rows=120)
     reference = tmp_path / f"reference{suffix}"
     run_job(tmp_path / "in.npy", reference, crashing_after(99)[0])
@@ -153,7 +146,7 @@ def test_a_job_stopped_while_finishing_completes_on_the_next_run(tmp_path, monke
         raise Crash
 
     with monkeypatch.context() as patch:
-        patch.setattr(streaming._RejectsLog, "finish", stop_before_renaming_the_rejects_file)
+        patch.setattr(outputs.RejectsLog, "finish", stop_before_renaming_the_rejects_file)
         with pytest.raises(Crash):  # the output is in place; its rejects file and manifest not yet
             run_job(tmp_path / "in.npy", out, crashing_after(99)[0])
     assert out.exists() and Path(f"{out}.manifest.json").exists()
@@ -169,19 +162,19 @@ def test_resuming_a_changed_job_is_refused_and_restart_starts_over(tmp_path):
     embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
     out = tmp_path / "out.npy"
     with pytest.raises(Crash):
-        run_job(tmp_path / "in.npy", out, crashing_after(2)[0], pins={"flow_sha256": "aaa"})
+        run_job(tmp_path / "in.npy", out, crashing_after(2)[0], identity={"flow_sha256": "aaa"})
 
     with pytest.raises(JobMismatchError, match=r"flow_sha256 was 'aaa', now 'bbb'.*--restart"):
-        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], pins={"flow_sha256": "bbb"})
+        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], identity={"flow_sha256": "bbb"})
     with pytest.raises(JobMismatchError, match="chunk_rows was 50, now 40"):
-        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], pins={"flow_sha256": "aaa"}, chunk_rows=40)
+        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], identity={"flow_sha256": "aaa"}, chunk_rows=40)
     stat = os.stat(tmp_path / "in.npy")
     os.utime(tmp_path / "in.npy", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     with pytest.raises(JobMismatchError, match="input.mtime_ns"):
-        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], pins={"flow_sha256": "aaa"})
+        run_job(tmp_path / "in.npy", out, crashing_after(99)[0], identity={"flow_sha256": "aaa"})
 
     transform, state = crashing_after(99)
-    summary = run_job(tmp_path / "in.npy", out, transform, pins={"flow_sha256": "bbb"}, restart=True)
+    summary = run_job(tmp_path / "in.npy", out, transform, identity={"flow_sha256": "bbb"}, restart=True)
     assert state["calls"] == 4 and summary.resumed_from == 0
     assert np.isnan(np.load(out)[[5, 100, 199]]).all()
 
@@ -194,6 +187,48 @@ def test_a_missing_partial_output_is_reported_not_silently_refilled(tmp_path):
     Path(f"{out}.partial").unlink()
     with pytest.raises(JobMismatchError, match=r"out.npy.partial is missing.*--restart"):
         run_job(tmp_path / "in.npy", out, crashing_after(99)[0])
+
+
+def test_on_chunk_sees_each_chunk_at_each_stage_with_its_data_durable_before_its_record(tmp_path, flow):
+    flow_path, _ = flow
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=120)
+    out = tmp_path / "out.npy"
+    seen = []
+
+    def record(stage, chunk):
+        done = json.loads(Path(f"{out}.manifest.json").read_text())["done"]["chunks"]
+        start = NpyMatrix(f"{out}.partial").header_bytes + chunk.row_start * DIM * 4
+        stored = np.frombuffer(Path(f"{out}.partial").read_bytes()[start:start + chunk.vectors.nbytes], np.float32)
+        seen.append((stage, chunk.index, done, np.array_equal(stored, chunk.vectors.reshape(-1), equal_nan=True)))
+
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=50, progress=False, on_chunk=record)
+    assert STAGES == ("writing", "written", "committed")
+    assert [entry[:3] for entry in seen] == [(stage, index, index + (stage == "committed"))
+                                             for index in range(3) for stage in STAGES]
+    assert [entry[3] for entry in seen if entry[0] != "writing"] == [True] * 6
+
+
+@pytest.mark.parametrize("stage", ["writing", "written"])
+def test_a_fault_injected_through_on_chunk_stops_the_job_and_it_resumes_to_identical_output(tmp_path, stage):
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=430)
+    reference = tmp_path / "reference.npy"
+    run_job(tmp_path / "in.npy", reference, crashing_after(10**6)[0])
+    out = tmp_path / "out.npy"
+
+    def fail_at_chunk_3(at, chunk):
+        if at == stage and chunk.index == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run_job(tmp_path / "in.npy", out, crashing_after(10**6)[0], on_chunk=fail_at_chunk_3)
+    assert not out.exists()
+    assert json.loads(Path(f"{out}.manifest.json").read_text())["done"]["chunks"] == 3
+    transform, state = crashing_after(10**6)
+    summary = run_job(tmp_path / "in.npy", out, transform)
+    assert state["calls"] == 9 - 3 and summary.resumed_from == 150
+    assert out.read_bytes() == reference.read_bytes()
+    assert read_rejects(out) == read_rejects(reference)
+    assert leftovers(tmp_path, out) == []
 
 
 def test_embeddings_of_another_width_are_refused_before_any_work(tmp_path, flow):
@@ -215,8 +250,8 @@ class StandInEncoder:
 
 
 def test_text_is_refused_with_another_encoder_pooling_or_width(tmp_path, flow):
-    _, calibrator = flow
-    calibrator.metadata = {"encoder": "stand-in", "pooling": "mean"}
+    calibrator = FlowCalibrator.load(flow[0])
+    calibrator.provenance = EncoderProvenance("stand-in", "mean")
     calibrator.save(tmp_path / "text.flow")
     (tmp_path / "c.txt").write_text("one\ntwo\n")
 
@@ -236,8 +271,8 @@ def test_text_is_refused_with_another_encoder_pooling_or_width(tmp_path, flow):
 
 
 def test_text_rows_are_encoded_calibrated_and_rejects_kept_in_place(tmp_path, flow):
-    _, calibrator = flow
-    calibrator.metadata = {"encoder": "stand-in", "pooling": "mean"}
+    calibrator = FlowCalibrator.load(flow[0])
+    calibrator.provenance = EncoderProvenance("stand-in", "mean")
     calibrator.save(tmp_path / "text.flow")
     (tmp_path / "c.txt").write_bytes(b"one\n\ntwo words\n\xff\nthree\n")
     out = tmp_path / "out.npy"
@@ -251,9 +286,26 @@ def test_text_rows_are_encoded_calibrated_and_rejects_kept_in_place(tmp_path, fl
                                  {"row": 3, "line": 4, "reason": "invalid UTF-8", "detail": "byte 0 of the line"}]
 
 
-def start_cli(args, env_extra=None):
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.Popen([*CLI, "calibrate", *map(str, args), "--no-progress"], env=env,
+SLOW_CLI = """
+import sys, time
+from flowcore.batch.job import calibrate_file
+from flowcore.cli import build_parser
+from flowcore.cli.calibrate import job_options
+
+seconds = float(sys.argv[1])
+args = build_parser().parse_args(["calibrate", *sys.argv[2:]])
+
+def slow(stage, chunk):  # half before a chunk's write, half between its write and its commit
+    if stage in ("writing", "written"):
+        time.sleep(seconds / 2)
+
+print(calibrate_file(args.flow, args.out, **job_options(args), on_chunk=slow))
+"""
+
+
+def start_slow_cli(args, seconds_per_chunk: float):
+    """`flowcore calibrate ARGS`, with each chunk slowed down through the job's `on_chunk` hook."""
+    return subprocess.Popen([sys.executable, "-c", SLOW_CLI, str(seconds_per_chunk), *map(str, args), "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -282,10 +334,9 @@ def assert_kill_and_resume_gives_identical_output(args, out: Path, reference: Pa
     each time, and compare the finished output with `reference`. Each chunk waits 0.15 s before
     its write and 0.15 s before its commit, so the seconds choose where in a chunk a kill lands."""
     manifest = Path(f"{out}.manifest.json")
-    slow = {SLOW_CHUNKS_ENV: "0.3"}
     recorded = []
     for chunks, extra in kills:
-        recorded.append(kill_after_chunks(start_cli(args, slow), manifest, chunks, extra))
+        recorded.append(kill_after_chunks(start_slow_cli(args, 0.3), manifest, chunks, extra))
         assert not out.exists(), "an incomplete output must never look complete"
     assert recorded == sorted(recorded)
     finished = subprocess.run([*CLI, "calibrate", *map(str, args), "--no-progress"], capture_output=True, text=True)
@@ -323,8 +374,8 @@ def test_cli_refuses_a_mismatched_flow_in_one_clean_line(tmp_path, flow, capsys)
 
 CHILD_JOB = """
 import re, sys
-from flowcore.batch.readers import EmbeddingFile
-from flowcore.batch.streaming import CalibrationJob
+from flowcore.batch.job import CalibrationJob
+from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 source = EmbeddingFile(sys.argv[1])
 CalibrationJob(source, sys.argv[2], lambda x: x * 2.0, source.dim, progress=False).run()
 print(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
@@ -353,7 +404,8 @@ def test_memory_stays_flat_on_a_large_memory_mapped_input(tmp_path):
     baseline = child_peak_rss_bytes(tmp_path / "small.npy", tmp_path / "small-out.npy")
     peak = child_peak_rss_bytes(tmp_path / "large.npy", tmp_path / "large-out.npy")
 
-    assert peak - baseline < size / 5, f"peak RSS grew by {(peak - baseline) / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB input"
+    grown = f"peak RSS grew by {(peak - baseline) / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB input"
+    assert peak - baseline < size / 5, grown
     assert os.path.getsize(tmp_path / "large-out.npy") == size
     out = np.load(tmp_path / "large-out.npy", mmap_mode="r")
     np.testing.assert_array_equal(out[-3:], np.load(tmp_path / "large.npy", mmap_mode="r")[-3:] * 2.0)
@@ -381,8 +433,7 @@ def text_flow(tmp_path_factory):
     folder = tmp_path_factory.mktemp("text-flow")
     model = tiny_bert(folder / "bert", seed=0)
     encoder = Encoder(model=model, pooling="first-last-avg")
-    calibrator = FlowCalibrator(seed=0).fit(encoder.encode(sentences(256, seed=0)), progress=False)
-    calibrator.metadata = {"encoder": encoder.model_id, "pooling": encoder.pooling}
+    calibrator = FlowCalibrator(seed=0).fit(encoder.encode(sentences(256, seed=0)), progress=False, encoder=encoder)
     calibrator.save(folder / "text.flow")
     return folder / "text.flow", encoder, tiny_bert(folder / "other-bert", seed=1)
 
@@ -390,7 +441,8 @@ def text_flow(tmp_path_factory):
 def corpus_with_every_bad_row_kind(path: Path, good_rows: int) -> dict[int, str]:
     """A jsonl corpus of good rows with every kind of bad row mixed in; returns {row: reason}."""
     bad = [(b"", EMPTY_LINE), (b'{"id": "x", "text": "unterminated', "broken JSON"),
-           (b'{"id": "y", "title": "no text"}', "missing text field"), (b'{"id": "z", "text": "caf\xc3\x28"}', "invalid UTF-8"),
+           (b'{"id": "y", "title": "no text"}', "missing text field"),
+           (b'{"id": "z", "text": "caf\xc3\x28"}', "invalid UTF-8"),
            (b'{"id": "w", "text": "  "}', "empty text"), (b'{"text": "no id here"}', "missing id field")]
     lines, reasons = [], {}
     for index, text in enumerate(sentences(good_rows, seed=2)):

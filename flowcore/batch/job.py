@@ -1,0 +1,345 @@
+"""The resumable calibration job behind `flowcore calibrate`: `CalibrationJob` (a source into one
+.npy or .parquet file), its progress manifest, `CalibrationSummary`, and `calibrate_file` (the
+whole job from a flow file and an input path).
+
+A job reads its input a chunk at a time (reader thread), encodes and calibrates the chunk (the
+calling thread), and writes it (writer thread); bounded queues between them keep memory flat and
+overlap I/O with compute.
+
+Durability: output goes to temporary files beside `OUT` (`OUT.partial`, or one part file per
+chunk for parquet), each chunk is fsynced before `OUT.manifest.json` is atomically replaced to
+record it as done. Killed at any moment, the same command resumes after the last recorded chunk;
+chunk boundaries never move, so the result is byte-identical to an uninterrupted run. The
+manifest records the job's identity (flow file hash, input size and mtime, options): resuming a
+changed job is refused. At the end the output is renamed into place and the manifest removed.
+
+Rejected rows go to `OUT.rejects.jsonl` (row, line, reason, detail) and are NaN rows in .npy
+output (null vectors in .parquet output).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from flowcore._fs import atomic_write_json, file_sha256, fsync_dir
+from flowcore._threads import available_cpus, check_threads, pinned_threads
+from flowcore.batch.outputs import JobMismatchError, RejectsLog, open_output
+from flowcore.batch.pipeline import (
+    QUEUE_DEPTH,
+    BackgroundThread,
+    CalibratedChunk,
+    calibrate_chunks,
+    check_compatible,
+    default_chunk_rows,
+    encode_with,
+)
+from flowcore.batch.rows import Position, count_reasons, detect_format
+from flowcore.batch.text_sources import TextCorpus
+from flowcore.batch.vector_sources import EmbeddingFile
+
+__all__ = [
+    "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "STAGES", "CalibrationJob", "CalibrationSummary",
+    "ChunkHook", "JobMismatchError", "calibrate_file", "default_threads",
+]
+
+OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
+MANIFEST_FORMAT = "flowcore-calibrate-manifest"
+MANIFEST_VERSION = 1
+
+STAGES = ("writing", "written", "committed")
+"""The stages at which a job calls its `on_chunk` hook for each chunk, in this order: before the
+chunk's data is written; after its data and rejects are durable but before the manifest records
+it; after the manifest records it as done."""
+
+ChunkHook = Callable[[str, CalibratedChunk], None]
+
+
+@dataclass
+class CalibrationSummary:
+    """What a finished job did: all rows and rejects, and what this run (after a resume) added."""
+
+    rows: int
+    rejects: dict[str, int]
+    seconds: float
+    rows_this_run: int
+    resumed_from: int
+    out: Path
+    rejects_path: Path
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.rejects.values())
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_this_run / self.seconds if self.seconds > 0 else float("inf")
+
+    def __str__(self) -> str:
+        reasons = ", ".join(f"{count:,} {reason}" for reason, count in sorted(self.rejects.items()))
+        rejected = f"{self.rejected:,} rejected" + (f" ({reasons})" if reasons else "")
+        resumed = f", resumed at row {self.resumed_from:,}" if self.resumed_from else ""
+        return (f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}{resumed}; "
+                f"{self.rows_this_run:,} rows in {self.seconds:.1f} s ({self.rows_per_second:,.0f} rows/s)\n"
+                f"output: {self.out}\nrejects: {self.rejects_path}")
+
+
+# --------------------------------------------------------------------------------------------
+# The manifest
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Progress:
+    """What the manifest records after each completed chunk."""
+
+    rows: int = 0
+    offset: int = 0
+    line: int = 0
+    chunks: int = 0
+    rejects_bytes: int = 0
+    rejects: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def position(self) -> Position:
+        return Position(self.rows, self.offset, self.line)
+
+
+class _Manifest:
+    """`OUT.manifest.json`: the job's identity, its row count and its `_Progress`, replaced
+    atomically after each chunk."""
+
+    def __init__(self, path: Path, identity: dict):
+        self.path, self.identity = path, identity
+
+    def load(self) -> tuple[int, _Progress] | None:
+        """(rows, progress) of an unfinished earlier run of this same job, or None if there is none."""
+        if not self.path.exists():
+            return None
+        try:
+            manifest = json.loads(self.path.read_text(encoding="utf-8"))
+            if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
+                raise ValueError("unknown manifest format")
+            recorded, rows, progress = manifest["job"], manifest["rows"], _Progress(**manifest["done"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise JobMismatchError(f"{self.path}: unreadable progress manifest ({error}); "
+                                   "rerun with --restart to start over") from None
+        if recorded != self.identity:
+            changed = _differences(recorded, self.identity)
+            raise JobMismatchError(f"{self.path} records an unfinished run of a different job "
+                                   f"({'; '.join(changed)}); rerun the original command to finish it, "
+                                   "or add --restart to start over")
+        return rows, progress
+
+    def commit(self, rows: int, progress: _Progress) -> None:
+        atomic_write_json(self.path, {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "job": self.identity,
+                                      "rows": rows, "done": progress.__dict__}, indent=1, sort_keys=True)
+
+
+def _differences(recorded: dict, requested: dict, prefix: str = "") -> list[str]:
+    changed = []
+    for key in sorted(set(recorded) | set(requested)):
+        old, new = recorded.get(key), requested.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += _differences(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changed.append(f"{prefix}{key} was {old!r}, now {new!r}")
+    return changed
+
+
+# --------------------------------------------------------------------------------------------
+# The job
+# --------------------------------------------------------------------------------------------
+
+
+class CalibrationJob:
+    """Calibrate `source` into `out` (.npy or .parquet), resumably; see the module docstring.
+
+    Args:
+        source: a `TextCorpus` or `EmbeddingFile`.
+        out: the output file, .npy (float32, row i = input row i) or .parquet (id + embedding).
+        transform: maps finite float32 (n, dim) rows to calibrated rows.
+        dim: the width of the vectors `transform` takes.
+        encode: (text sources) maps a list of sentences to (n, dim) embeddings.
+        identity: more entries of the job's identity (e.g. the flow file hash, the encoder),
+            recorded in the manifest so that resuming a different job is refused.
+        chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
+        restart: ignore an unfinished earlier run and start over.
+        progress: show a progress bar on stderr.
+        threads: when given, fixes torch's CPU thread count for the run; part of the identity,
+            since float results depend on it.
+        on_chunk: `on_chunk(stage, chunk)` is called in the writer thread at each of `STAGES`
+            of every chunk: a hook for progress reporting or fault injection (an error it
+            raises stops the job as a failed write would; "written" is the point between a
+            chunk's durable data and its record in the manifest).
+    """
+
+    def __init__(self, source: TextCorpus | EmbeddingFile, out: str | os.PathLike,
+                 transform: Callable[[np.ndarray], np.ndarray], dim: int,
+                 encode: Callable[[list[str]], np.ndarray] | None = None, identity: dict | None = None,
+                 chunk_rows: int | None = None, restart: bool = False, progress: bool = True,
+                 threads: int | None = None, on_chunk: ChunkHook | None = None):
+        self.source, self.transform, self.dim, self.encode = source, transform, dim, encode
+        self.out = Path(out)
+        self.format = detect_format(self.out, OUTPUT_FORMATS)
+        if self.out.resolve() == Path(source.path).resolve():
+            raise ValueError(f"the output {self.out} would overwrite the input")
+        if not self.out.parent.is_dir():
+            raise FileNotFoundError(f"output folder not found: {self.out.parent}")
+        self.chunk_rows = chunk_rows or default_chunk_rows(source, dim)
+        if self.chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
+        self.restart, self.progress, self.on_chunk = restart, progress, on_chunk
+        self.threads = check_threads(threads)
+        self._identity = {**(identity or {}), **({"threads": threads} if threads is not None else {})}
+        self.manifest_path = self.out.with_name(self.out.name + ".manifest.json")
+        self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
+
+    def identity(self) -> dict:
+        """What the manifest records as this job: input, output, width, chunking, and the extra
+        `identity` entries (and `threads`) given."""
+        return {"input": self.source.identity(), "output": {"path": str(self.out.resolve()), "format": self.format},
+                "dim": self.dim, "chunk_rows": self.chunk_rows, **self._identity}
+
+    def run(self) -> CalibrationSummary:
+        started = time.perf_counter()
+        manifest = _Manifest(self.manifest_path, self.identity())
+        earlier = None if self.restart else manifest.load()
+        rows, progress = earlier if earlier else (self.source.rows, _Progress())
+        resumed_from = progress.rows
+        output = open_output(self.out, self.format, rows, self.dim, with_ids=self.source.id_field is not None)
+        rejects = RejectsLog(self.rejects_path)
+        if earlier is None:
+            self.manifest_path.unlink(missing_ok=True)
+            output.discard()
+            rejects.discard()
+        total_chunks = -(-rows // self.chunk_rows)
+        if earlier is None or progress.chunks < total_chunks:
+            output.open(resume=earlier is not None)
+            rejects.open(progress.rejects_bytes if earlier is not None else None)
+            if earlier is None:
+                manifest.commit(rows, progress)
+            try:
+                with pinned_threads(self.threads):
+                    self._stream(output, rejects, manifest, rows, progress)
+            finally:
+                output.close()
+        output.finish(total_chunks)
+        rejects.finish()
+        fsync_dir(self.out.parent)
+        self.manifest_path.unlink(missing_ok=True)
+        fsync_dir(self.out.parent)
+        output.discard()
+        return CalibrationSummary(rows, dict(progress.rejects), time.perf_counter() - started,
+                                  rows - resumed_from, resumed_from, self.out, self.rejects_path)
+
+    def _stream(self, output, rejects: RejectsLog, manifest: _Manifest, rows: int, progress: _Progress) -> None:
+        from tqdm import tqdm
+
+        on_chunk = self.on_chunk or (lambda stage, chunk: None)
+        bar = tqdm(total=rows, initial=progress.rows, unit="rows", unit_scale=True, dynamic_ncols=True,
+                   disable=not self.progress, file=sys.stderr, desc="calibrate")
+
+        def write(chunk: CalibratedChunk) -> None:
+            on_chunk("writing", chunk)
+            output.write(chunk)
+            output.sync()
+            rejects_bytes = rejects.append(chunk.rejects)
+            on_chunk("written", chunk)
+            for reason, count in count_reasons(chunk.rejects).items():
+                progress.rejects[reason] = progress.rejects.get(reason, 0) + count
+            progress.rows, progress.offset, progress.line = chunk.end.row, chunk.end.offset, chunk.end.line
+            progress.chunks, progress.rejects_bytes = chunk.index + 1, rejects_bytes
+            manifest.commit(rows, progress)
+            bar.update(len(chunk.vectors))
+            on_chunk("committed", chunk)
+
+        chunks = self.source.chunks(self.chunk_rows, progress.position)
+        try:
+            with BackgroundThread.writing(write, QUEUE_DEPTH) as writer, \
+                    contextlib.closing(calibrate_chunks(chunks, self.transform, self.dim, self.encode)) as calibrated:
+                for chunk in calibrated:
+                    writer.put(chunk)
+        finally:
+            bar.close()
+        if progress.rows != rows:
+            raise ValueError(f"{self.source.path} changed while being read: expected {rows} rows, read {progress.rows}")
+
+
+# --------------------------------------------------------------------------------------------
+# The whole job from files (what `flowcore calibrate` runs)
+# --------------------------------------------------------------------------------------------
+
+
+def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, input: str | os.PathLike | None = None,
+                   embeddings: str | os.PathLike | None = None, text_field: str = "text", id_field: str | None = None,
+                   vector_field: str = "embedding", model: str | None = None, pooling: str | None = None,
+                   batch_size: int = 64, chunk_rows: int | None = None, restart: bool = False,
+                   progress: bool = True, threads: int | None = None, encoder_factory: Callable | None = None,
+                   on_chunk: ChunkHook | None = None) -> CalibrationSummary:
+    """Calibrate a text corpus (`input`) or stored embeddings (`embeddings`) with the flow file
+    at `flow_path` into `out`. For text, `model`/`pooling` default to what the flow records;
+    anything the flow was not fitted for is refused before work starts.
+
+    `threads` (torch CPU threads, part of the job's identity because float results depend on
+    it) defaults to `default_threads`; `on_chunk` is `CalibrationJob`'s hook."""
+    from flowcore.calibration.calibrator import FlowCalibrator
+
+    if (input is None) == (embeddings is None):
+        raise ValueError("give exactly one of a text corpus (input) or stored embeddings (embeddings)")
+    calibrator = FlowCalibrator.load(flow_path)
+    identity = {"flow_sha256": file_sha256(flow_path)}
+    encoder = requested_model = None
+    if embeddings is not None:
+        if model is not None or pooling is not None:
+            raise ValueError("--model/--pooling apply to text input, not to stored embeddings")
+        source = EmbeddingFile(embeddings, vector_field=vector_field, id_field=id_field)
+    else:
+        source = TextCorpus(input, text_field=text_field, id_field=id_field)
+        requested_model = model or (calibrator.provenance.model if calibrator.provenance is not None else None)
+        if threads is None:
+            threads = default_threads(text=True)
+        encoder = _encoder_for(calibrator, model, pooling, encoder_factory, threads)
+        identity["encoder"] = {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": batch_size}
+    check_compatible(calibrator, source, encoder, requested_model)
+    if threads is None:
+        threads = default_threads(text=False)
+    job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, batch_size),
+                         identity=identity, chunk_rows=chunk_rows, restart=restart, progress=progress,
+                         threads=threads, on_chunk=on_chunk)
+    return job.run()
+
+
+def default_threads(text: bool) -> int:
+    """torch CPU threads for a job, pinned (float results depend on the count, and a resumed job
+    must be byte-identical to an uninterrupted one). Embeddings: one fewer than the CPUs
+    available, so that the reader and writer threads keep a core and never deschedule torch's
+    threads, which wait for each other at every operator. Text: 1, given to the encoder as a
+    fixed count (its load-following default is not reproducible), the safe count for
+    byte-identical resumes; more threads for text are an explicit `--threads` choice."""
+    import torch
+
+    if text:
+        return 1
+    return max(1, min(torch.get_num_threads(), available_cpus() - 1))
+
+
+def _encoder_for(calibrator, model: str | None, pooling: str | None, encoder_factory: Callable | None,
+                 threads: int):
+    """The encoder for text input: the flow's recorded one (`calibrator.provenance`) unless
+    overridden (then checked by `check_compatible`)."""
+    recorded = calibrator.provenance
+    if recorded is None and model is None:
+        raise ValueError("the flow file records no encoder (it was fitted on raw embeddings); "
+                         "pass --model and --pooling for the encoder that produced them")
+    if encoder_factory is None:
+        from flowcore.text.encoder import Encoder as encoder_factory
+    pooling = pooling or (recorded.pooling if recorded is not None else None)
+    return encoder_factory(model=model or recorded.model, threads=threads, **({"pooling": pooling} if pooling else {}))

@@ -1,0 +1,197 @@
+"""The durable outputs of a calibration job: `NpyOutput` (one float32 .npy written in place),
+`ParquetOutput` (one part file per chunk, joined at the end) and `RejectsLog` (the rejects
+file), plus `open_output` to pick one by format.
+
+Each writes to temporary files beside its target (`OUT.partial`, `OUT.parts/`), makes every
+chunk durable (`sync`) before the job records it as done, and renames the result into place at
+`finish`; `discard` removes the temporaries. Reopened with `resume`, an output continues what a
+killed run left, or raises `JobMismatchError` when that is missing. fsyncs go through
+`flowcore._fs`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from flowcore._fs import atomic_write, fsync_dir, fsync_file
+from flowcore.batch.pipeline import CalibratedChunk
+from flowcore.batch.rows import Reject
+
+__all__ = ["JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog", "open_output"]
+
+
+class JobMismatchError(ValueError):
+    """A progress manifest exists for a different job than the one requested, or the partial
+    output it describes is missing or does not match it."""
+
+
+def _require_partial(path: Path) -> None:
+    if not path.exists():
+        raise JobMismatchError(f"{path} is missing, so the unfinished run recorded beside it cannot be "
+                               "resumed; rerun with --restart to start over")
+
+
+class NpyOutput:
+    """One float32 .npy written in place: header first, each chunk at its row's offset."""
+
+    def __init__(self, path: Path, rows: int, dim: int):
+        self.path, self.rows, self.dim = path, rows, dim
+        self.partial = path.with_name(path.name + ".partial")
+        self.handle = None
+
+    def open(self, resume: bool) -> None:
+        header = {"descr": np.dtype(np.float32).str, "fortran_order": False, "shape": (self.rows, self.dim)}
+        if resume:
+            _require_partial(self.partial)
+            self.handle = open(self.partial, "r+b")
+            np.lib.format.read_magic(self.handle)
+            shape, _, _ = np.lib.format.read_array_header_1_0(self.handle)
+            self.data_offset = self.handle.tell()
+            expected_size = self.data_offset + self.rows * self.dim * 4
+            if shape != (self.rows, self.dim) or os.path.getsize(self.partial) != expected_size:
+                raise JobMismatchError(f"{self.partial} does not match its progress manifest; "
+                                       "rerun with --restart to start over")
+            return
+        self.handle = open(self.partial, "w+b")
+        np.lib.format.write_array_header_1_0(self.handle, header)
+        self.data_offset = self.handle.tell()
+        self.handle.truncate(self.data_offset + self.rows * self.dim * 4)
+        self.handle.flush()
+
+    def write(self, chunk: CalibratedChunk) -> None:
+        data = memoryview(np.ascontiguousarray(chunk.vectors, dtype=np.float32)).cast("B")
+        position = self.data_offset + chunk.row_start * self.dim * 4
+        while data:
+            written = os.pwrite(self.handle.fileno(), data, position)
+            data, position = data[written:], position + written
+
+    def sync(self) -> None:
+        os.fsync(self.handle.fileno())
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+    def finish(self, chunks: int) -> None:
+        self.close()
+        if self.partial.exists():
+            fsync_file(self.partial)
+            os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        self.close()
+        self.partial.unlink(missing_ok=True)
+
+
+class ParquetOutput:
+    """`id` (or row number) plus `embedding` (fixed-size float32 list; null for rejected rows).
+
+    Each chunk is its own durable part file; `finish` joins them, one row group per chunk."""
+
+    def __init__(self, path: Path, rows: int, dim: int, with_ids: bool):
+        import pyarrow as pa
+
+        self.path, self.rows, self.dim = path, rows, dim
+        self.partial = path.with_name(path.name + ".partial")
+        self.parts = path.with_name(path.name + ".parts")
+        self.with_ids = with_ids
+        self.schema = pa.schema([("id", pa.string() if with_ids else pa.int64()),
+                                 ("embedding", pa.list_(pa.float32(), dim))])
+
+    def _part(self, index: int) -> Path:
+        return self.parts / f"part-{index:08d}.parquet"
+
+    def open(self, resume: bool) -> None:
+        if resume:
+            _require_partial(self.parts)
+        else:
+            shutil.rmtree(self.parts, ignore_errors=True)
+        self.parts.mkdir(exist_ok=True)
+
+    def write(self, chunk: CalibratedChunk) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = len(chunk.vectors)
+        rejected = np.zeros(rows, dtype=bool)
+        rejected[[reject.row - chunk.row_start for reject in chunk.rejects]] = True
+        ids = chunk.ids if self.with_ids else np.arange(chunk.row_start, chunk.row_start + rows, dtype=np.int64)
+        embedding = pa.FixedSizeListArray.from_arrays(pa.array(chunk.vectors.reshape(-1)), self.dim,
+                                                      mask=pa.array(rejected))
+        table = pa.Table.from_arrays([pa.array(ids, type=self.schema.field("id").type), embedding], schema=self.schema)
+        # the folder is fsynced once per chunk by `sync`
+        atomic_write(self._part(chunk.index), lambda stream: pq.write_table(table, stream), sync_dir=False)
+
+    def sync(self) -> None:
+        fsync_dir(self.parts)
+
+    def close(self) -> None:
+        pass
+
+    def finish(self, chunks: int) -> None:
+        import pyarrow.parquet as pq
+
+        if not self.parts.exists():
+            return  # joined and renamed by an earlier run that stopped before cleaning up
+        # written as OUT.partial (not a hidden temporary) so that `discard` finds it after a kill
+        with open(self.partial, "wb") as handle:
+            with pq.ParquetWriter(handle, self.schema) as writer:
+                for index in range(chunks):
+                    writer.write_table(pq.read_table(self._part(index)), row_group_size=max(1, self.rows))
+        fsync_file(self.partial)
+        os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.parts, ignore_errors=True)
+        self.partial.unlink(missing_ok=True)
+
+
+def open_output(path: Path, format: str, rows: int, dim: int, with_ids: bool) -> NpyOutput | ParquetOutput:
+    """The output writer for `format` ("npy" or "parquet"), not yet opened."""
+    if format == "npy":
+        return NpyOutput(path, rows, dim)
+    return ParquetOutput(path, rows, dim, with_ids=with_ids)
+
+
+class RejectsLog:
+    """`OUT.rejects.jsonl`, appended chunk by chunk to a partial file truncated on resume."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.partial = path.with_name(path.name + ".partial")
+        self.handle = None
+
+    def open(self, resume_bytes: int | None) -> None:
+        if resume_bytes is not None:
+            _require_partial(self.partial)
+            self.handle = open(self.partial, "r+b")
+            self.handle.truncate(resume_bytes)
+            self.handle.seek(resume_bytes)
+        else:
+            self.handle = open(self.partial, "wb")
+
+    def append(self, rejects: list[Reject]) -> int:
+        """Write `rejects` durably; returns the file's length after them (where a resume cuts it)."""
+        for reject in rejects:
+            self.handle.write(json.dumps(reject.to_json(), ensure_ascii=False).encode("utf-8") + b"\n")
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        return self.handle.tell()
+
+    def finish(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        if self.partial.exists():
+            os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        self.partial.unlink(missing_ok=True)

@@ -1,0 +1,144 @@
+"""Row types shared by every source, the pipeline and the job: `Reject`, `Position`, `TextRow`,
+`Chunk`, the reject reasons, and the small helpers every source needs (format detection, a
+file's identity, parquet record batches from a row on).
+
+Every input row keeps its place: row `i` of a source is row `i` of the calibrated output. A row
+that cannot be used becomes a `Reject` (row, line, reason, detail) instead of being dropped, so
+batch jobs can write it to a rejects file and leave a NaN row in the output. A `Position` (row,
+byte offset, line) marks where a chunk ends, which is all a resumed job needs to continue.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_UTF8", "MISSING_ID", "MISSING_TEXT",
+    "MISSING_VECTOR", "NON_FINITE", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "Chunk", "Position", "Reject", "TextRow",
+    "count_reasons", "detect_format", "file_identity", "parquet_batches", "require_file",
+]
+
+# Reject reasons (the `reason` field of a rejects file line).
+EMPTY_LINE = "empty line"
+EMPTY_TEXT = "empty text"
+INVALID_UTF8 = "invalid UTF-8"
+BROKEN_JSON = "broken JSON"
+BROKEN_CSV = "broken CSV"
+MISSING_TEXT = "missing text field"
+MISSING_ID = "missing id field"
+MISSING_VECTOR = "missing vector"
+NON_FINITE = "NaN/Inf"
+WRONG_WIDTH = "wrong width"
+
+PARQUET_BATCH_ROWS = 8192
+"""Rows per parquet record batch read (sources re-cut batches into chunks)."""
+
+
+@dataclass(frozen=True)
+class Reject:
+    """One unusable input row: `row` is its 0-based output row, `line` its 1-based file line
+    (line-oriented formats only)."""
+
+    row: int
+    reason: str
+    detail: str = ""
+    line: int | None = None
+
+    def to_json(self) -> dict:
+        record = {"row": self.row}
+        if self.line is not None:
+            record["line"] = self.line
+        record["reason"] = self.reason
+        if self.detail:
+            record["detail"] = self.detail
+        return record
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where reading stands: rows done, byte offset and lines consumed (line-oriented files)."""
+
+    row: int = 0
+    offset: int = 0
+    line: int = 0
+
+
+class TextRow(NamedTuple):
+    """One parsed text row: `text` is None exactly when `reject` is set."""
+
+    row: int
+    line: int | None
+    id: str | None
+    text: str | None
+    reject: Reject | None
+
+
+@dataclass
+class Chunk:
+    """Consecutive rows [row_start, row_start + rows) of a source, and the position after them.
+
+    Text sources fill `texts` (None at rejected rows); embedding sources fill `vectors`
+    (float32, NaN rows at rejected rows)."""
+
+    index: int
+    row_start: int
+    rows: int
+    end: Position
+    rejects: list[Reject] = field(default_factory=list)
+    ids: list[str | None] | None = None
+    texts: list[str | None] | None = None
+    vectors: np.ndarray | None = None
+
+
+def count_reasons(rejects: Iterable[Reject]) -> dict[str, int]:
+    """How many of `rejects` have each reason."""
+    counts: dict[str, int] = {}
+    for reject in rejects:
+        counts[reject.reason] = counts.get(reject.reason, 0) + 1
+    return counts
+
+
+def detect_format(path: str | os.PathLike, formats: dict[str, str]) -> str:
+    """The format `formats` maps `path`'s suffix to; a ValueError listing the known suffixes otherwise."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in formats:
+        raise ValueError(f"{path}: unsupported file type {suffix or '(none)'!r}; "
+                         f"expected one of {', '.join(sorted(formats))}")
+    return formats[suffix]
+
+
+def require_file(path: Path) -> None:
+    """FileNotFoundError naming `path` unless it is a file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"input not found: {path}")
+
+
+def file_identity(path: str | os.PathLike) -> dict:
+    """What identifies an input file's content cheaply: absolute path, size, mtime."""
+    stat = os.stat(path)
+    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def parquet_batches(path: Path, columns: list[str], start_row: int, batch_rows: int = PARQUET_BATCH_ROWS) -> Iterator:
+    """Record batches of `columns` from row `start_row` on, skipping whole row groups first."""
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    group, skip = 0, start_row
+    while group < parquet.num_row_groups and skip >= parquet.metadata.row_group(group).num_rows:
+        skip -= parquet.metadata.row_group(group).num_rows
+        group += 1
+    if group == parquet.num_row_groups:
+        return
+    for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns,
+                                      row_groups=range(group, parquet.num_row_groups)):
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        if skip:
+            batch, skip = batch.slice(skip), 0
+        yield batch

@@ -1,0 +1,255 @@
+"""Stored embeddings as chunked, resumable sources (`EmbeddingFile`: a 2-D .npy or a parquet
+vector column), and the one .npy reader (`NpyMatrix`, also behind `flowcore fit --embeddings`).
+
+A .npy file is never loaded whole: its header is parsed and checked (version, 2-D, dtype, size)
+without reading the data, which is then read through a read-only memory map whose pages are
+released once copied, so memory stays flat however large the file is. Rows with NaN/Inf, a
+null vector or (parquet) another width than the file's are rejected; chunks hold them as NaN rows.
+"""
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from flowcore.batch.rows import (
+    MISSING_ID,
+    MISSING_VECTOR,
+    NON_FINITE,
+    WRONG_WIDTH,
+    Chunk,
+    Position,
+    Reject,
+    detect_format,
+    file_identity,
+    parquet_batches,
+    require_file,
+)
+
+__all__ = ["EMBEDDING_FORMATS", "EmbeddingFile", "NpyMatrix", "read_npy"]
+
+EMBEDDING_FORMATS = {".npy": "npy", ".parquet": "parquet", ".pq": "parquet"}
+
+
+class NpyMatrix:
+    """A 2-D numeric .npy file, checked on construction and read through a read-only memory map.
+
+    `rows`, `dim`, `dtype` and `fortran_order` come from the header; `read(rows)` copies chosen
+    rows (all by default) into memory, `blocks` streams consecutive rows as float32. Errors name
+    the file: missing (FileNotFoundError), unreadable, not 2-D, not numeric, or truncated (ValueError)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        require_file(self.path)
+        with open(self.path, "rb") as handle:
+            try:
+                version = np.lib.format.read_magic(handle)
+                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                               (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if read_header is None:
+                    raise ValueError(f"unsupported .npy version {version}")
+                shape, self.fortran_order, self.dtype = read_header(handle)
+            except ValueError as error:
+                raise ValueError(f"{self.path}: not a readable .npy file ({error})") from None
+            self.header_bytes = handle.tell()
+        if len(shape) != 2:
+            raise ValueError(f"{self.path}: expected a 2-D (rows, dim) array, got shape {shape}")
+        if self.dtype.kind not in "iuf":
+            raise ValueError(f"{self.path}: expected a numeric array, got dtype {self.dtype}")
+        self.rows, self.dim = shape
+        expected = self.header_bytes + self.rows * self.dim * self.dtype.itemsize
+        if os.path.getsize(self.path) < expected:
+            raise ValueError(f"{self.path}: truncated .npy file ({os.path.getsize(self.path)} bytes, "
+                             f"header says {expected})")
+
+    def check_streamable(self) -> None:
+        """ValueError unless consecutive rows are consecutive bytes (not column-major order)."""
+        if self.fortran_order and self.rows > 1 and self.dim > 1:
+            raise ValueError(f"{self.path}: stored in Fortran (column-major) order; save it with "
+                             "np.save(path, np.ascontiguousarray(x)) so rows can be streamed")
+
+    @contextlib.contextmanager
+    def _mapped(self) -> Iterator[tuple[np.ndarray, mmap.mmap]]:
+        """The whole matrix as an array over a read-only map of the file (valid inside the block)."""
+        with open(self.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            matrix = np.ndarray((self.rows, self.dim), self.dtype, mapped, self.header_bytes,
+                                order="F" if self.fortran_order else "C")
+            try:
+                yield matrix, mapped
+            finally:
+                del matrix  # the map cannot close while an array still points into it
+
+    def read(self, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+        """A copy of the chosen rows (all when None), in the file's dtype."""
+        if self.rows == 0 or (rows is not None and len(rows) == 0):
+            return np.empty((0, self.dim), dtype=self.dtype)
+        with self._mapped() as (matrix, _):
+            return np.array(matrix if rows is None else matrix[np.asarray(rows, dtype=np.intp)])
+
+    def blocks(self, block_rows: int, start_row: int = 0) -> Iterator[tuple[int, np.ndarray]]:
+        """(row_start, float32 copy of rows [row_start, row_start + block_rows)) from `start_row`
+        on; pages already copied are dropped from this process, so resident memory stays flat.
+        Needs row-major order (`check_streamable`)."""
+        self.check_streamable()
+        if self.rows == 0:
+            return
+        row_bytes = self.dim * self.dtype.itemsize
+        with self._mapped() as (matrix, mapped):
+            for row_start in range(start_row, self.rows, block_rows):
+                row_end = min(row_start + block_rows, self.rows)
+                block = np.array(matrix[row_start:row_end], dtype=np.float32)
+                _release(mapped, self.header_bytes + row_start * row_bytes, (row_end - row_start) * row_bytes)
+                yield row_start, block
+
+
+def read_npy(path: str | os.PathLike, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+    """The chosen rows (all when None) of the 2-D numeric .npy file at `path`, in its dtype."""
+    return NpyMatrix(path).read(rows)
+
+
+class EmbeddingFile:
+    """Precomputed embeddings: a 2-D floating-point .npy (read through a memory map) or a parquet
+    file with a list-of-floats column `vector_field` (and optionally `id_field`).
+
+    Rows with NaN/Inf, a null vector, or (parquet) a length other than the file's width are
+    rejected; chunks hold them as NaN rows."""
+
+    kind = "embeddings"
+
+    def __init__(self, path: str | os.PathLike, vector_field: str = "embedding", id_field: str | None = None):
+        self.path = Path(path)
+        require_file(self.path)
+        self.format = detect_format(self.path, EMBEDDING_FORMATS)
+        self.vector_field = vector_field
+        self.id_field = id_field
+        if self.format == "npy":
+            if id_field is not None:
+                raise ValueError(f"{self.path}: a .npy file has no id column; ids are row numbers")
+            self._npy = NpyMatrix(self.path)
+            if self._npy.dtype.kind != "f":
+                raise ValueError(f"{self.path}: expected floating-point embeddings, got dtype {self._npy.dtype}")
+            self._npy.check_streamable()
+            self.rows, self.dim = self._npy.rows, self._npy.dim
+        else:
+            self.rows, self.dim = self._parquet_layout()
+
+    def _parquet_layout(self) -> tuple[int, int]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(self.path)
+        schema = parquet.schema_arrow
+        for role, name in (("vector", self.vector_field), ("id", self.id_field)):
+            if name is not None and name not in schema.names:
+                raise ValueError(f"{self.path}: no {role} column {name!r} (columns: {', '.join(schema.names)})")
+        column_type = schema.field(self.vector_field).type
+        if pa.types.is_fixed_size_list(column_type):
+            return parquet.metadata.num_rows, column_type.list_size
+        if not (pa.types.is_list(column_type) or pa.types.is_large_list(column_type)):
+            raise ValueError(f"{self.path}: column {self.vector_field!r} holds {column_type}, not vectors")
+        # Variable-length lists: the width is the most common length among the first rows.
+        for batch in parquet.iter_batches(batch_size=1024, columns=[self.vector_field]):
+            lengths = batch.column(0).value_lengths().drop_null().to_numpy()
+            if len(lengths):
+                values, counts = np.unique(lengths, return_counts=True)
+                return parquet.metadata.num_rows, int(values[np.argmax(counts)])
+        raise ValueError(f"{self.path}: column {self.vector_field!r} has no vectors")
+
+    def identity(self) -> dict:
+        """What identifies this source in a job's manifest: the file and how it is read."""
+        return {**file_identity(self.path), "format": self.format, "vector_field": self.vector_field,
+                "id_field": self.id_field}
+
+    def chunks(self, chunk_rows: int, start: Position = Position()) -> Iterator[Chunk]:
+        """Chunks of `chunk_rows` rows (the last may be shorter) from `start`, a chunk boundary."""
+        if self.format == "npy":
+            return self._npy_chunks(chunk_rows, start.row)
+        return self._parquet_chunks(chunk_rows, start.row)
+
+    def _npy_chunks(self, chunk_rows: int, start_row: int) -> Iterator[Chunk]:
+        for row_start, vectors in self._npy.blocks(chunk_rows, start_row):
+            rejects = _reject_non_finite(vectors, row_start, np.ones(len(vectors), dtype=bool))
+            yield Chunk(row_start // chunk_rows, row_start, len(vectors), Position(row_start + len(vectors)),
+                        rejects, vectors=vectors)
+
+    def _parquet_chunks(self, chunk_rows: int, start_row: int) -> Iterator[Chunk]:
+        import pyarrow as pa
+
+        columns = [self.vector_field] + ([self.id_field] if self.id_field else [])
+        pending: list = []
+        pending_rows, row_start = 0, start_row
+
+        def flush(batches) -> Chunk:
+            table = pa.Table.from_batches(batches)
+            vectors, rejects = self._parquet_vectors(table.column(self.vector_field).combine_chunks(), row_start)
+            ids = None
+            if self.id_field:
+                ids = [None if value is None else str(value) for value in table.column(self.id_field).to_pylist()]
+                rejected = {reject.row for reject in rejects}
+                for offset, value in enumerate(ids):
+                    if value is None and row_start + offset not in rejected:
+                        vectors[offset] = np.nan
+                        rejects.append(Reject(row_start + offset, MISSING_ID, f"no {self.id_field!r} value"))
+                rejects.sort(key=lambda reject: reject.row)
+            rows = table.num_rows
+            return Chunk(row_start // chunk_rows, row_start, rows, Position(row_start + rows), rejects, ids,
+                         vectors=vectors)
+
+        for batch in parquet_batches(self.path, columns, start_row):
+            while batch.num_rows:
+                take = min(batch.num_rows, chunk_rows - pending_rows)
+                pending.append(batch.slice(0, take))
+                pending_rows += take
+                batch = batch.slice(take)
+                if pending_rows == chunk_rows:
+                    yield flush(pending)
+                    row_start += pending_rows
+                    pending, pending_rows = [], 0
+        if pending_rows:
+            yield flush(pending)
+
+    def _parquet_vectors(self, column, row_start: int) -> tuple[np.ndarray, list[Reject]]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        vectors = np.full((len(column), self.dim), np.nan, dtype=np.float32)
+        lengths = pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False)
+        fits = lengths == self.dim
+        if fits.any():
+            values = column.filter(pa.array(fits)).flatten().to_numpy(zero_copy_only=False)
+            vectors[fits] = np.asarray(values, dtype=np.float32).reshape(-1, self.dim)
+        rejects = []
+        for offset in np.flatnonzero(~fits):
+            if lengths[offset] < 0:
+                rejects.append(Reject(row_start + int(offset), MISSING_VECTOR))
+            else:
+                rejects.append(Reject(row_start + int(offset), WRONG_WIDTH,
+                                      f"{lengths[offset]} values, expected {self.dim}"))
+        rejects += _reject_non_finite(vectors, row_start, fits)
+        rejects.sort(key=lambda reject: reject.row)
+        return vectors, rejects
+
+
+def _release(mapped: mmap.mmap, start: int, length: int) -> None:
+    """Drop already-copied pages of a read-only map from this process (they stay in the page
+    cache), so resident memory does not grow with the file."""
+    page_start = start - start % mmap.PAGESIZE
+    length += start - page_start
+    if length > 0 and hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_DONTNEED, page_start, min(length, len(mapped) - page_start))
+
+
+def _reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarray) -> list[Reject]:
+    """Reject the candidate rows holding NaN/Inf, and make each such row all-NaN."""
+    bad = candidates & ~np.isfinite(vectors).all(axis=1)
+    rejects = []
+    for offset in np.flatnonzero(bad):
+        row = vectors[offset]
+        detail = f"{int(np.isnan(row).sum())} NaN, {int(np.isinf(row).sum())} Inf of {vectors.shape[1]} values"
+        rejects.append(Reject(row_start + int(offset), NON_FINITE, detail))
+        vectors[offset] = np.nan
+    return rejects
