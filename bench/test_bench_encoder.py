@@ -17,10 +17,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from flowcore.text.encoder import Encoder, default_model_path  # noqa: E402
 from flowcore.sts.data import load_split  # noqa: E402
+from flowcore.text.encoder import Encoder, default_model_path  # noqa: E402
 
-STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sts")
+REPO = Path(__file__).resolve().parents[1]
+STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or REPO.parent / "shared" / "data" / "sts")
 ROUNDS = int(os.environ.get("FLOWCORE_BENCH_ROUNDS", "3"))
 SETTINGS = ["cpu", "cpu-1-thread"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -5,7 +5,9 @@ moves one of them breaks here and nowhere else.
 - `composed_autograd_only(tensor)`: where hand-written backwards must give way to composed
   autograd ops (inside `torch.func` transforms, under autocast);
 - `composed_backward(...)`: a custom Function's backward under `create_graph=True`;
-- `has_forward_hooks(module)`: forward (pre-)hooks on a module, its children, or globally.
+- `has_forward_hooks(module)`: forward (pre-)hooks on a module, its children, or globally;
+- `version_key(tensors)`: identifies the tensors' current contents (storage and in-place version);
+- `relu_backward(grad, output)`: ReLU's gradient from its output, without a temporary mask.
 """
 from __future__ import annotations
 
@@ -33,6 +35,17 @@ def composed_backward(outputs, inputs, needs_input_grad, grads) -> tuple:
     wanted = [t for t, needed in zip(inputs, needs_input_grad) if needed]
     computed = iter(torch.autograd.grad(outputs, wanted, grads, create_graph=True, allow_unused=True))
     return tuple(next(computed) if needed else None for needed in needs_input_grad)
+
+
+def version_key(tensors) -> tuple:
+    """A key that changes whenever one of `tensors` is replaced or updated in place (autograd's
+    version counter), so caches built from them know when to rebuild."""
+    return tuple((t.data_ptr(), t._version) for t in tensors)
+
+
+def relu_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """grad where the ReLU's `output` is positive, else 0 (one pass, as autograd's own)."""
+    return torch.ops.aten.threshold_backward(grad, output, 0)
 
 
 def has_forward_hooks(module: nn.Module, recurse: bool = True) -> bool:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flowcore._torch_compat import composed_autograd_only, composed_backward, has_forward_hooks
+from flowcore._torch_compat import composed_autograd_only, composed_backward, has_forward_hooks, relu_backward
 from flowcore.kernels import _utils
 from flowcore.kernels.coupling import SCALE_OFFSET
 
@@ -160,7 +160,7 @@ class _TorchAffineStep(torch.autograd.Function):
             for part, weight_rows in more:
                 grad.addmm_(part, layer_weight[weight_rows])
             if index:
-                parts = [(torch.ops.aten.threshold_backward(grad, layer_input, 0), slice(None))]
+                parts = [(relu_backward(grad, layer_input), slice(None))]
         dx = dy @ weight if ctx.needs_input_grad[0] else None
         dweight = dy.T @ x if ctx.needs_input_grad[1] else None
         dbias = torch.cat([dy[:, :split].sum(dim=0), dshift_sum]) if ctx.needs_input_grad[2] else None

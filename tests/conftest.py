@@ -11,7 +11,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sts")
+REPO = Path(__file__).resolve().parents[1]
+STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or REPO.parent / "shared" / "data" / "sts")
 
 
 # Tests run many tiny ops; one thread avoids OpenMP spin-waits that make them 10-50x slower

@@ -19,6 +19,8 @@ from flowcore._torch_compat import functorch_transforms_active, has_forward_hook
 from flowcore.flows.step import FlowStep
 from flowcore.kernels import squared_norm
 
+__all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "Glow"]
+
 CPU_BLOCK_BYTES = 6 << 20
 """Rows per block of CPU inference: about this many bytes of activations (2048 rows at d = 768)."""
 
@@ -33,6 +35,24 @@ CONFIGS = {
 
 
 class Glow(nn.Module):
+    r"""The multi-scale Glow of BERT-flow on `dim`-wide vectors (see the module docstring).
+
+    Arguments:
+        dim: the width D of the vectors.
+        levels: multi-scale levels; after each but the last, half the features leave as latent.
+        depth: steps per level.
+        width: hidden units of each coupling's conditioner (two hidden ReLU layers).
+        coupling: "affine" (the default; scale = sigmoid(logit + 2)) or "additive".
+        permutation: the invertible 1x1 of each step: "lu" (a learned LU-parametrised linear map,
+            the official code's default) or "reverse" (a fixed reversal of the features).
+
+    Example:
+        >>> glow = Glow(768, levels=2, depth=3, width=32)   # or Glow.from_config("l2_d3_w32", 768)
+        >>> z, logdet = glow(x)                             # x: (batch, 768)
+        >>> x_back = glow.inverse(z)
+        >>> loss = glow.bits_per_dim(x)                     # the training objective
+    """
+
     def __init__(self, dim: int, levels: int = 2, depth: int = 3, width: int = 32,
                  coupling: str = "affine", permutation: str = "lu"):
         super().__init__()
@@ -81,7 +101,7 @@ class Glow(nn.Module):
 
     def _blocked_inference(self, x: torch.Tensor) -> bool:
         """CPU inference runs the whole flow on one block of rows at a time, so that a block's
-        activations stay in cache from step to step (about 1.2x faster at d = 768)."""
+        activations stay in cache from step to step (docs/design.md, lab notes)."""
         if self.training or x.device.type != "cpu" or x.shape[0] * self.dim * x.element_size() <= CPU_BLOCK_BYTES:
             return False
         if functorch_transforms_active():
@@ -115,6 +135,7 @@ class Glow(nn.Module):
         return (h, logdet) if return_logdet else h
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """log N(z; 0, I) + logdet per row, the log-likelihood of each row of `x`."""
         self._check(x, "log_prob")
         if self._blocked_inference(x) or has_forward_hooks(self, recurse=False):
             z, logdet = self(x)

@@ -16,8 +16,16 @@ from torch import nn
 
 from flowcore import kernels
 
+__all__ = ["LULinear", "ReversePermutation"]
+
 
 class LULinear(nn.Module):
+    """The learned invertible 1x1 on `dim` features, LU-parametrised (see the module docstring).
+
+    In the default step its `weight()` is folded with ActNorm into one GEMM
+    (`flowcore.flows.step`); `forward` is the reference composition the contract tests run.
+    """
+
     def __init__(self, dim: int):
         super().__init__()
         self.dim = dim
@@ -40,9 +48,11 @@ class LULinear(nn.Module):
         return kernels.lu_factors(self.lower, self.upper, self._diagonal())
 
     def weight(self) -> torch.Tensor:
+        """W = P L U, assembled (differentiably) from the factors."""
         return kernels.lu_product(self.lower, self.upper, self._diagonal())[self.perm]
 
     def logdet(self) -> torch.Tensor:
+        """log|det W| = sum(log_s), the same for every row."""
         return self.log_s.sum()
 
     def forward(self, x: torch.Tensor):
@@ -59,6 +69,8 @@ class LULinear(nn.Module):
 
 
 class ReversePermutation(nn.Module):
+    """The fixed reversal of `dim` features (the official code's "reverse"), log-det 0."""
+
     def __init__(self, dim: int):
         super().__init__()
         self.dim = dim

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from flowcore import kernels
+from flowcore._torch_compat import version_key
 from flowcore.flows.actnorm import ActNorm
 from flowcore.flows.coupling import Coupling
 from flowcore.flows.invertible_linear import LULinear, ReversePermutation
@@ -84,8 +85,7 @@ class FlowStep(nn.Module):
 
     def _cached_fold(self):
         """`_fold()` without autograd, rebuilt only when one of its parameters changed."""
-        params = (self.actnorm.loc, self.actnorm.logs, *self.mixing.parameters())
-        key = tuple((p.data_ptr(), p._version) for p in params)
+        key = version_key((self.actnorm.loc, self.actnorm.logs, *self.mixing.parameters()))
         if self._fold_cache is None or self._fold_cache[0] != key:
             # a normal tensor even when first built under inference_mode, so that a later
             # gradient-enabled call with frozen parameters may still use it

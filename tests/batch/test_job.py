@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers.tiny_models import save_tiny_bert
 
 from flowcore import FlowCalibrator
 from flowcore.batch import outputs
@@ -22,6 +21,8 @@ from flowcore.batch.job import STAGES, CalibrationJob, JobMismatchError, calibra
 from flowcore.batch.rows import EMPTY_LINE, NON_FINITE
 from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 from flowcore.calibration.flow_file import EncoderProvenance
+
+from helpers.tiny_models import save_tiny_bert
 
 DIM = 8
 CLI = [sys.executable, "-m", "flowcore"]

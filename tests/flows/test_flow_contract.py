@@ -1,6 +1,13 @@
 """Every layer and every Glow configuration kind passes the shared flow contract."""
 import pytest
 import torch
+
+from flowcore.flows.actnorm import ActNorm
+from flowcore.flows.coupling import Coupling
+from flowcore.flows.glow import CONFIGS, Glow
+from flowcore.flows.invertible_linear import LULinear, ReversePermutation
+from flowcore.flows.step import FlowStep
+
 from helpers.contract import (
     check_every_parameter_gets_gradient,
     check_inverse_logdet,
@@ -9,12 +16,6 @@ from helpers.contract import (
     check_save_load,
     randomize,
 )
-
-from flowcore.flows.actnorm import ActNorm
-from flowcore.flows.coupling import Coupling
-from flowcore.flows.glow import CONFIGS, Glow
-from flowcore.flows.invertible_linear import LULinear, ReversePermutation
-from flowcore.flows.step import FlowStep
 
 DIM = 13  # odd on purpose
 

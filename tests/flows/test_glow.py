@@ -1,10 +1,11 @@
 """Glow structure, configs, the eval-mode folded fast path and its cache."""
 import pytest
 import torch
-from helpers.contract import randomize
 
 import flowcore
 from flowcore.flows.glow import CONFIGS, Glow
+
+from helpers.contract import randomize
 
 
 def trained_like_glow(dim=16, **kwargs):

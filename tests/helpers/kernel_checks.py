@@ -51,6 +51,7 @@ def check_op(op, ref, inputs: tuple, what: str, grad_seed: int = 1, backward_ker
         actual_grads = grads(outputs, leaves)
     if backward_kernels:
         assert sum(launch_counts.values()) > before, f"{what}: the backward launched no Triton kernel"
-    for index, (g, g_ref, g64) in enumerate(zip(actual_grads, grads(expected, leaves_ref), grads(expected64, leaves64))):
+    reference_grads = zip(actual_grads, grads(expected, leaves_ref), grads(expected64, leaves64))
+    for index, (g, g_ref, g64) in enumerate(reference_grads):
         assert g.dtype == g_ref.dtype and g.shape == g_ref.shape, f"{what}: gradient {index} dtype/shape"
         assert_close_scaled(g, g_ref, g64, f"{what} gradient {index}")

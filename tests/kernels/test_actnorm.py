@@ -1,10 +1,11 @@
 """Triton ActNorm (interpreter on CPU) against its `_ref` twin and a float64 reference."""
 import pytest
 import torch
-from helpers.kernel_checks import check_op
 
 from flowcore.backend import use_backend
 from flowcore.kernels import actnorm, actnorm_inverse, actnorm_inverse_ref, actnorm_ref
+
+from helpers.kernel_checks import check_op
 
 SHAPES = [(rows, 383) for rows in (1, 7, 300, 767, 1023)] + [(rows, d) for rows in (7, 1023) for d in (96, 768)]
 

@@ -1,7 +1,6 @@
 """Triton affine and additive coupling (interpreter on CPU) against `_ref` and float64."""
 import pytest
 import torch
-from helpers.kernel_checks import check_op
 
 from flowcore.backend import use_backend
 from flowcore.kernels import (
@@ -14,6 +13,8 @@ from flowcore.kernels import (
     affine_coupling_inverse_ref,
     affine_coupling_ref,
 )
+
+from helpers.kernel_checks import check_op
 
 # d2 is the width of the coupled half: x2 (rows, d2), h (rows, 2 * d2).
 SHAPES = [(rows, 383) for rows in (1, 7, 300, 767, 1023)] + [(rows, d2) for rows in (7, 1023) for d2 in (96, 768)]

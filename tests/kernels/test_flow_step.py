@@ -2,11 +2,12 @@
 on CPU, against its `_ref` twin, a float64 reference and flowcore's own FlowStep."""
 import pytest
 import torch
-from helpers.kernel_checks import assert_close_scaled
 
 from flowcore.backend import use_backend
 from flowcore.flows.step import FlowStep
 from flowcore.kernels import folded_affine_step, folded_affine_step_ref, launch_counts
+
+from helpers.kernel_checks import assert_close_scaled
 
 
 def _conditioner(split, out, dtype, width=16, seed=0):

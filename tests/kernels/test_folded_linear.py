@@ -1,10 +1,11 @@
 """Triton folded GEMM z = x @ W.T + b (interpreter on CPU) against `_ref` and float64."""
 import pytest
 import torch
-from helpers.kernel_checks import check_op
 
 from flowcore.backend import use_backend
 from flowcore.kernels import folded_linear, folded_linear_ref, launch_counts
+
+from helpers.kernel_checks import check_op
 
 # The interpreter's dot products are slow (no BLAS): the full row sweep runs at d=96, the
 # feature sweep at 7 rows, plus one large awkward shape.

@@ -4,11 +4,12 @@ import copy
 
 import pytest
 import torch
-from helpers.contract import randomize
 
 import flowcore
 from flowcore.backend import use_backend
 from flowcore.kernels import launch_counts
+
+from helpers.contract import randomize
 
 DIM = 48
 

@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-from helpers.kernel_checks import assert_close_scaled, check_op
 
 import flowcore
 from flowcore.backend import use_backend
@@ -31,6 +30,8 @@ from flowcore.kernels import (
     launch_counts,
 )
 from flowcore.kernels._utils import INTERPRETED
+
+from helpers.kernel_checks import assert_close_scaled, check_op
 
 pytestmark = [
     pytest.mark.gpu,

@@ -3,11 +3,12 @@
 float64 reference."""
 import pytest
 import torch
-from helpers.kernel_checks import assert_close_scaled
 
 from flowcore.backend import use_backend
 from flowcore.kernels import SCALE_OFFSET, folded_affine_step, folded_affine_step_ref
 from flowcore.kernels.torch_step import _TorchAffineStep
+
+from helpers.kernel_checks import assert_close_scaled
 
 
 def _inputs(rows, d, dtype):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flowcore.text.encoder import Encoder, default_model_path
+
 from helpers.tiny_models import save_tiny_bert
 
 WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
