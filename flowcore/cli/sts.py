@@ -4,11 +4,20 @@ printed as a paper-style markdown table, optionally saved as JSON records."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import time
 
+from flowcore.cli import CLIError, check_device
+from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
+from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV, DATASETS
+from flowcore.sts.evaluate import evaluate
+from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table, write_json
+
+__all__ = ["register", "run"]
 
 
 def _names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
@@ -22,9 +31,29 @@ def _names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def register(subparsers) -> None:
-    from flowcore.sts.evaluate import AGGREGATIONS, CALIBRATIONS
+@contextlib.contextmanager
+def _progress_on_stderr(enabled: bool):
+    """While on, the `flowcore.sts` loggers' INFO and above go to stderr as bare lines (the
+    command's progress); off (--quiet), warnings still reach stderr through logging's last resort."""
+    if not enabled:
+        yield
+        return
+    logger = logging.getLogger("flowcore.sts")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False  # printed once, even where the caller has configured the root logger
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.level, logger.propagate = saved
 
+
+def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "sts",
         help="evaluate an encoder with and without calibration on the STS benchmarks (the BERT-flow experiment)",
@@ -82,11 +111,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flowcore.cli import CLIError, check_device
     check_device(args.device)
+    # Deferred: the encoder imports torch; registering this subcommand at CLI start-up must not.
     from flowcore.text.encoder import Encoder
-    from flowcore.sts.evaluate import (AGGREGATION_NOTES, CalibrationSettings, EmbeddingCache, default_cache_dir,
-                              evaluate, markdown_table, write_json)
 
     if not args.data_dir:
         raise CLIError(f"no STS data folder: pass --data-dir DIR or set {DATA_ENV}")
@@ -109,11 +136,12 @@ def run(args: argparse.Namespace) -> int:
     cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     started = time.perf_counter()
     records = []
-    for pooling in args.pooling:
-        encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device)
-        records += evaluate(encoder, datasets=args.datasets, calibrations=args.calibration, data_dir=args.data_dir,
-                            fit_corpus=args.fit_corpus, sick_split=args.sick_split, settings=settings,
-                            cache=cache, batch_size=args.batch_size, progress=not args.quiet)
+    with _progress_on_stderr(not args.quiet):
+        for pooling in args.pooling:
+            encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device)
+            records += evaluate(encoder, datasets=args.datasets, calibrations=args.calibration,
+                                data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
+                                settings=settings, cache=cache, batch_size=args.batch_size, progress=not args.quiet)
     seconds = time.perf_counter() - started
     print(f"Spearman x100 of cosine similarity; {AGGREGATION_NOTES[args.aggregation]}; "
           f"SICK-R: {'all 9927 pairs' if args.sick_split == 'all' else '4927-pair test set'}.")

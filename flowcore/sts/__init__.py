@@ -1,2 +1,32 @@
 """STS evaluation, the BERT-flow experiment: benchmark data, metrics, the embedding cache, the
-calibrations compared, the evaluation protocol and its report."""
+calibrations compared, the evaluation protocol and its report.
+
+Modules: `data` (loaders, fit corpora), `metrics`, `cache`, `baselines` (the calibrations),
+`evaluate` (the protocol), `report` (table and JSON). None of them imports torch on import.
+`flowcore.sts.evaluate` is the function; the module is `sys.modules["flowcore.sts.evaluate"]`.
+"""
+from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, FlowBaseline, NoCalibration, build_calibrator
+from flowcore.sts.cache import CACHE_ENV, EmbeddingCache, default_cache_dir
+from flowcore.sts.data import (
+    DATA_ENV,
+    DATASETS,
+    STSDataError,
+    STSPairs,
+    default_data_dir,
+    fit_corpus_sentences,
+    load_split,
+    load_test,
+    read_sentence_file,
+    splits,
+)
+from flowcore.sts.evaluate import evaluate
+from flowcore.sts.metrics import MULTI_SUBSET, correlations, cosine_similarity, score_pairs, spearman_of
+from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table, write_json
+
+__all__ = [
+    "AGGREGATIONS", "AGGREGATION_NOTES", "CACHE_ENV", "CALIBRATIONS", "DATASETS", "DATA_ENV", "MULTI_SUBSET",
+    "CalibrationSettings", "EmbeddingCache", "FlowBaseline", "NoCalibration", "STSDataError", "STSPairs",
+    "build_calibrator", "correlations", "cosine_similarity", "default_cache_dir", "default_data_dir", "evaluate",
+    "fit_corpus_sentences", "load_split", "load_test", "markdown_table", "read_sentence_file", "score_pairs",
+    "spearman_of", "splits", "write_json",
+]

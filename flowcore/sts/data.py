@@ -3,7 +3,8 @@
 STS12–16 use the SemEval/SentEval layout (`STS1X-en-test/STS.input.<subset>.txt` with gold in
 `STS.gs.<subset>.txt`), STS-B the tab-separated `sts-{train,dev,test}.csv` (read without quote
 handling: a `"` is text), SICK-R the `SICK_{train,trial,test_annotated}.txt` files. Every file is
-UTF-8; a missing or malformed file raises an error naming the file and the line.
+UTF-8, read by `flowcore._lines.read_lines`; a missing or malformed file raises an error naming
+the file and the line. Also the unlabeled fit corpora of the calibrations (`fit_corpus_sentences`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from flowcore._lines import read_lines
+
+__all__ = ["DATASETS", "DATA_ENV", "STSDataError", "STSPairs", "concat", "default_data_dir", "fit_corpus_sentences",
+           "load_split", "load_test", "read_sentence_file", "splits"]
 
 DATASETS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
 
@@ -107,11 +113,29 @@ def concat(parts: list[STSPairs], split: str) -> STSPairs:
 
 def read_sentence_file(path: str | os.PathLike) -> list[str]:
     """One sentence per line (blank lines skipped), e.g. an NLI corpus used as fit corpus."""
-    sentences = [line.strip() for line in _read_lines(Path(path))]
+    sentences = [line.strip() for line in read_lines(path, error=STSDataError)]
     sentences = [s for s in sentences if s]
     if not sentences:
         raise STSDataError(f"{path}: no sentences (expected one sentence per line)")
     return sentences
+
+
+def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, list[str]]:
+    """The unlabeled sentences a calibration is fitted on, and a label saying what they are.
+
+    `target`: every sentence of every split of the dataset (the paper's setting); `train`: the
+    train split (datasets without one fall back to target, and the label says so while keeping
+    the table row "train"); anything else is a file with one sentence per line.
+    """
+    if fit_corpus == "target":
+        sentences = [s for split in splits(dataset) for s in load_split(data_dir, dataset, split).sentences()]
+        return "target", sentences
+    if fit_corpus == "train":
+        if "train" in splits(dataset):
+            return "train", load_split(data_dir, dataset, "train").sentences()
+        _, sentences = fit_corpus_sentences(data_dir, dataset, "target")
+        return "train (no train split: target)", sentences
+    return str(fit_corpus), read_sentence_file(fit_corpus)
 
 
 def _check_name(dataset: str) -> None:
@@ -120,19 +144,8 @@ def _check_name(dataset: str) -> None:
 
 
 def _read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 file split on '\\n' only (other separators are text), line ends removed."""
-    if not path.is_file():
-        raise STSDataError(f"missing file: {path}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise STSDataError(f"{path}:{line}: not valid UTF-8 ({error.reason})") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    """Lines of a UTF-8 file (the `flowcore._lines` policy), errors as `STSDataError` naming file and line."""
+    return read_lines(path, error=STSDataError)
 
 
 def _score(text: str, path: Path, line_number: int) -> float:

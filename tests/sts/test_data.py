@@ -2,9 +2,16 @@
 import numpy as np
 import pytest
 
-from flowcore.sts.evaluate import fit_corpus_sentences
-from flowcore.sts.data import (DATASETS, STSDataError, default_data_dir, load_split, load_test,
-                               read_sentence_file, splits)
+from flowcore.sts.data import (
+    DATASETS,
+    STSDataError,
+    default_data_dir,
+    fit_corpus_sentences,
+    load_split,
+    load_test,
+    read_sentence_file,
+    splits,
+)
 
 TEST_PAIRS = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186,
               "STS-B": 1379, "SICK-R": 4927}

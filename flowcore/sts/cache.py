@@ -1,0 +1,108 @@
+"""The on-disk embedding cache of `flowcore sts`: sentence vectors stored per (model, pooling,
+sentence), so a sentence is encoded once across datasets, calibrations and runs."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from flowcore._fs import atomic_write, atomic_write_json
+
+__all__ = ["CACHE_ENV", "EmbeddingCache", "default_cache_dir"]
+
+CACHE_ENV = "FLOWCORE_CACHE"
+
+logger = logging.getLogger(__name__)
+
+
+def _model_key(model_id: str) -> str:
+    """A local model folder is identified by its absolute path, a hub or alias name as given."""
+    return os.path.abspath(model_id) if os.path.isdir(model_id) else model_id
+
+
+def default_cache_dir() -> Path:
+    """The cache folder from $FLOWCORE_CACHE, else ~/.cache/flowcore/embeddings."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowcore" / "embeddings")
+
+
+class EmbeddingCache:
+    """Sentence vectors stored per (model, pooling, sentence), so nothing is encoded twice.
+    The pooling key carries the encoder's `max_length` when it has one (truncation changes vectors).
+
+    On disk (when `directory` is given): `<directory>/<sha of model+pooling>/<sha of sentences>.npy`
+    holds a float32 matrix and the `.json` beside it the model, pooling and the exact sentences of
+    its rows. Shards are written atomically and never modified, so concurrent runs are safe.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None):
+        self.directory = Path(directory) if directory is not None else None
+        self._memory: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+
+    def _folder(self, model: str, pooling: str) -> Path:
+        digest = hashlib.sha256(json.dumps([model, pooling]).encode()).hexdigest()[:24]
+        return self.directory / digest
+
+    def _known(self, model: str, pooling: str, dim: int) -> dict[str, np.ndarray]:
+        key = (model, pooling)
+        if key in self._memory:
+            return self._memory[key]
+        known: dict[str, np.ndarray] = {}
+        if self.directory is not None and self._folder(model, pooling).is_dir():
+            for meta_path in sorted(self._folder(model, pooling).glob("*.json")):
+                try:
+                    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                    vectors = np.load(meta_path.with_suffix(".npy"), allow_pickle=False)
+                except (OSError, ValueError) as error:
+                    logger.warning(f"embedding cache: skipping unreadable shard {meta_path}: {error}")
+                    continue
+                if (meta.get("model"), meta.get("pooling")) != key or vectors.shape != (len(meta["sentences"]), dim):
+                    logger.warning(f"embedding cache: skipping shard {meta_path} "
+                                   "(it belongs to another model or width)")
+                    continue
+                known.update(zip(meta["sentences"], vectors))
+        self._memory[key] = known
+        return known
+
+    def _store(self, model: str, pooling: str, sentences: list[str], vectors: np.ndarray) -> None:
+        if self.directory is None:
+            return
+        folder = self._folder(model, pooling)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = hashlib.sha256("\0".join(sentences).encode()).hexdigest()[:32]
+        meta = {"model": model, "pooling": pooling, "dim": int(vectors.shape[1]), "sentences": sentences}
+        # The .npy first: a shard is found through its .json, which must never precede its vectors.
+        atomic_write(folder / f"{stem}.npy", lambda handle: np.save(handle, vectors, allow_pickle=False))
+        atomic_write_json(folder / f"{stem}.json", meta, ensure_ascii=False)
+
+    def embed(self, encoder, sentences: list[str], batch_size: int = 64, progress: bool = True) -> np.ndarray:
+        """Vectors of `sentences` (rows aligned, repeats allowed), encoding only unseen ones.
+
+        Args:
+            encoder: anything with `encode(sentences, batch_size=, show_progress_bar=)`, `model_id`,
+                `pooling`, `dim` and optionally `max_length` (e.g. `flowcore.text.encoder.Encoder`).
+            sentences: the sentences to embed, in order; repeats are encoded once.
+            batch_size: the encoding batch size for the sentences not cached yet.
+            progress: log what is encoded (INFO) and let the encoder show its progress bar.
+
+        Returns:
+            A float32 array of shape (len(sentences), encoder.dim), row i the vector of sentences[i].
+        """
+        model, pooling = _model_key(str(encoder.model_id)), str(encoder.pooling)
+        if getattr(encoder, "max_length", None) is not None:
+            pooling = f"{pooling}@max_length={encoder.max_length}"
+        known = self._known(model, pooling, int(encoder.dim))
+        missing = [s for s in dict.fromkeys(sentences) if s not in known]
+        if missing:
+            if progress:
+                logger.info(f"encoding {len(missing)} sentences with {encoder.model_id} ({pooling} pooling)")
+            vectors = np.asarray(encoder.encode(missing, batch_size=batch_size, show_progress_bar=progress),
+                                 dtype=np.float32)
+            if vectors.shape != (len(missing), int(encoder.dim)):
+                raise ValueError(f"the encoder returned shape {vectors.shape} for {len(missing)} sentences")
+            self._store(model, pooling, missing, vectors)
+            known.update(zip(missing, vectors))
+        return np.stack([known[s] for s in sentences]) if sentences else np.empty((0, int(encoder.dim)), np.float32)
