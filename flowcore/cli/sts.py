@@ -14,7 +14,7 @@ from flowcore.cli import CLIError, check_device
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV, DATASETS
-from flowcore.sts.evaluate import evaluate
+from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table, write_json
 
 __all__ = ["register", "run"]

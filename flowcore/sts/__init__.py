@@ -2,8 +2,7 @@
 calibrations compared, the evaluation protocol and its report.
 
 Modules: `data` (loaders, fit corpora), `metrics`, `cache`, `baselines` (the calibrations),
-`evaluate` (the protocol), `report` (table and JSON). None of them imports torch on import.
-`flowcore.sts.evaluate` is the function; the module is `sys.modules["flowcore.sts.evaluate"]`.
+`protocol` (`evaluate`), `report` (table and JSON). None of them imports torch on import.
 """
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, FlowBaseline, NoCalibration, build_calibrator
 from flowcore.sts.cache import CACHE_ENV, EmbeddingCache, default_cache_dir
@@ -19,8 +18,8 @@ from flowcore.sts.data import (
     read_sentence_file,
     splits,
 )
-from flowcore.sts.evaluate import evaluate
 from flowcore.sts.metrics import MULTI_SUBSET, correlations, cosine_similarity, score_pairs, spearman_of
+from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table, write_json
 
 __all__ = [

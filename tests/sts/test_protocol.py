@@ -7,7 +7,7 @@ import pytest
 
 from flowcore.sts.baselines import CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache
-from flowcore.sts.evaluate import evaluate
+from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import markdown_table
 
 from helpers.sts_stand_ins import HashEncoder, MeanShift
