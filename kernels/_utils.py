@@ -153,3 +153,23 @@ def load_shift_logit(
 def log_sigmoid(x):
     """log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), finite for any x."""
     return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def linear_tile(
+    x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias,
+    compute: tl.constexpr, TF32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """x[rows] @ W[ns].T + bias[ns] as a (BLOCK_B, BLOCK_N) tile in `compute` precision (zero
+    outside the matrix): the GEMM of `folded_linear` and of the fused step."""
+    operand: tl.constexpr = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * stride_xb + ks[None, :] * stride_xk,
+                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + ns[None, :] * stride_wn + ks[:, None] * stride_wk,
+                    mask=(ns[None, :] < N) & (ks[:, None] < K), other=0.0)
+        acc = tl.dot(x.to(operand), w.to(operand), acc, input_precision="tf32" if TF32 else "ieee",
+                     out_dtype=compute)
+    return acc + tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]

@@ -25,7 +25,7 @@ from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
-from flowcore.kernels._utils import load_shift_logit, log_sigmoid
+from flowcore.kernels._utils import linear_tile, load_shift_logit, log_sigmoid
 from flowcore.kernels.coupling import SCALE_OFFSET, affine_coupling, affine_coupling_ref
 from flowcore.kernels.folded_linear import folded_linear, folded_linear_ref
 from flowcore.kernels.torch_step import torch_affine_step
@@ -49,21 +49,12 @@ def _folded_gemm_kernel(
     h[rows, 2 ns], h[rows, 2 ns + 1] is applied before the store and this column block's
     log-det partial of each row is written to part_logdet[column block, rows]."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    operand: tl.constexpr = x_ptr.dtype.element_ty
     col_blocks = tl.cdiv(N, BLOCK_N)
     col_block = tl.program_id(0) % col_blocks
     rows = (tl.program_id(0) // col_blocks) * BLOCK_B + tl.arange(0, BLOCK_B)
     ns = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rows[:, None] * stride_xb + ks[None, :] * stride_xk,
-                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + ns[None, :] * stride_wn + ks[:, None] * stride_wk,
-                    mask=(ns[None, :] < N) & (ks[:, None] < K), other=0.0)
-        acc = tl.dot(x.to(operand), w.to(operand), acc, input_precision="tf32" if TF32 else "ieee",
-                     out_dtype=compute)
-    acc += tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]
+    acc = linear_tile(x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk,
+                      stride_bias, compute, TF32, BLOCK_B, BLOCK_N, BLOCK_K)
     mask = (rows[:, None] < B) & (ns[None, :] < N)
     if COUPLING:
         shift, logit = load_shift_logit(h_ptr, rows, col_block * BLOCK_N, B, N, stride_hb, stride_hd,

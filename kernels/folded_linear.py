@@ -19,6 +19,7 @@ from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
+from flowcore.kernels._utils import linear_tile
 
 
 def folded_linear_ref(x, weight, bias):
@@ -35,20 +36,11 @@ def _linear_fwd_kernel(
     """z[rows, ns] = x[rows, :] @ W[ns, :].T + bias[ns]. Column blocks of one row block are
     neighbouring programs, so each x tile is read from DRAM once."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    operand: tl.constexpr = x_ptr.dtype.element_ty
     col_blocks = tl.cdiv(N, BLOCK_N)
     rows = (tl.program_id(0) // col_blocks) * BLOCK_B + tl.arange(0, BLOCK_B)
     ns = (tl.program_id(0) % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + rows[:, None] * stride_xb + ks[None, :] * stride_xk,
-                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + ns[None, :] * stride_wn + ks[:, None] * stride_wk,
-                    mask=(ns[None, :] < N) & (ks[:, None] < K), other=0.0)
-        acc = tl.dot(a.to(operand), w.to(operand), acc, input_precision="tf32" if TF32 else "ieee",
-                     out_dtype=compute)
-    acc += tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]
+    acc = linear_tile(x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk,
+                      stride_bias, compute, TF32, BLOCK_B, BLOCK_N, BLOCK_K)
     mask = (rows[:, None] < B) & (ns[None, :] < N)
     tl.store(z_ptr + rows[:, None] * N + ns[None, :], acc.to(z_ptr.dtype.element_ty), mask=mask)
 
