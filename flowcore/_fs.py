@@ -10,14 +10,18 @@ import hashlib
 import json
 import os
 import tempfile
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-__all__ = ["atomic_write", "atomic_write_json", "file_sha256", "fsync_dir", "fsync_file"]
+__all__ = ["atomic_write", "atomic_write_json", "file_sha256", "fsync", "remove_temporaries"]
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once, at import: os.umask can only be read by setting it, for every thread
 
 
-def fsync_file(path: str | os.PathLike) -> None:
-    """Flush a file's (or a folder's) data and metadata to disk."""
+def fsync(path: str | os.PathLike) -> None:
+    """Flush a file's data, or a folder's entries (renames, new files), to disk."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -25,14 +29,10 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.close(descriptor)
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make renames and new entries in folder `path` durable."""
-    fsync_file(path)
-
-
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, sync_dir: bool = True) -> None:
-    """Write `path` atomically: `write(handle)` fills a temporary file beside it, which is fsynced
-    and renamed over `path`. The file gets the permissions of a normally created one (umask)."""
+    """Write `path` atomically: `write(handle)` fills a temporary file beside it (`.NAME.*.tmp`), which
+    is fsynced and renamed over `path`. The file gets the permissions of a normally created one
+    (umask)."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -40,15 +40,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, 
             write(stream)
             stream.flush()
             os.fsync(stream.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from other users
+        os.chmod(temporary, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide the file from other users
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
     if sync_dir:
-        fsync_dir(path.parent)
+        fsync(path.parent)
+
+
+def remove_temporaries(path: str | os.PathLike) -> None:
+    """Delete the temporary files that `atomic_write` calls for `path` left behind when killed;
+    only while nothing else writes `path`."""
+    path = Path(path)
+    for temporary in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
+        temporary.unlink(missing_ok=True)
 
 
 def atomic_write_json(path: str | os.PathLike, payload, **dump_options) -> None:

@@ -6,7 +6,7 @@ import stat
 import pytest
 import torch
 
-from flowcore._fs import atomic_write, atomic_write_json, file_sha256
+from flowcore._fs import atomic_write, atomic_write_json, file_sha256, remove_temporaries
 from flowcore._lines import iter_lines, read_lines
 from flowcore._threads import available_cpus, check_threads, pinned_threads
 
@@ -33,6 +33,15 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         atomic_write(target, broken)
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_temporaries_left_by_a_killed_write_are_removed(tmp_path):
+    target = tmp_path / "out[1].json"
+    for stale in (".out[1].json.abc123.tmp", ".out[1].json.x.tmp"):
+        (tmp_path / stale).write_bytes(b"half")
+    (tmp_path / ".other.json.abc.tmp").write_bytes(b"not ours")
+    remove_temporaries(target)
+    assert sorted(os.listdir(tmp_path)) == [".other.json.abc.tmp"]
 
 
 def test_atomic_json_and_sha256(tmp_path):

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from flowcore._fs import atomic_write_json, file_sha256, fsync_dir
+from flowcore._fs import atomic_write_json, file_sha256, fsync, remove_temporaries
 from flowcore._threads import available_cpus, check_threads, pinned_threads
 from flowcore.batch.outputs import JobMismatchError, RejectsLog, open_output
 from flowcore.batch.pipeline import (
@@ -233,9 +233,10 @@ class CalibrationJob:
                 output.close()
         output.finish(total_chunks)
         rejects.finish()
-        fsync_dir(self.out.parent)
+        fsync(self.out.parent)
         self.manifest_path.unlink(missing_ok=True)
-        fsync_dir(self.out.parent)
+        remove_temporaries(self.manifest_path)  # a manifest write cut short by a kill
+        fsync(self.out.parent)
         output.discard()
         return CalibrationSummary(rows, dict(progress.rejects), time.perf_counter() - started,
                                   rows - resumed_from, resumed_from, self.out, self.rejects_path)
@@ -322,8 +323,8 @@ def default_threads(text: bool) -> int:
     must be byte-identical to an uninterrupted one). Embeddings: one fewer than the CPUs
     available, so that the reader and writer threads keep a core and never deschedule torch's
     threads, which wait for each other at every operator. Text: 1, given to the encoder as a
-    fixed count (its load-following default is not reproducible), the safe count for
-    byte-identical resumes; more threads for text are an explicit `--threads` choice."""
+    fixed count, the safe count for byte-identical resumes (docs/design.md, lab notes); more
+    threads for text are an explicit `--threads` choice."""
     import torch
 
     if text:

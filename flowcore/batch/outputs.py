@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowcore._fs import atomic_write, fsync_dir, fsync_file
+from flowcore._fs import atomic_write, fsync
 from flowcore.batch.pipeline import CalibratedChunk
 from flowcore.batch.rows import Reject
 
@@ -80,7 +80,7 @@ class NpyOutput:
     def finish(self, chunks: int) -> None:
         self.close()
         if self.partial.exists():
-            fsync_file(self.partial)
+            fsync(self.partial)
             os.replace(self.partial, self.path)
 
     def discard(self) -> None:
@@ -128,7 +128,7 @@ class ParquetOutput:
         atomic_write(self._part(chunk.index), lambda stream: pq.write_table(table, stream), sync_dir=False)
 
     def sync(self) -> None:
-        fsync_dir(self.parts)
+        fsync(self.parts)
 
     def close(self) -> None:
         pass
@@ -143,7 +143,7 @@ class ParquetOutput:
             with pq.ParquetWriter(handle, self.schema) as writer:
                 for index in range(chunks):
                     writer.write_table(pq.read_table(self._part(index)), row_group_size=max(1, self.rows))
-        fsync_file(self.partial)
+        fsync(self.partial)
         os.replace(self.partial, self.path)
 
     def discard(self) -> None:

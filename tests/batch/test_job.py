@@ -50,7 +50,8 @@ def embeddings_with_bad_rows(path: Path, rows: int = 600, dim: int = DIM) -> np.
 def leftovers(folder: Path, out: Path) -> list[str]:
     """Anything a job leaves beside its output except the output and its rejects file."""
     keep = {out.name, out.name + ".rejects.jsonl"}
-    return sorted(p.name for p in folder.iterdir() if p.name.startswith(out.name) and p.name not in keep)
+    return sorted(p.name for p in folder.iterdir()
+                  if p.name.startswith((out.name, f".{out.name}")) and p.name not in keep)
 
 
 def read_rejects(out: Path) -> list[dict]:
