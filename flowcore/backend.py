@@ -8,7 +8,7 @@ Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then 
              (`TRITON_INTERPRET=1` set before the kernels are imported); otherwise a
              `BackendUnavailableError` says why.
 - `torch`  : PyTorch ops: the `_ref` twins, and for the LU + affine step a fused autograd
-             Function with a hand-written backward (`flowcore.kernels.flow_step`).
+             Function with a hand-written backward (`flowcore.kernels.torch_step`).
 
 Probes of torch internals (`composed_autograd_only`, `composed_backward`, hook detection) live in
 `flowcore._torch_compat`.

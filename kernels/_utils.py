@@ -160,8 +160,9 @@ def linear_tile(
     x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias,
     compute: tl.constexpr, TF32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """x[rows] @ W[ns].T + bias[ns] as a (BLOCK_B, BLOCK_N) tile in `compute` precision (zero
-    outside the matrix): the GEMM of `folded_linear` and of the fused step."""
+    """x[rows] @ W[ns].T + bias[ns] as a (BLOCK_B, BLOCK_N) tile in `compute` precision (rows
+    past B and columns past N hold junk that the caller masks): the GEMM of `folded_linear` and
+    of the fused step."""
     operand: tl.constexpr = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
     for k0 in range(0, K, BLOCK_K):

@@ -107,7 +107,7 @@ def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
     if not 0 < split < weight.shape[0]:
         raise ValueError(f"folded_affine_step split must be in 1..{weight.shape[0] - 1}, got {split}")
     if resolve(x) != "triton":
-        return torch_affine_step(x, weight, bias, split, conditioner)
+        return torch_affine_step(x, weight, bias, split, conditioner, folded_affine_step_ref)
     _utils.require_launchable(x, "folded_affine_step")
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias))
     if wants_grad:

@@ -1,5 +1,5 @@
 """The PyTorch backend's folded affine step (`flowcore.kernels.flow_step` for the math):
-`torch_affine_step(x, weight, bias, split, conditioner)`, the hand-written `_TorchAffineStep`
+`torch_affine_step(x, weight, bias, split, conditioner, reference)`, the hand-written `_TorchAffineStep`
 autograd Function and its no-autograd forward `_torch_step`.
 
 y is computed once into z and the coupling is applied to its second half in place. When the
@@ -25,24 +25,19 @@ from flowcore.kernels import _utils
 from flowcore.kernels.coupling import SCALE_OFFSET
 
 
-def _reference(x, weight, bias, split: int, conditioner: Callable):
-    """`folded_affine_step_ref` (imported here: flow_step imports this module)."""
-    from flowcore.kernels.flow_step import folded_affine_step_ref
-
-    return folded_affine_step_ref(x, weight, bias, split, conditioner)
-
-
-def torch_affine_step(x, weight, bias, split: int, conditioner: Callable):
-    """(z, coupling logdet) of the folded affine step on PyTorch ops (arguments already checked)."""
+def torch_affine_step(x, weight, bias, split: int, conditioner: Callable, reference: Callable):
+    """(z, coupling logdet) of the folded affine step on PyTorch ops (arguments already checked);
+    `reference` is the op's composed twin (`flow_step.folded_affine_step_ref`), run where the
+    hand-written backward must give way to autograd."""
     if composed_autograd_only(x):
-        return _reference(x, weight, bias, split, conditioner)
+        return reference(x, weight, bias, split, conditioner)
     layers = _mlp_layers(conditioner)
     if layers is None:
         if torch.is_grad_enabled():
-            return _reference(x, weight, bias, split, conditioner)
+            return reference(x, weight, bias, split, conditioner)
         return _torch_step(x, weight, bias, split, _split_output(conditioner, weight.shape[0] - split))[:2]
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias, *layers)):
-        return _TorchAffineStep.apply(x, weight, bias, split, *layers)
+        return _TorchAffineStep.apply(x, weight, bias, split, reference, *layers)
     with torch.no_grad():
         return _torch_step(x, weight, bias, split, _MLP(layers, weight.shape[0] - split))[:2]
 
@@ -114,10 +109,10 @@ class _TorchAffineStep(torch.autograd.Function):
     """The step on PyTorch ops with a hand-written backward (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, split: int, *layers):
+    def forward(ctx, x, weight, bias, split: int, reference: Callable, *layers):
         mlp = _MLP(layers, weight.shape[0] - split)
         z, logdet, scale = _torch_step(x, weight, bias, split, mlp)
-        ctx.split = split
+        ctx.split, ctx.reference = split, reference
         ctx.save_for_backward(x, weight, bias, z, scale, *mlp.inputs[1:], *layers)
         return z, logdet
 
@@ -144,11 +139,11 @@ class _TorchAffineStep(torch.autograd.Function):
         layer_grads = [None] * (2 * depth)
         for index in reversed(range(depth)):
             layer_weight, layer_input = mlp_weights[index], inputs[index]
-            if ctx.needs_input_grad[4 + 2 * index]:
+            if ctx.needs_input_grad[5 + 2 * index]:
                 layer_grads[2 * index] = dweight = torch.empty_like(layer_weight)
                 for part, weight_rows in parts:
                     dweight[weight_rows] = part.T @ layer_input
-            if ctx.needs_input_grad[5 + 2 * index]:
+            if ctx.needs_input_grad[6 + 2 * index]:
                 layer_grads[2 * index + 1] = dbias = layer_weight.new_empty(layer_weight.shape[0])
                 for part, weight_rows in parts:
                     dbias[weight_rows] = dshift_sum if part is dshift else part.sum(dim=0)
@@ -164,7 +159,7 @@ class _TorchAffineStep(torch.autograd.Function):
         dx = dy @ weight if ctx.needs_input_grad[0] else None
         dweight = dy.T @ x if ctx.needs_input_grad[1] else None
         dbias = torch.cat([dy[:, :split].sum(dim=0), dshift_sum]) if ctx.needs_input_grad[2] else None
-        return dx, dweight, dbias, None, *layer_grads
+        return dx, dweight, dbias, None, None, *layer_grads
 
 
 def _composed_backward(ctx, grads, x, weight, bias, split: int, layers):
@@ -174,7 +169,7 @@ def _composed_backward(ctx, grads, x, weight, bias, split: int, layers):
             a = F.linear(torch.relu(a) if index else a, layers[index], layers[index + 1])
         return a
 
-    outputs = _reference(x, weight, bias, split, conditioner)
+    outputs = ctx.reference(x, weight, bias, split, conditioner)
     result = composed_backward(outputs, (x, weight, bias, *layers),
-                               ctx.needs_input_grad[:3] + ctx.needs_input_grad[4:], grads)
-    return (*result[:3], None, *result[3:])
+                               ctx.needs_input_grad[:3] + ctx.needs_input_grad[5:], grads)
+    return (*result[:3], None, None, *result[3:])

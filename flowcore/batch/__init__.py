@@ -21,11 +21,11 @@ from flowcore.batch.pipeline import CalibratedChunk, calibrate_chunks, check_com
 from flowcore.batch.rows import Chunk, Position, Reject, TextRow, count_reasons
 from flowcore.batch.sampling import sample_row_numbers, sample_stream
 from flowcore.batch.text_sources import TextCorpus, read_texts, sample_texts
-from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix, read_npy
+from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 
 __all__ = [
     "STAGES", "CalibratedChunk", "CalibrationJob", "CalibrationSummary", "Chunk", "EmbeddingFile",
     "JobMismatchError", "NpyMatrix", "Position", "Reject", "TextCorpus", "TextRow", "calibrate_chunks",
-    "calibrate_file", "check_compatible", "count_reasons", "default_threads", "iter_calibrated", "read_npy",
+    "calibrate_file", "check_compatible", "count_reasons", "default_threads", "iter_calibrated",
     "read_texts", "sample_row_numbers", "sample_stream", "sample_texts",
 ]

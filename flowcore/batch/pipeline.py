@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from flowcore.batch.rows import NON_FINITE, Chunk, Position, Reject
+from flowcore.batch.rows import Chunk, Position, Reject, reject_non_finite
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 
@@ -181,7 +181,7 @@ def _calibrated(chunk: Chunk, transform, dim: int, encode) -> CalibratedChunk:
         vectors = np.full((chunk.rows, dim), np.nan, dtype=np.float32)
         if good.any():
             vectors[good] = encode([text for text, keep in zip(chunk.texts, good) if keep])
-            rejects += _reject_encoder_non_finite(vectors, good, chunk.row_start)
+            rejects += reject_non_finite(vectors, chunk.row_start, good, "the encoder returned NaN/Inf")
     else:
         vectors = chunk.vectors
     if good.all():
@@ -192,14 +192,6 @@ def _calibrated(chunk: Chunk, transform, dim: int, encode) -> CalibratedChunk:
             out[good] = transform(vectors[good])
     return CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
                            sorted(rejects, key=lambda reject: reject.row), chunk.end)
-
-
-def _reject_encoder_non_finite(vectors: np.ndarray, good: np.ndarray, row_start: int) -> list[Reject]:
-    bad = good & ~np.isfinite(vectors).all(axis=1)
-    good &= ~bad
-    vectors[bad] = np.nan
-    return [Reject(row_start + int(offset), NON_FINITE, "the encoder returned NaN/Inf")
-            for offset in np.flatnonzero(bad)]
 
 
 def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] | None:

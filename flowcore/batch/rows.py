@@ -19,7 +19,7 @@ import numpy as np
 __all__ = [
     "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_UTF8", "MISSING_ID", "MISSING_TEXT",
     "MISSING_VECTOR", "NON_FINITE", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "Chunk", "Position", "Reject", "TextRow",
-    "count_reasons", "detect_format", "file_identity", "parquet_batches", "require_file",
+    "count_reasons", "detect_format", "file_identity", "parquet_batches", "reject_non_finite", "require_file",
 ]
 
 # Reject reasons (the `reason` field of a rejects file line).
@@ -142,3 +142,19 @@ def parquet_batches(path: Path, columns: list[str], start_row: int, batch_rows: 
         if skip:
             batch, skip = batch.slice(skip), 0
         yield batch
+
+
+def reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarray,
+                      detail: str | None = None) -> list[Reject]:
+    """Reject the `candidates` rows of `vectors` holding NaN/Inf: each becomes all-NaN and is
+    cleared in `candidates` (in place). `detail` says where they came from; by default it counts
+    the NaN and Inf values of the row."""
+    bad = candidates & ~np.isfinite(vectors).all(axis=1)
+    rejects = []
+    for offset in np.flatnonzero(bad):
+        row = vectors[offset]
+        what = detail or f"{int(np.isnan(row).sum())} NaN, {int(np.isinf(row).sum())} Inf of {vectors.shape[1]} values"
+        rejects.append(Reject(row_start + int(offset), NON_FINITE, what))
+        vectors[offset] = np.nan
+    candidates &= ~bad
+    return rejects

@@ -19,7 +19,6 @@ import numpy as np
 from flowcore.batch.rows import (
     MISSING_ID,
     MISSING_VECTOR,
-    NON_FINITE,
     WRONG_WIDTH,
     Chunk,
     Position,
@@ -27,10 +26,11 @@ from flowcore.batch.rows import (
     detect_format,
     file_identity,
     parquet_batches,
+    reject_non_finite,
     require_file,
 )
 
-__all__ = ["EMBEDDING_FORMATS", "EmbeddingFile", "NpyMatrix", "read_npy"]
+__all__ = ["EMBEDDING_FORMATS", "EmbeddingFile", "NpyMatrix"]
 
 EMBEDDING_FORMATS = {".npy": "npy", ".parquet": "parquet", ".pq": "parquet"}
 
@@ -84,11 +84,15 @@ class NpyMatrix:
                 del matrix  # the map cannot close while an array still points into it
 
     def read(self, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
-        """A copy of the chosen rows (all when None), in the file's dtype."""
+        """The chosen rows as a copy in the file's dtype, or with `rows=None` the whole matrix as a
+        read-only memory map (no copy: pages are read as they are used)."""
         if self.rows == 0 or (rows is not None and len(rows) == 0):
             return np.empty((0, self.dim), dtype=self.dtype)
+        if rows is None:
+            return np.memmap(self.path, self.dtype, mode="r", offset=self.header_bytes, shape=(self.rows, self.dim),
+                             order="F" if self.fortran_order else "C")
         with self._mapped() as (matrix, _):
-            return np.array(matrix if rows is None else matrix[np.asarray(rows, dtype=np.intp)])
+            return np.array(matrix[np.asarray(rows, dtype=np.intp)])
 
     def blocks(self, block_rows: int, start_row: int = 0) -> Iterator[tuple[int, np.ndarray]]:
         """(row_start, float32 copy of rows [row_start, row_start + block_rows)) from `start_row`
@@ -104,11 +108,6 @@ class NpyMatrix:
                 block = np.array(matrix[row_start:row_end], dtype=np.float32)
                 _release(mapped, self.header_bytes + row_start * row_bytes, (row_end - row_start) * row_bytes)
                 yield row_start, block
-
-
-def read_npy(path: str | os.PathLike, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
-    """The chosen rows (all when None) of the 2-D numeric .npy file at `path`, in its dtype."""
-    return NpyMatrix(path).read(rows)
 
 
 class EmbeddingFile:
@@ -172,7 +171,7 @@ class EmbeddingFile:
 
     def _npy_chunks(self, chunk_rows: int, start_row: int) -> Iterator[Chunk]:
         for row_start, vectors in self._npy.blocks(chunk_rows, start_row):
-            rejects = _reject_non_finite(vectors, row_start, np.ones(len(vectors), dtype=bool))
+            rejects = reject_non_finite(vectors, row_start, np.ones(len(vectors), dtype=bool))
             yield Chunk(row_start // chunk_rows, row_start, len(vectors), Position(row_start + len(vectors)),
                         rejects, vectors=vectors)
 
@@ -229,7 +228,7 @@ class EmbeddingFile:
             else:
                 rejects.append(Reject(row_start + int(offset), WRONG_WIDTH,
                                       f"{lengths[offset]} values, expected {self.dim}"))
-        rejects += _reject_non_finite(vectors, row_start, fits)
+        rejects += reject_non_finite(vectors, row_start, fits)
         rejects.sort(key=lambda reject: reject.row)
         return vectors, rejects
 
@@ -241,15 +240,3 @@ def _release(mapped: mmap.mmap, start: int, length: int) -> None:
     length += start - page_start
     if length > 0 and hasattr(mapped, "madvise"):
         mapped.madvise(mmap.MADV_DONTNEED, page_start, min(length, len(mapped) - page_start))
-
-
-def _reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarray) -> list[Reject]:
-    """Reject the candidate rows holding NaN/Inf, and make each such row all-NaN."""
-    bad = candidates & ~np.isfinite(vectors).all(axis=1)
-    rejects = []
-    for offset in np.flatnonzero(bad):
-        row = vectors[offset]
-        detail = f"{int(np.isnan(row).sum())} NaN, {int(np.isinf(row).sum())} Inf of {vectors.shape[1]} values"
-        rejects.append(Reject(row_start + int(offset), NON_FINITE, detail))
-        vectors[offset] = np.nan
-    return rejects

@@ -28,7 +28,7 @@ class FlowCalibrator:
     `flowcore.calibration.standardize`); `standardize=False` feeds the raw vectors, as the paper's
     code does.
 
-    Arguments:
+    Args:
         config: a Glow configuration name from `flowcore.CONFIGS`, e.g. "l2_d3_w32".
         epochs: training epochs over X.
         batch_size: training batch size (the paper's 32).
@@ -87,8 +87,9 @@ class FlowCalibrator:
         Returns:
             self, fitted.
         """
+        provenance = self.provenance
         if encoder is not None:
-            self.provenance = encoder if isinstance(encoder, EncoderProvenance) else EncoderProvenance.of(encoder)
+            provenance = encoder if isinstance(encoder, EncoderProvenance) else EncoderProvenance.of(encoder)
         data = check_matrix(X, min_rows=2)
         standardizer = None
         if self.standardize:
@@ -103,7 +104,7 @@ class FlowCalibrator:
                 standardizer.to(self.device)
         self.losses = fit(flow, data, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
                           seed=self.seed, progress=progress)
-        self.flow, self.standardizer = flow.eval(), standardizer
+        self.flow, self.standardizer, self.provenance = flow.eval(), standardizer, provenance
         return self
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

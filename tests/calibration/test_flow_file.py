@@ -45,6 +45,15 @@ def test_fit_records_the_encoder_as_typed_provenance(fitted, tmp_path):
     assert flowcore.FlowCalibrator.load(tmp_path / "m.flow").provenance == calibrator.provenance
 
 
+def test_a_failed_refit_keeps_the_old_provenance(fitted):
+    data, _ = fitted
+    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, progress=False,
+                                                                                encoder=_FakeEncoder())
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        calibrator.fit(np.full((10, 8), np.nan), progress=False, encoder=EncoderProvenance("other", "cls"))
+    assert calibrator.provenance == EncoderProvenance("/models/bert", "first-last-avg")
+
+
 def test_a_version_1_file_loads_with_its_encoder_migrated(fitted, tmp_path):
     data, calibrator = fitted
     calibrator.save(tmp_path / "v2.flow")

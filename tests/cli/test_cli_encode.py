@@ -1,0 +1,52 @@
+"""`flowcore encode`: one row per line, clear errors, the line-reading policy for bad UTF-8."""
+import numpy as np
+import pytest
+
+from flowcore.text.encoder import Encoder
+
+from helpers.tiny_models import save_tiny_bert
+
+WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), WORDS, hidden_size=16, num_layers=3)
+
+
+def _run_encode_cli(argv):
+    from flowcore.cli import main
+
+    return main(["encode", *argv])
+
+
+def test_cli_encode_writes_one_row_per_line(tiny_bert, tmp_path, capsys):
+    lines = ["the cat sat", "", "a dog ran fast", "the cat sat"]
+    (tmp_path / "sents.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "emb.npy"
+    status = _run_encode_cli(["--input", str(tmp_path / "sents.txt"), "--out", str(out), "--model", tiny_bert,
+                              "--pooling", "mean", "--batch-size", "2", "--max-length", "16"])
+    assert status == 0
+    written = np.load(out)
+    np.testing.assert_allclose(written, Encoder(tiny_bert, pooling="mean").encode(lines), rtol=1e-5, atol=1e-6)
+    assert "wrote 4 embeddings (4 x 16, pooling mean)" in capsys.readouterr().out
+
+
+def test_cli_encode_bad_input_is_reported(tiny_bert, tmp_path, capsys):
+    assert _run_encode_cli(["--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "e.npy")]) == 2
+    assert "missing.txt" in capsys.readouterr().err
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert _run_encode_cli(["--input", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "e.npy")]) == 2
+    assert "empty.txt is empty" in capsys.readouterr().err
+    (tmp_path / "s.txt").write_text("the cat\n", encoding="utf-8")
+    assert _run_encode_cli(["--input", str(tmp_path / "s.txt"), "--out", str(tmp_path / "e.npy"),
+                            "--model", tiny_bert, "--pooling", "max"]) == 2
+    assert "unknown pooling 'max'" in capsys.readouterr().err
+    (tmp_path / "latin1.txt").write_bytes(b"the cat\r\nthe caf\xe9 dog\nred\n")
+    assert _run_encode_cli(["--input", str(tmp_path / "latin1.txt"), "--out", str(tmp_path / "e.npy"),
+                            "--model", tiny_bert]) == 0
+    written = np.load(tmp_path / "e.npy")
+    assert written.shape == (3, 16)
+    assert np.isnan(written[1]).all() and np.isfinite(written[[0, 2]]).all(), "an undecodable line is a NaN row"
+    err = capsys.readouterr().err
+    assert "1 line(s) of" in err and "(lines 2)" in err
