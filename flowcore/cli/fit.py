@@ -1,11 +1,14 @@
 """`flowcore fit`: train a flow on embeddings (.npy) or on a text corpus, save it as one file."""
 from __future__ import annotations
 
+import hashlib
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
 from flowcore.cli import CLIError, check_device
 from flowcore.flows.glow import CONFIGS
 
@@ -53,7 +56,8 @@ def _load_embeddings(args) -> np.ndarray:
 
 
 def _encode_corpus(args):
-    """The vectors of (a `--max-rows` sample of) the corpus, and the `Encoder` that made them."""
+    """The vectors of (a `--max-rows` sample of) the corpus and the `Encoder` that made them, and
+    the number of distinct sentences among them."""
     from flowcore.batch.rows import count_reasons
     from flowcore.batch.text_sources import sample_texts
     from flowcore.text.encoder import Encoder
@@ -66,7 +70,19 @@ def _encode_corpus(args):
     if len(texts) < 2:
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {len(texts)}")
     encoder = Encoder(args.model, pooling=args.pooling, device=args.device)
-    return encoder.encode(texts), encoder
+    return (encoder.encode(texts), encoder), len(set(texts))
+
+
+def _distinct_rows(data: np.ndarray, enough: int) -> int:
+    """The number of distinct rows of `data`, counted up to `enough` (all that the warning needs);
+    reads the rows in blocks, so a memory-mapped file is never loaded whole."""
+    seen: set[bytes] = set()
+    for start in range(0, len(data), 4096):
+        for row in np.ascontiguousarray(data[start:start + 4096]):
+            seen.add(hashlib.blake2b(row.tobytes(), digest_size=16).digest())
+        if len(seen) >= enough:
+            break
+    return len(seen)
 
 
 def run(args) -> int:
@@ -76,8 +92,12 @@ def run(args) -> int:
     started = time.perf_counter()
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
+        distinct = _distinct_rows(data, MIN_ROWS_PER_DIM * data.shape[1]) if data.ndim == 2 else len(data)
     else:
-        data, encoder = _encode_corpus(args)
+        (data, encoder), distinct = _encode_corpus(args)
+    warning = small_corpus_warning(distinct, data.shape[1], "--input FILE") if data.ndim == 2 else None
+    if warning is not None:
+        print(f"flowcore fit: warning: {warning}", file=sys.stderr)
     calibrator = FlowCalibrator(config=args.config, epochs=args.epochs, batch_size=args.batch_size,
                                 lr=args.lr, seed=args.seed, device=args.device)
     calibrator.fit(data, encoder=encoder)  # records the encoder and pooling (None: raw embeddings)

@@ -1,6 +1,7 @@
-"""`flowcore sts`: the BERT-flow experiment on the seven STS benchmarks — frozen encoder →
-calibration (none | whitening | flow, fitted without labels) → cosine → Spearman ×100 —
-printed as a paper-style markdown table, optionally saved as JSON records."""
+"""`flowcore sts`: the BERT-flow experiment on the seven STS benchmarks (or on your own labelled
+pairs, `--pairs`) — frozen encoder → calibration (none | whitening | flow, fitted without labels,
+or a flow file, `--flow`) → cosine → Spearman ×100 — printed as a paper-style markdown table,
+optionally saved as JSON records."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,7 @@ from flowcore.cli import CLIError, check_device
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV, DATASETS
+from flowcore.sts.pairs import PairColumns
 from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table, write_json
 
@@ -29,6 +31,33 @@ def _names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
     return list(dict.fromkeys(names))
+
+
+def _files(text: str) -> list[str]:
+    files = [part.strip() for part in text.split(",") if part.strip()]
+    if not files:
+        raise argparse.ArgumentTypeError("no pairs file given")
+    return files
+
+
+def _pair_columns(text: str) -> PairColumns:
+    try:
+        return PairColumns.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, except the unset ones (None, False), whose help says what happens."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+DEFAULT_CALIBRATIONS = "none,whitening,flow"
+FLOW_FILE_CALIBRATIONS = ("none", "flow")
 
 
 @contextlib.contextmanager
@@ -58,9 +87,9 @@ def register(subparsers) -> None:
         "sts",
         help="evaluate an encoder with and without calibration on the STS benchmarks (the BERT-flow experiment)",
         description="Spearman x100 of cosine similarity against gold on the STS12-16, STS-B and SICK-R test "
-        "sets, for the raw encoder and after whitening or a flow fitted without labels. Progress goes "
-        "to stderr, the table to stdout.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "sets (or your own labelled pairs, --pairs), for the raw encoder and after whitening or a flow "
+        "fitted without labels (or loaded, --flow). Progress and warnings go to stderr, the table to stdout.",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--model", default="default",
                         help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a "
@@ -68,17 +97,40 @@ def register(subparsers) -> None:
     parser.add_argument("--pooling", default="first-last-avg", type=lambda t: _names(t, None, "pooling"),
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
-    parser.add_argument("--calibration", default="none,whitening,flow",
-                        type=lambda t: _names(t, CALIBRATIONS, "calibration"),
-                        help="comma-separated calibrations")
-    parser.add_argument("--datasets", default=",".join(DATASETS), type=lambda t: _names(t, DATASETS, "dataset"),
-                        help="comma-separated datasets")
+    parser.add_argument("--calibration", default=None, type=lambda t: _names(t, CALIBRATIONS, "calibration"),
+                        help=f"comma-separated calibrations (default: {DEFAULT_CALIBRATIONS}; with --flow: "
+                        f"{','.join(FLOW_FILE_CALIBRATIONS)}, the only ones allowed then)")
+    parser.add_argument("--datasets", default=None, type=lambda t: _names(t, DATASETS, "dataset"),
+                        help=f"comma-separated built-in datasets (default: all of {','.join(DATASETS)})")
+    parser.add_argument("--pairs", default=None, action="extend", type=_files, metavar="FILE[,FILE...]",
+                        help="evaluate your own labelled pairs instead of the built-in datasets, one table "
+                        "column (dataset) per FILE, named after its stem: .tsv (tab-separated, no quoting), "
+                        ".csv (quoted fields allowed), .jsonl (an object or an array per line), or SentEval "
+                        "pairs: an STS.input.<name>.txt file with its STS.gs.<name>.txt beside it (empty gold: "
+                        "unscored, skipped), or a folder of them (each file a subset). Blank lines are ignored")
+    parser.add_argument("--pairs-columns", default=None, type=_pair_columns, metavar="S1,S2,SCORE",
+                        help="the two sentence columns and the score column of --pairs files: three names (the "
+                        "first line of a .tsv/.csv is then its header; keys of .jsonl objects) or three 0-based "
+                        "positions (no header line; items of .jsonl arrays). When not given: a header naming "
+                        "them as sentence1/sentence2/score, s1/s2/label, sentence_a/sentence_b/"
+                        "relatedness_score, text1/text2/similarity... (any case), else positions 0,1,2 of a "
+                        "headerless file (.jsonl: recognised keys of objects, items 0,1,2 of arrays)")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="skip bad lines of --pairs files (missing column, a score that is not a finite "
+                        "number, an empty sentence, broken JSON/CSV, invalid UTF-8) and count them (stderr, "
+                        "'skipped_lines' in the JSON); without it the first one is an error naming file:line")
     parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
-                        help=f"folder with the STS data, e.g. ../shared/data/sts; its default comes from ${DATA_ENV}")
+                        help=f"folder with the STS data, e.g. ../shared/data/sts; its default comes from ${DATA_ENV} "
+                        "(not needed with --pairs)")
     parser.add_argument("--fit-corpus", default="target",
                         help="what whitening/flow are fitted on, without labels: 'target' (all sentences of the "
-                        "evaluated dataset, all splits: the paper's setting), 'train' (its train split where "
-                        "one exists), or a text file with one sentence per line (e.g. NLI sentences)")
+                        "evaluated dataset, all splits: the paper's setting; with --pairs: each file's own "
+                        "sentences), 'train' (its train split where one exists; not with --pairs), or a text "
+                        "file with one sentence per line (e.g. NLI sentences). Fewer than 5 x dim distinct "
+                        "sentences give a warning (stderr and 'warning' in the JSON)")
+    parser.add_argument("--flow", default=None, metavar="FILE",
+                        help="a flow file from 'flowcore fit' (for this encoder and pooling): applied as it is, "
+                        "no flow is fitted; --calibration may then hold none and flow only")
     parser.add_argument("--sick-split", default="test", choices=("test", "all"),
                         help="SICK-R pairs scored: 'test' (4927, the paper's protocol) or 'all' (9927, MTEB's)")
     parser.add_argument("--aggregation", default="all", choices=AGGREGATIONS,
@@ -115,12 +167,33 @@ def run(args: argparse.Namespace) -> int:
     # Deferred: the encoder imports torch; registering this subcommand at CLI start-up must not.
     from flowcore.text.encoder import Encoder
 
-    if not args.data_dir:
-        raise CLIError(f"no STS data folder: pass --data-dir DIR or set {DATA_ENV}")
-    if not os.path.isdir(args.data_dir):
-        raise CLIError(f"STS data folder not found: {args.data_dir}")
+    if args.pairs is None:
+        for option, value in (("--pairs-columns", args.pairs_columns), ("--skip-bad", args.skip_bad)):
+            if value:
+                raise CLIError(f"{option} applies to --pairs files only")
+    elif args.datasets is not None:
+        raise CLIError("--pairs evaluates your files instead of the built-in datasets: drop --datasets")
+    if args.pairs is not None and args.fit_corpus == "train":
+        raise CLIError("--fit-corpus train needs the built-in datasets (your pairs have no train split); "
+                       "use 'target' (their own sentences) or a file with one sentence per line")
+    if args.pairs is None:
+        if not args.data_dir:
+            raise CLIError(f"no STS data folder: pass --data-dir DIR or set {DATA_ENV}")
+        if not os.path.isdir(args.data_dir):
+            raise CLIError(f"STS data folder not found: {args.data_dir}")
     if args.fit_corpus not in ("target", "train") and not os.path.isfile(args.fit_corpus):
         raise CLIError(f"--fit-corpus {args.fit_corpus!r} is neither 'target', 'train' nor an existing file")
+    calibrations = args.calibration or _names(
+        ",".join(FLOW_FILE_CALIBRATIONS) if args.flow else DEFAULT_CALIBRATIONS, CALIBRATIONS, "calibration")
+    if args.flow is not None:
+        if not os.path.isfile(args.flow):
+            raise CLIError(f"--flow {args.flow}: no such file")
+        others = [name for name in calibrations if name not in FLOW_FILE_CALIBRATIONS]
+        if others:
+            raise CLIError(f"--flow applies a flow file, nothing is fitted: --calibration may hold "
+                           f"{' and '.join(FLOW_FILE_CALIBRATIONS)} only, not {', '.join(others)}")
+        if args.fit_corpus != "target":
+            raise CLIError("--fit-corpus does not apply with --flow (the flow file is already fitted)")
     for option, value in (("--flow-epochs", args.flow_epochs), ("--flow-batch-size", args.flow_batch_size),
                           ("--batch-size", args.batch_size)):
         if value < 1:
@@ -137,14 +210,30 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     records = []
     with _progress_on_stderr(not args.quiet):
+        pairs = fitted = None
+        if args.pairs is not None:
+            from flowcore.sts.pairs import load_pairs_files
+
+            pairs = load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad)
+        if args.flow is not None:
+            from flowcore.sts.baselines import prefitted_flow
+
+            fitted = {"flow": prefitted_flow(args.flow, device=args.device)}
         for pooling in args.pooling:
             encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device)
-            records += evaluate(encoder, datasets=args.datasets, calibrations=args.calibration,
+            if fitted is not None:
+                _check_flow_fits(fitted["flow"].calibrator, encoder, args)
+            records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
-                                settings=settings, cache=cache, batch_size=args.batch_size, progress=not args.quiet)
+                                settings=settings, cache=cache, batch_size=args.batch_size, progress=not args.quiet,
+                                pairs=pairs, fitted=fitted)
     seconds = time.perf_counter() - started
-    print(f"Spearman x100 of cosine similarity; {AGGREGATION_NOTES[args.aggregation]}; "
-          f"SICK-R: {'all 9927 pairs' if args.sick_split == 'all' else '4927-pair test set'}.")
+    if pairs is not None:
+        print("Spearman x100 of cosine similarity on your pairs: "
+              + ", ".join(f"{p.dataset} ({len(p)} pairs)" for p in pairs) + ".")
+    else:
+        print(f"Spearman x100 of cosine similarity; {AGGREGATION_NOTES[args.aggregation]}; "
+              f"SICK-R: {'all 9927 pairs' if args.sick_split == 'all' else '4927-pair test set'}.")
     print(markdown_table(records, args.aggregation))
     if args.json:
         write_json(records, args.json, seconds=round(seconds, 1))
@@ -155,3 +244,17 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _check_flow_fits(calibrator, encoder, args) -> None:
+    """Refuse a --flow file fitted for another encoder, pooling or width than this run's."""
+    recorded = calibrator.provenance
+    if recorded is not None and recorded.model not in (str(encoder.model_id), args.model):
+        raise CLIError(f"--flow {args.flow} was fitted on embeddings from encoder {recorded.model!r}, not "
+                       f"{encoder.model_id!r}; pass --model {recorded.model} or refit the flow")
+    if recorded is not None and recorded.pooling != str(encoder.pooling):
+        raise CLIError(f"--flow {args.flow} was fitted on {recorded.pooling!r} pooling, not {encoder.pooling!r}; "
+                       f"pass --pooling {recorded.pooling} or refit the flow")
+    if calibrator.dim != int(encoder.dim):
+        raise CLIError(f"--flow {args.flow} takes {calibrator.dim}-wide vectors but encoder {encoder.model_id!r} "
+                       f"gives {encoder.dim}")

@@ -1,10 +1,19 @@
 """STS evaluation, the BERT-flow experiment: benchmark data, metrics, the embedding cache, the
 calibrations compared, the evaluation protocol and its report.
 
-Modules: `data` (loaders, fit corpora), `metrics`, `cache`, `baselines` (the calibrations),
-`protocol` (`evaluate`), `report` (table and JSON). None of them imports torch on import.
+Modules: `data` (loaders, fit corpora), `pairs` (your own labelled pairs), `metrics`, `cache`,
+`baselines` (the calibrations), `protocol` (`evaluate`), `report` (table and JSON). None of them
+imports torch on import.
 """
-from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, FlowBaseline, NoCalibration, build_calibrator
+from flowcore.sts.baselines import (
+    CALIBRATIONS,
+    CalibrationSettings,
+    FlowBaseline,
+    NoCalibration,
+    PreFitted,
+    build_calibrator,
+    prefitted_flow,
+)
 from flowcore.sts.cache import CACHE_ENV, EmbeddingCache, default_cache_dir
 from flowcore.sts.data import (
     DATA_ENV,
@@ -19,13 +28,15 @@ from flowcore.sts.data import (
     splits,
 )
 from flowcore.sts.metrics import MULTI_SUBSET, correlations, cosine_similarity, score_pairs, spearman_of
+from flowcore.sts.pairs import PairColumns, load_pairs, load_pairs_files
 from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table, write_json
 
 __all__ = [
     "AGGREGATIONS", "AGGREGATION_NOTES", "CACHE_ENV", "CALIBRATIONS", "DATASETS", "DATA_ENV", "MULTI_SUBSET",
-    "CalibrationSettings", "EmbeddingCache", "FlowBaseline", "NoCalibration", "STSDataError", "STSPairs",
-    "build_calibrator", "correlations", "cosine_similarity", "default_cache_dir", "default_data_dir", "evaluate",
-    "fit_corpus_sentences", "load_split", "load_test", "markdown_table", "read_sentence_file", "score_pairs",
-    "spearman_of", "splits", "write_json",
+    "CalibrationSettings", "EmbeddingCache", "FlowBaseline", "NoCalibration", "PairColumns", "PreFitted",
+    "STSDataError", "STSPairs", "build_calibrator", "correlations", "cosine_similarity", "default_cache_dir",
+    "default_data_dir", "evaluate", "fit_corpus_sentences", "load_pairs", "load_pairs_files", "load_split",
+    "load_test", "markdown_table", "prefitted_flow", "read_sentence_file", "score_pairs", "spearman_of", "splits",
+    "write_json",
 ]

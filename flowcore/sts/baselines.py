@@ -1,16 +1,17 @@
 """The calibrations `flowcore sts` compares: none (the raw vectors), BERT-whitening and the flow
 (`FlowBaseline`, wrapping `flowcore.calibration.calibrator.FlowCalibrator`), with their
-hyper-parameters (`CalibrationSettings`) and the part of them recorded with each result."""
+hyper-parameters (`CalibrationSettings`) and the part of them recorded with each result; a
+calibrator fitted elsewhere (a flow file) is a `PreFitted`."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from flowcore.calibration.whitening import Whitening
 
-__all__ = ["CALIBRATIONS", "CalibrationSettings", "FlowBaseline", "NoCalibration", "build_calibrator",
-           "settings_record"]
+__all__ = ["CALIBRATIONS", "CalibrationSettings", "FlowBaseline", "NoCalibration", "PreFitted", "build_calibrator",
+           "prefitted_flow", "settings_record"]
 
 CALIBRATIONS = ("none", "whitening", "flow")
 
@@ -97,3 +98,24 @@ def settings_record(name: str, settings: CalibrationSettings) -> dict:
     if name == "flow":
         return {key: value for key, value in asdict(settings).items() if key.startswith("flow_") or key == "seed"}
     return {}
+
+
+@dataclass(frozen=True)
+class PreFitted:
+    """A calibrator fitted elsewhere (`transform(X)` only), where it came from (`source`, recorded
+    as the fit corpus) and its settings for the result records."""
+
+    calibrator: object
+    source: str
+    record: dict = field(default_factory=dict)
+
+
+def prefitted_flow(path, device=None) -> PreFitted:
+    """The flow of a flow file (`flowcore fit`, `FlowCalibrator.save`), with its training settings."""
+    from flowcore.calibration.calibrator import FlowCalibrator
+
+    calibrator = FlowCalibrator.load(path, device=device)
+    return PreFitted(calibrator, str(path), {
+        "flow_file": str(path), "flow_config": calibrator.config, "flow_epochs": calibrator.epochs,
+        "flow_lr": calibrator.lr, "flow_batch_size": calibrator.batch_size, "seed": calibrator.seed,
+        "flow_input": "standardize" if calibrator.standardize else "raw"})

@@ -5,6 +5,7 @@ STS12–16 use the SemEval/SentEval layout (`STS1X-en-test/STS.input.<subset>.tx
 handling: a `"` is text), SICK-R the `SICK_{train,trial,test_annotated}.txt` files. Every file is
 UTF-8, read by `flowcore._lines.read_lines`; a missing or malformed file raises an error naming
 the file and the line. Also the unlabeled fit corpora of the calibrations (`fit_corpus_sentences`).
+Your own labelled pairs (.tsv/.csv/.jsonl, SentEval files) are read by `flowcore.sts.pairs`.
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ class STSDataError(ValueError):
 
 @dataclass(frozen=True)
 class STSPairs:
-    """Scored sentence pairs of one dataset split; `subsets[i]` names the subset of pair i."""
+    """Scored sentence pairs of one dataset split; `subsets[i]` names the subset of pair i.
+    Pairs read from your own file (`flowcore.sts.pairs`) also have its `source` path and the
+    number of bad lines skipped (`skipped_lines`)."""
 
     dataset: str
     split: str
@@ -48,6 +51,8 @@ class STSPairs:
     sentences2: list[str]
     scores: np.ndarray
     subsets: list[str]
+    source: str | None = None
+    skipped_lines: int = 0
 
     def __len__(self) -> int:
         return len(self.scores)

@@ -30,10 +30,13 @@ def correlations(predicted: np.ndarray, gold: np.ndarray) -> dict:
 
 
 def score_pairs(similarities: np.ndarray, pairs: STSPairs) -> dict:
-    """Correlations of one dataset; for STS12–16 also per subset and all three aggregations
-    (`spearman`/`pearson` are the `all` aggregation, the others are under `*_wmean`, `*_mean`)."""
+    """Correlations of one dataset; for STS12–16 (and your own pairs of several subsets: a SentEval
+    folder) also per subset and all three aggregations (`spearman`/`pearson` are the `all`
+    aggregation, the others are under `*_wmean`, `*_mean`)."""
     result = {**correlations(similarities, pairs.scores), "n_pairs": len(pairs)}
-    if pairs.dataset not in MULTI_SUBSET:
+    # your own pairs have subsets when they are a SentEval folder of several files
+    own_subsets = pairs.source is not None and len(set(pairs.subsets)) > 1
+    if pairs.dataset not in MULTI_SUBSET and not own_subsets:
         result["aggregation"] = "single"
         return result
     names = list(dict.fromkeys(pairs.subsets))

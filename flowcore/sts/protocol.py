@@ -14,9 +14,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, build_calibrator, settings_record
+from flowcore.calibration.corpus_size import small_corpus_warning
+from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, PreFitted, build_calibrator, settings_record
 from flowcore.sts.cache import EmbeddingCache
-from flowcore.sts.data import DATASETS, default_data_dir, fit_corpus_sentences, load_test
+from flowcore.sts.data import DATASETS, STSPairs, default_data_dir, fit_corpus_sentences, load_test
 from flowcore.sts.metrics import cosine_similarity, score_pairs
 
 __all__ = ["evaluate"]
@@ -36,6 +37,8 @@ def evaluate(
     batch_size: int = 64,
     factories: dict[str, Callable[[], object]] | None = None,
     progress: bool = True,
+    pairs: Iterable[STSPairs] | None = None,
+    fitted: dict[str, PreFitted] | None = None,
 ) -> list[dict]:
     """Evaluate `encoder` on each dataset, raw and after each calibration.
 
@@ -57,48 +60,77 @@ def evaluate(
         factories: `{calibration name: zero-argument factory}` overriding `build_calibrator`,
             e.g. for a calibrator of your own or a stand-in.
         progress: log progress (INFO on the `flowcore.sts` loggers) and show the encoder's progress bar.
+        pairs: labelled pairs of your own (e.g. `flowcore.sts.pairs.load_pairs`), evaluated instead
+            of `datasets` (then `data_dir` is not read); "target" fits on each one's own sentences.
+        fitted: `{calibration name: PreFitted}`, calibrators already fitted (e.g. a flow file,
+            `baselines.prefitted_flow`), applied as they are: nothing is fitted for them.
 
     Returns:
         One record (a JSON-ready dict) per dataset × calibration: dataset, calibration, pooling,
         model, split, the correlations of `score_pairs` (Spearman/Pearson ×100, subsets and
         aggregations for STS12–16), seconds; for fitted calibrations also fit_corpus,
-        fit_sentences and their settings, and `flow_losses` for the flow.
+        fit_sentences, fit_distinct_sentences and their settings, `flow_losses` for the flow, and
+        `warning` when the fit corpus is too small (`small_corpus_warning`, also logged); for
+        `pairs` also pairs_file and skipped_lines; for `fitted` ones fit_corpus (the source) and
+        their recorded settings.
     """
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     calibrations = list(calibrations)
     for name in calibrations:
         if name not in CALIBRATIONS:
             raise ValueError(f"unknown calibration {name!r}; choose from {', '.join(CALIBRATIONS)}")
+    if pairs is not None:
+        if fit_corpus == "train":
+            raise ValueError("fit corpus 'train' needs the built-in datasets: your pairs have no train split; "
+                             "use 'target' (their own sentences) or a file with one sentence per line")
+        items = [(p.dataset, p) for p in pairs]
+    else:
+        data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        items = [(dataset, None) for dataset in datasets]
     factories = dict(factories or {})
+    fitted = dict(fitted or {})
     cache = cache if cache is not None else EmbeddingCache(None)
-    needs_fit = any(name != "none" for name in calibrations)
-    file_corpus: tuple[str, np.ndarray] | None = None
+    needs_fit = any(name != "none" and name not in fitted for name in calibrations)
+    file_corpus: tuple[str, np.ndarray, int] | None = None
     fitted_on_file: dict[str, object] = {}
     records = []
-    for dataset in datasets:
-        pairs = load_test(data_dir, dataset, sick_split)
+    for dataset, given in items:
+        pairs_ = given if given is not None else load_test(data_dir, dataset, sick_split)
         if progress:
-            logger.info(f"{dataset}: {len(pairs)} test pairs")
-        left = cache.embed(encoder, pairs.sentences1, batch_size, progress)
-        right = cache.embed(encoder, pairs.sentences2, batch_size, progress)
+            logger.info(f"{dataset}: {len(pairs_)} {'test ' if given is None else ''}pairs")
+        left = cache.embed(encoder, pairs_.sentences1, batch_size, progress)
+        right = cache.embed(encoder, pairs_.sentences2, batch_size, progress)
+        warning = None
         if needs_fit:
             if fit_corpus in ("target", "train"):
-                corpus_label, corpus = fit_corpus_sentences(data_dir, dataset, fit_corpus)
+                if given is not None:
+                    corpus_label, corpus = "target", given.sentences()
+                else:
+                    corpus_label, corpus = fit_corpus_sentences(data_dir, dataset, fit_corpus)
                 corpus_vectors = cache.embed(encoder, corpus, batch_size, progress)
+                distinct = len(set(corpus))
             else:
                 if file_corpus is None:
                     label, corpus = fit_corpus_sentences(data_dir, dataset, fit_corpus)
-                    file_corpus = (label, cache.embed(encoder, corpus, batch_size, progress))
-                corpus_label, corpus_vectors = file_corpus
+                    file_corpus = (label, cache.embed(encoder, corpus, batch_size, progress), len(set(corpus)))
+                corpus_label, corpus_vectors, distinct = file_corpus
+            warning = small_corpus_warning(distinct, corpus_vectors.shape[1])
+            if warning is not None:
+                logger.warning(f"{dataset}: {warning}")
         for name in calibrations:
             record = {"dataset": dataset, "calibration": name, "pooling": str(encoder.pooling),
-                      "model": str(encoder.model_id), "split": pairs.split}
-            if name != "none":
+                      "model": str(encoder.model_id), "split": pairs_.split}
+            if given is not None:
+                record.update(pairs_file=given.source, skipped_lines=given.skipped_lines)
+            if name in fitted:
+                record.update(fit_corpus=fitted[name].source, **fitted[name].record)
+            elif name != "none":
                 record.update(fit_corpus=corpus_label, fit_sentences=len(corpus_vectors),
-                              **settings_record(name, settings))
+                              fit_distinct_sentences=distinct, **settings_record(name, settings))
+                if warning is not None:
+                    record["warning"] = warning
             started = time.perf_counter()
             try:
-                calibrator = fitted_on_file.get(name)
+                calibrator = fitted[name].calibrator if name in fitted else fitted_on_file.get(name)
                 if calibrator is None:
                     calibrator = factories[name]() if name in factories else build_calibrator(name, settings, progress)
                     if name != "none":
@@ -112,10 +144,10 @@ def evaluate(
                 a, b = calibrator.transform(left), calibrator.transform(right)
                 if not (np.isfinite(a).all() and np.isfinite(b).all()):
                     raise FloatingPointError("the calibrated vectors contain NaN or Inf")
-                record.update(score_pairs(cosine_similarity(a, b), pairs))
+                record.update(score_pairs(cosine_similarity(a, b), pairs_))
             except (ValueError, FloatingPointError, RuntimeError) as error:
                 logger.warning(f"{dataset}: {name} failed: {error}")
-                record.update(spearman=None, pearson=None, n_pairs=len(pairs), error=str(error))
+                record.update(spearman=None, pearson=None, n_pairs=len(pairs_), error=str(error))
             record["seconds"] = round(time.perf_counter() - started, 3)
             records.append(record)
             if progress and record.get("spearman") is not None:

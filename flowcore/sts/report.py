@@ -37,11 +37,13 @@ def row_label(record: dict) -> str:
 
 
 def markdown_table(records: list[dict], aggregation: str = "all") -> str:
-    """A paper-style table: one row per model/pooling + calibration, one column per dataset,
-    then their average (Spearman ×100 under `aggregation` for STS12–16)."""
+    """A paper-style table: one row per model/pooling + calibration, one column per dataset (the
+    built-in ones in their order, then your own pairs in theirs), then their average (Spearman
+    ×100 under `aggregation` for STS12–16)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; choose from {', '.join(AGGREGATIONS)}")
-    columns = [d for d in DATASETS if any(r["dataset"] == d for r in records)]
+    present = list(dict.fromkeys(r["dataset"] for r in records))
+    columns = [d for d in DATASETS if d in present] + [d for d in present if d not in DATASETS]
     rows: dict[str, dict[str, float | None]] = {}
     for record in records:
         rows.setdefault(row_label(record), {})[record["dataset"]] = spearman_of(record, aggregation)

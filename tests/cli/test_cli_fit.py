@@ -22,12 +22,24 @@ def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
     out = tmp_path / "model.flow"
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--config", "l2_d2_w32",
                  "--epochs", "2", "--batch-size", "64", "--seed", "4"]) == 0
-    assert "fitted l2_d2_w32 on 300 x 16" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "fitted l2_d2_w32 on 300 x 16" in captured.out and "warning" not in captured.err  # 300 >= 5 x 16
     calibrator = flowcore.FlowCalibrator.load(out)
     assert (calibrator.config, calibrator.epochs, calibrator.seed, calibrator.dim) == ("l2_d2_w32", 2, 4, 16)
     expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=4).fit(
         np.load(embeddings), progress=False)
     np.testing.assert_array_equal(calibrator.transform(np.load(embeddings)), expected.transform(np.load(embeddings)))
+
+
+def test_small_corpus_warning_counts_distinct_rows(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "repeated.npy"
+    np.save(path, np.repeat(rng.normal(size=(30, 16)), 10, axis=0).astype(np.float32))  # 300 rows, 30 distinct
+    assert main(["fit", "--embeddings", str(path), "--out", str(tmp_path / "r.flow"), "--config", "l2_d2_w32",
+                 "--batch-size", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "flowcore fit: warning: the fit corpus has only 30 distinct sentences for 16-dimensional" in err
+    assert "5 x 16 = 80" in err
 
 
 def test_max_rows_is_a_reproducible_sample(embeddings, tmp_path):
@@ -47,7 +59,11 @@ def test_fit_text_records_encoder_and_pooling(tmp_path, capsys):
     out = tmp_path / "text.flow"
     assert main(["fit", "--input", str(corpus), "--out", str(out), "--pooling", "mean",
                  "--config", "l2_d2_w32", "--batch-size", "8"]) == 0
-    assert "skipped 1 unusable row(s)" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "skipped 1 unusable row(s)" in captured.out
+    assert ("flowcore fit: warning: the fit corpus has only 40 distinct sentences for 384-dimensional "
+                            "vectors, fewer than 5 x 384 = 1920: whitening and the flow fitted on it are unreliable; "
+                            "fit on a larger corpus, e.g. NLI sentences via --input FILE\n") in captured.err
     calibrator = flowcore.FlowCalibrator.load(out)
     assert calibrator.provenance == EncoderProvenance("default", "mean") and calibrator.metadata == {}
     assert calibrator.dim == 384

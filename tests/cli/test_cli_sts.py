@@ -59,3 +59,133 @@ def test_cli_static_avg_whitening_end_to_end(sts_data_dir, tmp_path, capsys):
     none, whitening = json.loads(out.read_text())["results"]
     assert none["n_pairs"] == 1379 and whitening["fit_sentences"] == 2 * 8628
     assert whitening["spearman"] > none["spearman"] + 10
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """`flowcore sts` with the stand-in encoder (fast, never the real model)."""
+    monkeypatch.setattr("flowcore.text.encoder.Encoder",
+                        lambda model, pooling, max_length, device: HashEncoder(pooling=pooling))
+
+
+def _pairs_file(path, n=120, bad=""):
+    rows = ["s1\ts2\tlabel"] + [f"sentence {i}\tanother one {i % 11}\t{i % 6}" for i in range(n)]
+    path.write_text("\n".join(rows[:3] + ([bad] if bad else []) + rows[3:]) + "\n", encoding="utf-8")
+    return path
+
+
+def test_cli_pairs_table_json_and_bad_lines(tmp_path, capsys, stand_in):
+    good = _pairs_file(tmp_path / "mine.tsv")
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"sentence1": f"a {i}", "sentence2": f"b {i % 3}", "score": i % 4}) + "\n"
+                             for i in range(50)), encoding="utf-8")
+    out = tmp_path / "r.json"
+    assert main(["sts", "--pairs", f"{good},{other}", "--calibration", "none,whitening", "--no-cache",
+                 "--json", str(out)]) == 0  # no --data-dir needed
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0] == ("Spearman x100 of cosine similarity on your pairs: mine (120 pairs), "
+                                            "other (50 pairs).")
+    assert "| encoder + calibration | mine | other | Avg. |" in captured.out
+    assert "| hash-encoder first-last-avg + whitening (target) |" in captured.out
+    records = json.loads(out.read_text())["results"]
+    assert [(r["dataset"], r["calibration"]) for r in records] == [
+        ("mine", "none"), ("mine", "whitening"), ("other", "none"), ("other", "whitening")]
+    assert all(r["split"] == "pairs" and r["skipped_lines"] == 0 for r in records)
+    assert records[1]["fit_sentences"] == 240 and records[1]["fit_distinct_sentences"] == 131
+    assert "warning" not in records[1]  # 131 >= 5 x 16
+    assert records[3]["fit_distinct_sentences"] == 53 and "53 distinct sentences" in records[3]["warning"]
+    assert f"other: {records[3]['warning']}" in captured.err.splitlines()
+    assert "mine: the fit corpus" not in captured.err
+
+    bad = _pairs_file(tmp_path / "bad.tsv", bad="a lone sentence")
+    assert main(["sts", "--pairs", str(bad), "--calibration", "none", "--no-cache", "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"flowcore sts: error: {bad}:4: expected at least 3 columns, found 1\n")
+    assert main(["sts", "--pairs", str(bad), "--calibration", "none", "--no-cache", "--skip-bad",
+                 "--json", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"{bad}: skipped 1 bad line(s); the first: {bad}:4: expected at least 3 columns" in err
+    record, = json.loads(out.read_text())["results"]
+    assert record["skipped_lines"] == 1 and record["n_pairs"] == 120
+
+
+def test_cli_pairs_columns_and_option_errors(tmp_path, capsys, stand_in, sts_data_dir):
+    path = tmp_path / "cols.csv"
+    path.write_text("x,grade,y\n" + "".join(f"first {i},{i % 5},second {i % 4}\n" for i in range(20)))
+    assert main(["sts", "--pairs", str(path), "--pairs-columns", "x,y,grade", "--calibration", "none",
+                 "--no-cache", "--quiet"]) == 0
+    assert "| cols |" in capsys.readouterr().out
+    assert main(["sts", "--pairs", str(path), "--calibration", "none", "--no-cache", "--quiet"]) == 2
+    assert "cols.csv:1: neither a header naming both sentences and the score" in capsys.readouterr().err
+    for extra, message in ((["--datasets", "STS-B"], "drop --datasets"),
+                           (["--fit-corpus", "train"], "--fit-corpus train needs the built-in datasets")):
+        assert main(["sts", "--pairs", str(path), "--no-cache"] + extra) == 2
+        assert message in capsys.readouterr().err
+    assert main(["sts", "--data-dir", str(sts_data_dir), "--skip-bad"]) == 2
+    assert "--skip-bad applies to --pairs files only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["sts", "--pairs", str(path), "--pairs-columns", "x,y"])
+    assert "three comma-separated columns" in capsys.readouterr().err
+
+
+def test_cli_pairs_of_stsb_match_the_built_in_row(sts_data_dir, tmp_path, capsys, stand_in):
+    """The STS-B test set written as a pairs file gives the built-in STS-B row's Spearman."""
+    from flowcore.sts.data import load_split
+
+    stsb = load_split(sts_data_dir, "STS-B", "test")
+    path = tmp_path / "stsb.tsv"
+    path.write_text("sentence1\tsentence2\tscore\n" + "".join(
+        f"{a}\t{b}\t{s!r}\n" for a, b, s in zip(stsb.sentences1, stsb.sentences2, stsb.scores.tolist())))
+    results = []
+    for source in (["--data-dir", str(sts_data_dir), "--datasets", "STS-B"], ["--pairs", str(path)]):
+        out = tmp_path / "r.json"
+        assert main(["sts", *source, "--calibration", "none", "--no-cache", "--quiet", "--json", str(out)]) == 0
+        results.append(json.loads(out.read_text())["results"][0])
+    capsys.readouterr()
+    assert results[0]["spearman"] == results[1]["spearman"] and results[1]["n_pairs"] == 1379
+
+
+def test_cli_flow_file_is_applied_not_fitted(tmp_path, capsys, stand_in):
+    import numpy as np
+
+    from flowcore.calibration.calibrator import FlowCalibrator
+    from flowcore.calibration.flow_file import EncoderProvenance
+
+    pairs = _pairs_file(tmp_path / "mine.tsv")
+    sentences = [f"corpus sentence {i}" for i in range(200)]
+    emb = tmp_path / "emb.npy"
+    np.save(emb, HashEncoder().encode(sentences))
+    flow = tmp_path / "tiny.flow"
+    assert main(["fit", "--embeddings", str(emb), "--out", str(flow), "--config", "l2_d2_w32",
+                 "--batch-size", "64"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "r.json"
+    assert main(["sts", "--pairs", str(pairs), "--flow", str(flow), "--pooling", "mean", "--no-cache",
+                 "--json", str(out)]) == 0  # default calibrations with --flow: none,flow
+    captured = capsys.readouterr()
+    assert "fitting" not in captured.err and "| hash-encoder mean + flow (tiny.flow) |" in captured.out
+    none, applied = json.loads(out.read_text())["results"]
+    assert none["calibration"] == "none" and applied["calibration"] == "flow"
+    assert applied["fit_corpus"] == applied["flow_file"] == str(flow) and applied["flow_config"] == "l2_d2_w32"
+    assert "fit_sentences" not in applied and "warning" not in applied
+    expected = FlowCalibrator.load(flow)
+    from flowcore.sts.metrics import cosine_similarity, spearman_of
+    from flowcore.sts.pairs import load_pairs
+
+    mine = load_pairs(pairs)
+    encoder = HashEncoder()
+    similarities = cosine_similarity(expected.transform(encoder.encode(mine.sentences1)),
+                                     expected.transform(encoder.encode(mine.sentences2)))
+    from scipy.stats import spearmanr
+
+    assert spearman_of(applied, "all") == pytest.approx(100 * spearmanr(similarities, mine.scores)[0], abs=1e-9)
+
+    assert main(["sts", "--pairs", str(pairs), "--flow", str(flow), "--calibration", "none,whitening,flow"]) == 2
+    assert "--calibration may hold none and flow only, not whitening" in capsys.readouterr().err
+    other = tmp_path / "other.flow"
+    mismatched = FlowCalibrator(config="l2_d2_w32").fit(np.load(emb), progress=False,
+                                                        encoder=EncoderProvenance("hash-encoder", "cls"))
+    mismatched.save(other)
+    assert main(["sts", "--pairs", str(pairs), "--flow", str(other), "--pooling", "mean", "--no-cache"]) == 2
+    assert "was fitted on 'cls' pooling, not 'mean'" in capsys.readouterr().err
+    assert main(["sts", "--pairs", str(pairs), "--flow", str(tmp_path / "missing.flow")]) == 2
+    assert "no such file" in capsys.readouterr().err

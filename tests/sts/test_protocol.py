@@ -5,8 +5,11 @@ import logging
 import numpy as np
 import pytest
 
-from flowcore.sts.baselines import CalibrationSettings
+from flowcore.calibration.corpus_size import small_corpus_warning
+from flowcore.sts.baselines import CalibrationSettings, PreFitted
 from flowcore.sts.cache import EmbeddingCache
+from flowcore.sts.data import load_split
+from flowcore.sts.pairs import load_pairs
 from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import markdown_table
 
@@ -76,6 +79,60 @@ def test_progress_is_logged_and_failures_are_warnings(sts_data_dir, caplog):
         evaluate(HashEncoder(), datasets=["STS16"], calibrations=["none", "flow"], data_dir=sts_data_dir,
                  factories={"flow": Exploding}, progress=False)
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [lines[-1]]  # progress=False: failures only
+
+
+def _write_stsb_tsv(data_dir, path):
+    pairs = load_split(data_dir, "STS-B", "test")
+    lines = ["sentence1\tsentence2\tscore"] + [f"{a}\t{b}\t{s!r}" for a, b, s in
+                                                zip(pairs.sentences1, pairs.sentences2, pairs.scores.tolist())]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_pairs_of_a_file_match_the_built_in_dataset(sts_data_dir, tmp_path):
+    """STS-B's test set written as a .tsv scores exactly as the built-in STS-B row."""
+    pairs = load_pairs(_write_stsb_tsv(sts_data_dir, tmp_path / "stsb.tsv"))
+    encoder = HashEncoder()
+    built_in, = evaluate(encoder, datasets=["STS-B"], data_dir=sts_data_dir, progress=False)
+    own, = evaluate(encoder, pairs=[pairs], data_dir=tmp_path / "not-read", progress=False)
+    assert own["spearman"] == built_in["spearman"] and own["pearson"] == built_in["pearson"]
+    assert own["n_pairs"] == 1379 and own["dataset"] == "stsb" and own["split"] == "pairs"
+    assert own["pairs_file"] == str(tmp_path / "stsb.tsv") and own["skipped_lines"] == 0
+    assert "| encoder + calibration | stsb | Avg. |" in markdown_table([own])
+
+
+def test_pairs_fit_on_their_own_sentences_and_small_corpora_warn(tmp_path, caplog):
+    path = tmp_path / "mine.tsv"
+    rows = [f"sentence {i}\tother {i % 7}\t{i % 5}" for i in range(30)]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    MeanShift.fitted_rows = []
+    with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
+        none, flow = evaluate(HashEncoder(), pairs=[load_pairs(path)], calibrations=["none", "flow"],
+                              factories={"flow": MeanShift}, progress=False)
+    assert MeanShift.fitted_rows == [60]  # both sides of every pair, with repeats
+    expected = small_corpus_warning(37, 16)  # 30 + 7 distinct sentences < 5 x 16
+    assert flow["fit_corpus"] == "target" and flow["fit_sentences"] == 60 and flow["fit_distinct_sentences"] == 37
+    assert flow["warning"] == expected and "warning" not in none
+    assert caplog.messages == [f"mine: {expected}"]
+    with pytest.raises(ValueError, match="needs the built-in datasets"):
+        evaluate(HashEncoder(), pairs=[load_pairs(path)], calibrations=["flow"], fit_corpus="train", progress=False)
+
+
+def test_no_warning_on_a_large_enough_corpus(sts_data_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
+        record, = evaluate(HashEncoder(), datasets=["STS16"], calibrations=["whitening"], data_dir=sts_data_dir,
+                           progress=False)
+    assert "warning" not in record and record["fit_distinct_sentences"] >= 5 * 16 and caplog.messages == []
+
+
+def test_a_prefitted_calibrator_is_applied_as_it_is(sts_data_dir, tmp_path):
+    shift = MeanShift().fit(np.zeros((2, 16), dtype=np.float32))
+    MeanShift.fitted_rows = []
+    record, = evaluate(HashEncoder(), datasets=["STS16"], calibrations=["flow"], data_dir=sts_data_dir,
+                       fitted={"flow": PreFitted(shift, "my.flow", {"flow_config": "x"})}, progress=False)
+    assert MeanShift.fitted_rows == [] and record["fit_corpus"] == "my.flow" and record["flow_config"] == "x"
+    assert "fit_sentences" not in record and "warning" not in record
+    assert "| hash-encoder mean + flow (my.flow) |" in markdown_table([record])
 
 
 @pytest.fixture(scope="module")

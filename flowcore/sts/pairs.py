@@ -1,0 +1,376 @@
+"""Your own labelled sentence pairs (`flowcore sts --pairs`), as `STSPairs` named after the file.
+
+Formats, by name:
+
+- `.tsv`: tab-separated, no quoting (a `"` is text, as in STS-B); `.csv`: comma-separated with
+  the csv module's quoting (a quoted field may hold commas, quotes and line breaks); `.jsonl`: one
+  JSON object (columns by key) or array (columns by position) per line.
+- SentEval: an `STS.input.<name>.txt` file (a tab-separated sentence pair per line) with its
+  `STS.gs.<name>.txt` beside it (a gold score per line; an empty one is an unscored pair, skipped),
+  or a folder of such files (each file a subset, named `<name>`).
+
+Columns (`PairColumns`): two sentence columns and a score column, all given by name (then the first
+line of a .tsv/.csv is its header) or all by 0-based position (then there is no header line).
+Without any, a header with recognised names is used (`sentence1`/`sentence2`/`score`,
+`s1`/`s2`/`label`, ... see `SENTENCE1_NAMES`, `SENTENCE2_NAMES`, `SCORE_NAMES`; any case),
+else positions 0, 1, 2 of a headerless file. Blank lines are ignored.
+
+A bad line (missing column, a score that is not a finite number, an empty sentence, broken JSON
+or CSV, invalid UTF-8) raises `STSDataError` naming `file:line`, or with `skip_bad=True` is
+skipped and counted (`STSPairs.skipped_lines`, and one warning on the `flowcore.sts` logger).
+Lines are read with `flowcore._lines` (its line-ending, BOM and UTF-8 policy).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from flowcore._lines import iter_lines
+from flowcore.sts.data import STSDataError, STSPairs
+
+__all__ = ["PAIRS_SPLIT", "PairColumns", "SCORE_NAMES", "SENTENCE1_NAMES", "SENTENCE2_NAMES", "load_pairs",
+           "load_pairs_files", "pairs_name"]
+
+logger = logging.getLogger(__name__)
+
+PAIRS_SPLIT = "pairs"
+"""The `split` of pairs read from your files (the built-in datasets have test/train/...)."""
+
+SENTENCE1_NAMES = ("sentence1", "sentence_1", "sentence_a", "s1", "text1", "text_1", "text_a", "sent1")
+SENTENCE2_NAMES = ("sentence2", "sentence_2", "sentence_b", "s2", "text2", "text_2", "text_b", "sent2")
+SCORE_NAMES = ("score", "label", "similarity", "relatedness_score", "gold", "gold_score", "sim")
+
+_INPUT_PREFIX, _GOLD_PREFIX, _SENTEVAL_SUFFIX = "STS.input.", "STS.gs.", ".txt"
+
+
+@dataclass(frozen=True)
+class PairColumns:
+    """The first sentence, second sentence and score columns: three names or three 0-based positions."""
+
+    sentence1: str | int
+    sentence2: str | int
+    score: str | int
+
+    @classmethod
+    def parse(cls, text: str) -> "PairColumns":
+        """`"sentence1,sentence2,score"` or `"0,1,2"` (names and positions are not mixed)."""
+        parts = [part.strip() for part in text.split(",")]
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"pairs columns {text!r}: expected three comma-separated columns "
+                             "(first sentence, second sentence, score), e.g. sentence1,sentence2,score or 0,1,2")
+        digits = [part.isdigit() for part in parts]
+        if any(digits) and not all(digits):
+            raise ValueError(f"pairs columns {text!r}: give three names or three 0-based positions, not a mix")
+        if all(digits):
+            positions = [int(part) for part in parts]
+            if len(set(positions)) != 3:
+                raise ValueError(f"pairs columns {text!r}: the three positions must differ")
+            return cls(*positions)
+        if len(set(parts)) != 3:
+            raise ValueError(f"pairs columns {text!r}: the three names must differ")
+        return cls(*parts)
+
+    @property
+    def by_position(self) -> bool:
+        return isinstance(self.sentence1, int)
+
+    def __str__(self) -> str:
+        return f"{self.sentence1},{self.sentence2},{self.score}"
+
+
+POSITIONS = PairColumns(0, 1, 2)
+
+
+class _Bad(Exception):
+    """One bad line: its message, without the file and line (`path`: another file than the one read)."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class _Collector:
+    """Raises the first bad line as `STSDataError`, or (skip_bad) counts them."""
+
+    def __init__(self, path: Path, skip_bad: bool):
+        self.path, self.skip_bad = path, skip_bad
+        self.skipped = 0
+        self.first: str | None = None
+
+    def bad(self, number: int, message: str, path: Path | None = None) -> None:
+        text = f"{path or self.path}:{number}: {message}"
+        if not self.skip_bad:
+            raise STSDataError(text) from None
+        self.skipped += 1
+        self.first = self.first or text
+
+
+def pairs_name(path: str | os.PathLike) -> str:
+    """The dataset name of a pairs file: its stem; `<name>` for `STS.input.<name>.txt`; a folder's name."""
+    path = Path(path)
+    if path.is_dir():
+        return path.resolve().name
+    if path.name.startswith(_INPUT_PREFIX) and path.name.endswith(_SENTEVAL_SUFFIX):
+        return path.name[len(_INPUT_PREFIX):-len(_SENTEVAL_SUFFIX)]
+    return path.stem
+
+
+def load_pairs(path: str | os.PathLike, columns: PairColumns | str | None = None, skip_bad: bool = False,
+               name: str | None = None) -> STSPairs:
+    """The scored pairs of one file (or SentEval folder), as `STSPairs` named `name` (default
+    `pairs_name(path)`), split `PAIRS_SPLIT`, with `source` the path and `skipped_lines` the bad
+    lines skipped (`skip_bad`; otherwise the first bad line raises `STSDataError`)."""
+    path = Path(path)
+    if isinstance(columns, str):
+        columns = PairColumns.parse(columns)
+    name = name or pairs_name(path)
+    collector = _Collector(path, skip_bad)
+    if path.is_dir() or (path.name.startswith(_INPUT_PREFIX) and path.name.endswith(_SENTEVAL_SUFFIX)):
+        if columns is not None:
+            raise STSDataError(f"{path}: SentEval pairs have fixed columns; --pairs-columns does not apply")
+        rows = _senteval_rows(path, collector)
+    elif not path.is_file():
+        raise STSDataError(f"missing file: {path}")
+    elif path.suffix.lower() == ".tsv":
+        rows = _delimited_rows(path, columns, collector, _tsv_records(path, collector))
+    elif path.suffix.lower() == ".csv":
+        rows = _delimited_rows(path, columns, collector, _csv_records(path, collector))
+    elif path.suffix.lower() == ".jsonl":
+        rows = _jsonl_rows(path, columns, collector)
+    else:
+        raise STSDataError(f"{path}: unknown pairs format: expected a .tsv, .csv or .jsonl file, "
+                           f"a SentEval {_INPUT_PREFIX}<name>{_SENTEVAL_SUFFIX} file or a folder of them")
+    sentences1, sentences2, scores, subsets = [], [], [], []
+    for first, second, score, subset in rows:
+        sentences1.append(first)
+        sentences2.append(second)
+        scores.append(score)
+        subsets.append(subset or name)
+    if collector.skipped:
+        logger.warning(f"{path}: skipped {collector.skipped} bad line(s); the first: {collector.first}")
+    if len(scores) < 2:
+        raise STSDataError(f"{path}: {len(scores)} scored pair(s); at least 2 are needed for a correlation")
+    return STSPairs(name, PAIRS_SPLIT, sentences1, sentences2, np.asarray(scores, dtype=np.float64), subsets,
+                    source=str(path), skipped_lines=collector.skipped)
+
+
+def load_pairs_files(paths, columns: PairColumns | str | None = None, skip_bad: bool = False) -> list[STSPairs]:
+    """`load_pairs` of each path; two with the same name are refused (they would share a table column)."""
+    loaded = [load_pairs(path, columns, skip_bad) for path in paths]
+    seen: dict[str, str] = {}
+    for pairs in loaded:
+        if pairs.dataset in seen:
+            raise STSDataError(f"{seen[pairs.dataset]} and {pairs.source} are both named {pairs.dataset!r}; "
+                               "rename one (each file is one dataset, named after its stem)")
+        seen[pairs.dataset] = pairs.source
+    return loaded
+
+
+def _column(key) -> str:
+    return f"column {key!r}" if isinstance(key, str) else f"column {key} (0-based)"
+
+
+def _checked_sentence(value, key) -> str:
+    if not isinstance(value, str):
+        raise _Bad(f"sentence in {_column(key)} is {type(value).__name__}, not text")
+    if not value.strip():
+        raise _Bad(f"sentence in {_column(key)} is empty")
+    return value
+
+
+def _checked_score(value, key) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _Bad(f"score in {_column(key)} is {json.dumps(value)}, not a number")
+    try:
+        score = float(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise _Bad(f"score {value!r} in {_column(key)} is not a number") from None
+    if not math.isfinite(score):
+        raise _Bad(f"score {value!r} in {_column(key)} is not finite")
+    return score
+
+
+def _text_lines(path: Path, collector: _Collector) -> Iterator[tuple[int, str]]:
+    """(number, text) of each line; a line that is not UTF-8 is a bad line."""
+    for line in iter_lines(path):
+        if line.text is None:
+            collector.bad(line.number, f"not valid UTF-8 (byte {line.bad_byte} of the line)")
+            continue
+        yield line.number, line.text
+
+
+def _tsv_records(path: Path, collector: _Collector):
+    """(number, fields) of each non-blank line, split at tabs (no quoting)."""
+    for number, text in _text_lines(path, collector):
+        if text.strip():
+            yield number, text.split("\t")
+
+
+def _csv_records(path: Path, collector: _Collector):
+    """(number of its first line, fields) of each non-blank CSV record, or (number, _Bad) when broken."""
+    lines = _text_lines(path, collector)
+    state = {"start": None, "last": 0}
+
+    def feed():
+        for number, text in lines:
+            state["last"] = number
+            if state["start"] is None:
+                state["start"] = number
+            yield text + "\n"  # the reader keeps a line break inside a quoted field
+
+    reader = csv.reader(feed(), strict=True)
+    while True:
+        state["start"] = None
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            yield state["start"] or state["last"], _Bad(f"broken CSV: {error}")
+            continue
+        if any(field.strip() for field in fields):
+            yield state["start"] or state["last"], fields
+
+
+def _header_columns(header: list[str], path: Path, number: int) -> PairColumns:
+    """The recognised sentence and score columns of a header line."""
+    lowered = [field.strip().lower() for field in header]
+    found = [next((header[i].strip() for i, field in enumerate(lowered) if field in names), None)
+             for names in (SENTENCE1_NAMES, SENTENCE2_NAMES, SCORE_NAMES)]
+    if None in found:
+        raise STSDataError(f"{path}:{number}: neither a header naming both sentences and the score (e.g. "
+                           "sentence1,sentence2,score or s1,s2,label) nor a headerless pair with a numeric score "
+                           "in column 2 (0-based); pass --pairs-columns NAME1,NAME2,SCORE or positions I,J,K")
+    return PairColumns(*found)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _delimited_rows(path: Path, columns: PairColumns | None, collector: _Collector, records):
+    """Pairs of a .tsv/.csv: a header line first when the columns are names (given or recognised)."""
+    keys = indices = None
+    if columns is not None and columns.by_position:
+        keys = indices = (columns.sentence1, columns.sentence2, columns.score)
+    for number, fields in records:
+        if isinstance(fields, _Bad):
+            collector.bad(number, str(fields))
+            continue
+        if indices is None:  # the first record: a header, or the first pair of a headerless file
+            lowered = {field.strip().lower() for field in fields}
+            if columns is None and len(fields) >= 3 and _is_number(fields[2]) and not lowered & set(SCORE_NAMES):
+                keys = indices = (0, 1, 2)
+            else:
+                names = columns or _header_columns(fields, path, number)
+                keys = (names.sentence1, names.sentence2, names.score)
+                stripped = [field.strip() for field in fields]
+                missing = [key for key in keys if key not in stripped]
+                if missing:
+                    raise STSDataError(f"{path}:{number}: the header has no column {', '.join(map(repr, missing))} "
+                                       f"(it has: {', '.join(stripped)})")
+                indices = tuple(stripped.index(key) for key in keys)
+                continue
+        try:
+            if len(fields) <= max(indices):
+                raise _Bad(f"expected at least {max(indices) + 1} columns, found {len(fields)}")
+            yield (_checked_sentence(fields[indices[0]], keys[0]), _checked_sentence(fields[indices[1]], keys[1]),
+                   _checked_score(fields[indices[2]], keys[2]), None)
+        except _Bad as bad:
+            collector.bad(number, str(bad))
+
+
+def _jsonl_rows(path: Path, columns: PairColumns | None, collector: _Collector):
+    """Pairs of a .jsonl: objects by key (given or recognised), arrays by position (given or 0, 1, 2)."""
+    for number, text in _text_lines(path, collector):
+        if not text.strip():
+            continue
+        try:
+            yield _json_pair(text, columns)
+        except _Bad as bad:
+            collector.bad(number, str(bad))
+
+
+def _json_pair(text: str, columns: PairColumns | None):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise _Bad(f"broken JSON: {error}") from None
+    if isinstance(value, dict):
+        if columns is not None and columns.by_position:
+            raise _Bad("a JSON object, but the pairs columns are positions (they pick items of JSON arrays)")
+        if columns is None:
+            lowered = {key.lower(): key for key in value}
+            found = [next((lowered[n] for n in names if n in lowered), None)
+                     for names in (SENTENCE1_NAMES, SENTENCE2_NAMES, SCORE_NAMES)]
+            if None in found:
+                raise _Bad(f"no recognised keys for both sentences and the score (e.g. sentence1, sentence2, score) "
+                           f"among: {', '.join(value) or 'none'}; pass --pairs-columns")
+            columns = PairColumns(*found)
+        keys = (columns.sentence1, columns.sentence2, columns.score)
+        missing = [key for key in keys if key not in value]
+        if missing:
+            raise _Bad(f"missing key {', '.join(map(repr, missing))}")
+    elif isinstance(value, list):
+        if columns is not None and not columns.by_position:
+            raise _Bad("a JSON array, but the pairs columns are names (they pick keys of JSON objects)")
+        keys = (columns.sentence1, columns.sentence2, columns.score) if columns is not None else (0, 1, 2)
+        if len(value) <= max(keys):
+            raise _Bad(f"expected at least {max(keys) + 1} items, found {len(value)}")
+    else:
+        raise _Bad(f"expected a JSON object or array, found {type(value).__name__}")
+    return (_checked_sentence(value[keys[0]], keys[0]), _checked_sentence(value[keys[1]], keys[1]),
+            _checked_score(value[keys[2]], keys[2]), None)
+
+
+def _senteval_rows(path: Path, collector: _Collector):
+    """SentEval pairs: one `STS.input.<name>.txt` with its gold file, or every one in a folder
+    (each a subset named `<name>`); an empty gold line is an unscored pair, skipped."""
+    if path.is_dir():
+        inputs = sorted(p for p in path.iterdir()
+                        if p.name.startswith(_INPUT_PREFIX) and p.name.endswith(_SENTEVAL_SUFFIX))
+        if not inputs:
+            raise STSDataError(f"{path}: no {_INPUT_PREFIX}<name>{_SENTEVAL_SUFFIX} files in this folder")
+    else:
+        inputs = [path]
+    for input_path in inputs:
+        subset = pairs_name(input_path)
+        gold_path = input_path.with_name(f"{_GOLD_PREFIX}{subset}{_SENTEVAL_SUFFIX}")
+        for needed in (input_path, gold_path):
+            if not needed.is_file():
+                raise STSDataError(f"missing file: {needed}")
+        lines, golds = list(iter_lines(input_path)), list(iter_lines(gold_path))
+        if len(lines) != len(golds):
+            raise STSDataError(f"{input_path} has {len(lines)} lines but {gold_path} has {len(golds)}; "
+                               "they must align")
+        for line, gold in zip(lines, golds):
+            try:
+                for where, entry in ((input_path, line), (gold_path, gold)):
+                    if entry.text is None:
+                        raise _Bad(f"not valid UTF-8 (byte {entry.bad_byte} of the line)", where)
+                if not gold.text.strip():
+                    continue  # an unscored pair
+                columns = line.text.split("\t")
+                if len(columns) < 2:
+                    raise _Bad("expected two tab-separated sentences", input_path)
+                first, second = (_checked_sentence(columns[i], i) for i in (0, 1))
+                try:
+                    score = _checked_score(gold.text, 0)
+                except _Bad as bad:
+                    raise _Bad(f"gold score {gold.text.strip()!r} is not a finite number", gold_path) from bad
+            except _Bad as bad:
+                collector.bad(line.number, str(bad), bad.path or input_path)
+                continue
+            yield first, second, score, subset
