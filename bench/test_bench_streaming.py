@@ -1,7 +1,7 @@
 """Streaming calibration suite.
 
 - npy -> npy at d = 384 and 768: `flowcore calibrate`'s job (memory-mapped reads, chunked
-  fsynced writes, manifest commits) against in-memory `FlowCalibrator.transform` on the same
+  fsynced writes, progress-file commits) against in-memory `FlowCalibrator.transform` on the same
   flow and rows. Goal: >= 80 % of the in-memory speed (time ratio <= 1.25). The job computes
   on one thread fewer than torch's default (a core for reading and writing), so the in-memory
   transform is also timed with that thread count.

@@ -5,7 +5,7 @@ Modules, from the bottom up: `rows` (Reject, Position, Chunk, reject reasons), `
 one row sampler), `text_sources` (TextCorpus, read_texts, sample_texts), `vector_sources`
 (EmbeddingFile, the one .npy reader), `pipeline` (calibrate_chunks, iter_calibrated,
 check_compatible, BackgroundThread), `outputs` (.npy/.parquet outputs, the rejects log) and
-`job` (CalibrationJob, its manifest, calibrate_file).
+`job` (CalibrationJob, its progress file and output manifest, calibrate_file).
 """
 from __future__ import annotations
 

@@ -1,17 +1,20 @@
 """The resumable calibration job behind `flowcore calibrate`: `CalibrationJob` (a source into one
-.npy or .parquet file), its progress manifest, `CalibrationSummary`, and `calibrate_file` (the
-whole job from a flow file and an input path).
+.npy or .parquet file), its progress file and its manifest, `CalibrationSummary`, and
+`calibrate_file` (the whole job from a flow file and an input path).
 
 A job reads its input a chunk at a time (reader thread), encodes and calibrates the chunk (the
 calling thread), and writes it (writer thread); bounded queues between them keep memory flat and
 overlap I/O with compute.
 
 Durability: output goes to temporary files beside `OUT` (`OUT.partial`, or one part file per
-chunk for parquet), each chunk is fsynced before `OUT.manifest.json` is atomically replaced to
-record it as done. Killed at any moment, the same command resumes after the last recorded chunk;
-chunk boundaries never move, so the result is byte-identical to an uninterrupted run. The
-manifest records the job's identity (flow file hash, input size and mtime, options): resuming a
-changed job is refused. At the end the output is renamed into place and the manifest removed.
+chunk for parquet), each chunk is fsynced before the progress file `OUT.progress.json` is
+atomically replaced to record it as done. Killed at any moment, the same command resumes after
+the last recorded chunk; chunk boundaries never move, so the result is byte-identical to an
+uninterrupted run. The progress file records the job's identity (flow file hash, input size and
+mtime, options): resuming a changed job is refused. At the end the output is renamed into place,
+its manifest `OUT.manifest.json` (what the vectors are and where they came from:
+`MANIFEST_FORMAT`) is written atomically, and the progress file is removed; a job killed while
+finishing completes on the next run.
 
 Rejected rows go to `OUT.rejects.jsonl` (row, line, reason, detail) and are NaN rows in .npy
 output (null vectors in .parquet output).
@@ -31,7 +34,7 @@ import numpy as np
 
 from flowcore._fs import atomic_write_json, file_sha256, fsync, remove_temporaries
 from flowcore._threads import available_cpus, check_threads, pinned_threads
-from flowcore.batch.outputs import JobMismatchError, RejectsLog, open_output
+from flowcore.batch.outputs import VECTOR_COLUMN, JobMismatchError, RejectsLog, open_output
 from flowcore.batch.pipeline import (
     QUEUE_DEPTH,
     BackgroundThread,
@@ -40,24 +43,32 @@ from flowcore.batch.pipeline import (
     check_compatible,
     default_chunk_rows,
     encode_with,
+    normalized,
 )
 from flowcore.batch.rows import Position, count_reasons, detect_format
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 
 __all__ = [
-    "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "STAGES", "CalibrationJob", "CalibrationSummary",
-    "ChunkHook", "JobMismatchError", "calibrate_file", "default_threads",
+    "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "PROGRESS_FORMAT", "PROGRESS_VERSION", "STAGES",
+    "CalibrationJob", "CalibrationSummary", "ChunkHook", "JobMismatchError", "calibrate_file", "default_threads",
 ]
 
 OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
-MANIFEST_FORMAT = "flowcore-calibrate-manifest"
+PROGRESS_FORMAT = "flowcore-calibrate-progress"
+PROGRESS_VERSION = 2
+"""`OUT.progress.json`, an unfinished job's record. Version 1 was called `OUT.manifest.json`
+(format "flowcore-calibrate-manifest"); such a file left by an earlier flowcore is refused
+(finish it with that version, or --restart)."""
+MANIFEST_FORMAT = "flowcore-vectors-manifest"
 MANIFEST_VERSION = 1
+"""`OUT.manifest.json`, the description of a finished output (see `CalibrationJob.manifest`)."""
+_LEGACY_PROGRESS_FORMAT = "flowcore-calibrate-manifest"
 
 STAGES = ("writing", "written", "committed")
 """The stages at which a job calls its `on_chunk` hook for each chunk, in this order: before the
 chunk's data is written; after its data and rejects are durable but before the manifest records
-it; after the manifest records it as done."""
+it; after the progress file records it as done."""
 
 ChunkHook = Callable[[str, CalibratedChunk], None]
 
@@ -73,6 +84,7 @@ class CalibrationSummary:
     resumed_from: int
     out: Path
     rejects_path: Path
+    manifest_path: Path | None = None
 
     @property
     def rejected(self) -> int:
@@ -88,17 +100,18 @@ class CalibrationSummary:
         resumed = f", resumed at row {self.resumed_from:,}" if self.resumed_from else ""
         return (f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}{resumed}; "
                 f"{self.rows_this_run:,} rows in {self.seconds:.1f} s ({self.rows_per_second:,.0f} rows/s)\n"
-                f"output: {self.out}\nrejects: {self.rejects_path}")
+                f"output: {self.out}\nrejects: {self.rejects_path}"
+                + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else ""))
 
 
 # --------------------------------------------------------------------------------------------
-# The manifest
+# The progress file
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Progress:
-    """What the manifest records after each completed chunk."""
+    """What the progress file records after each completed chunk."""
 
     rows: int = 0
     offset: int = 0
@@ -112,8 +125,8 @@ class _Progress:
         return Position(self.rows, self.offset, self.line)
 
 
-class _Manifest:
-    """`OUT.manifest.json`: the job's identity, its row count and its `_Progress`, replaced
+class _ProgressFile:
+    """`OUT.progress.json`: the job's identity, its row count and its `_Progress`, replaced
     atomically after each chunk."""
 
     def __init__(self, path: Path, identity: dict):
@@ -124,12 +137,12 @@ class _Manifest:
         if not self.path.exists():
             return None
         try:
-            manifest = json.loads(self.path.read_text(encoding="utf-8"))
-            if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
-                raise ValueError("unknown manifest format")
-            recorded, rows, progress = manifest["job"], manifest["rows"], _Progress(**manifest["done"])
+            record = json.loads(self.path.read_text(encoding="utf-8"))
+            if record.get("format") != PROGRESS_FORMAT or record.get("version") != PROGRESS_VERSION:
+                raise ValueError("unknown progress file format")
+            recorded, rows, progress = record["job"], record["rows"], _Progress(**record["done"])
         except (OSError, ValueError, KeyError, TypeError) as error:
-            raise JobMismatchError(f"{self.path}: unreadable progress manifest ({error}); "
+            raise JobMismatchError(f"{self.path}: unreadable progress file ({error}); "
                                    "rerun with --restart to start over") from None
         if recorded != self.identity:
             changed = _differences(recorded, self.identity)
@@ -139,8 +152,28 @@ class _Manifest:
         return rows, progress
 
     def commit(self, rows: int, progress: _Progress) -> None:
-        atomic_write_json(self.path, {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "job": self.identity,
+        atomic_write_json(self.path, {"format": PROGRESS_FORMAT, "version": PROGRESS_VERSION, "job": self.identity,
                                       "rows": rows, "done": progress.__dict__}, indent=1, sort_keys=True)
+
+
+def _refuse_legacy_progress(manifest_path: Path) -> None:
+    """An `OUT.manifest.json` that is an earlier flowcore's progress record (format version 1)
+    belongs to an unfinished run this version cannot resume."""
+    try:
+        legacy = json.loads(manifest_path.read_text(encoding="utf-8")).get("format") == _LEGACY_PROGRESS_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return
+    if legacy:
+        raise JobMismatchError(f"{manifest_path} records an unfinished run of an earlier flowcore (progress now "
+                               f"goes to {manifest_path.name.removesuffix('.manifest.json')}.progress.json); finish "
+                               "it with that version, or rerun with --restart to start over")
+
+
+def _remove_legacy_progress(manifest_path: Path) -> None:
+    """--restart: an earlier flowcore's progress record in `OUT.manifest.json` describes nothing."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if json.loads(manifest_path.read_text(encoding="utf-8")).get("format") == _LEGACY_PROGRESS_FORMAT:
+            manifest_path.unlink()
 
 
 def _differences(recorded: dict, requested: dict, prefix: str = "") -> list[str]:
@@ -163,13 +196,19 @@ class CalibrationJob:
     """Calibrate `source` into `out` (.npy or .parquet), resumably; see the module docstring.
 
     Args:
-        source: a `TextCorpus` or `EmbeddingFile`.
-        out: the output file, .npy (float32, row i = input row i) or .parquet (id + embedding).
+        source: a `TextCorpus` or `EmbeddingFile`; its `keep_columns` become parquet columns.
+        out: the output file, .npy (float32, row i = input row i) or .parquet (`id`, the vector
+            column, the kept columns).
         transform: maps finite float32 (n, dim) rows to calibrated rows.
         dim: the width of the vectors `transform` takes.
         encode: (text sources) maps a list of sentences to (n, dim) embeddings.
         identity: more entries of the job's identity (e.g. the flow file hash, the encoder),
-            recorded in the manifest so that resuming a different job is refused.
+            recorded in the progress file so that resuming a different job is refused.
+        normalize: scale each calibrated row to unit length (rejected rows stay NaN/null);
+            part of the identity.
+        vector_column: the parquet vector column's name (default "embedding"); part of the identity.
+        description: more entries of the finished output's manifest (`manifest`), e.g. the
+            encoder and the calibration that made the vectors.
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
         restart: ignore an unfinished earlier run and start over.
         progress: show a progress bar on stderr.
@@ -185,10 +224,17 @@ class CalibrationJob:
                  transform: Callable[[np.ndarray], np.ndarray], dim: int,
                  encode: Callable[[list[str]], np.ndarray] | None = None, identity: dict | None = None,
                  chunk_rows: int | None = None, restart: bool = False, progress: bool = True,
-                 threads: int | None = None, on_chunk: ChunkHook | None = None):
-        self.source, self.transform, self.dim, self.encode = source, transform, dim, encode
+                 threads: int | None = None, on_chunk: ChunkHook | None = None, normalize: bool = False,
+                 vector_column: str | None = None, description: dict | None = None):
+        self.source, self.dim, self.encode = source, dim, encode
+        self.normalize = bool(normalize)
+        self.transform = normalized(transform) if self.normalize else transform
         self.out = Path(out)
         self.format = detect_format(self.out, OUTPUT_FORMATS)
+        self.keep_columns = tuple(getattr(source, "keep_columns", ()))
+        _check_output_options(self.out, self.keep_columns, vector_column)
+        self.vector_column = (vector_column or VECTOR_COLUMN) if self.format == "parquet" else None
+        self.description = dict(description or {})
         if self.out.resolve() == Path(source.path).resolve():
             raise ValueError(f"the output {self.out} would overwrite the input")
         if not self.out.parent.is_dir():
@@ -199,25 +245,32 @@ class CalibrationJob:
         self.restart, self.progress, self.on_chunk = restart, progress, on_chunk
         self.threads = check_threads(threads)
         self._identity = {**(identity or {}), **({"threads": threads} if threads is not None else {})}
+        self.progress_path = self.out.with_name(self.out.name + ".progress.json")
         self.manifest_path = self.out.with_name(self.out.name + ".manifest.json")
         self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
 
     def identity(self) -> dict:
-        """What the manifest records as this job: input, output, width, chunking, and the extra
-        `identity` entries (and `threads`) given."""
-        return {"input": self.source.identity(), "output": {"path": str(self.out.resolve()), "format": self.format},
-                "dim": self.dim, "chunk_rows": self.chunk_rows, **self._identity}
+        """What the progress file records as this job: input, output, width, chunking,
+        normalisation, and the extra `identity` entries (and `threads`) given."""
+        return {"input": self.source.identity(),
+                "output": {"path": str(self.out.resolve()), "format": self.format, "vector_column": self.vector_column},
+                "dim": self.dim, "chunk_rows": self.chunk_rows, "normalize": self.normalize, **self._identity}
 
     def run(self) -> CalibrationSummary:
         started = time.perf_counter()
-        manifest = _Manifest(self.manifest_path, self.identity())
-        earlier = None if self.restart else manifest.load()
+        record = _ProgressFile(self.progress_path, self.identity())
+        earlier = None if self.restart else record.load()
+        if earlier is None and not self.restart:
+            _refuse_legacy_progress(self.manifest_path)
         rows, progress = earlier if earlier else (self.source.rows, _Progress())
         resumed_from = progress.rows
-        output = open_output(self.out, self.format, rows, self.dim, with_ids=self.source.id_field is not None)
+        output = open_output(self.out, self.format, rows, self.dim, with_ids=self.source.id_field is not None,
+                             vector_column=self.vector_column or VECTOR_COLUMN, meta_types=self._meta_types())
         rejects = RejectsLog(self.rejects_path)
         if earlier is None:
-            self.manifest_path.unlink(missing_ok=True)
+            self.progress_path.unlink(missing_ok=True)
+            if self.restart:
+                _remove_legacy_progress(self.manifest_path)
             output.discard()
             rejects.discard()
         total_chunks = -(-rows // self.chunk_rows)
@@ -225,23 +278,64 @@ class CalibrationJob:
             output.open(resume=earlier is not None)
             rejects.open(progress.rejects_bytes if earlier is not None else None)
             if earlier is None:
-                manifest.commit(rows, progress)
+                record.commit(rows, progress)
             try:
                 with pinned_threads(self.threads):
-                    self._stream(output, rejects, manifest, rows, progress)
+                    self._stream(output, rejects, record, rows, progress)
             finally:
                 output.close()
         output.finish(total_chunks)
         rejects.finish()
         fsync(self.out.parent)
-        self.manifest_path.unlink(missing_ok=True)
+        atomic_write_json(self.manifest_path, self.manifest(rows, progress.rejects), indent=1)
         remove_temporaries(self.manifest_path)  # a manifest write cut short by a kill
+        self.progress_path.unlink(missing_ok=True)
+        remove_temporaries(self.progress_path)  # a progress write cut short by a kill
         fsync(self.out.parent)
         output.discard()
         return CalibrationSummary(rows, dict(progress.rejects), time.perf_counter() - started,
-                                  rows - resumed_from, resumed_from, self.out, self.rejects_path)
+                                  rows - resumed_from, resumed_from, self.out, self.rejects_path, self.manifest_path)
 
-    def _stream(self, output, rejects: RejectsLog, manifest: _Manifest, rows: int, progress: _Progress) -> None:
+    def _meta_types(self) -> list:
+        return list(self.source.meta_types()) if self.keep_columns else []
+
+    def manifest(self, rows: int, rejects: dict[str, int]) -> dict:
+        """`OUT.manifest.json` of the finished output: what its rows are (count, rejects, width,
+        dtype, normalisation, columns), where they came from (input, and the `description`
+        entries: encoder, calibration) and the format versions involved."""
+        import flowcore
+
+        rejected = sum(rejects.values())
+        parquet = self.format == "parquet"
+        description = {key: value for key, value in self.description.items() if key != "format_versions"}
+        id_type = "string" if self.source.id_field is not None else "int64"
+        if parquet:
+            import pyarrow.parquet as pq
+
+            schema = pq.read_schema(self.out)
+            columns = [{"name": field.name, "type": _type_name(field.type)} for field in schema]
+            versions = {"parquet": pq.ParquetFile(self.out).metadata.format_version}
+        else:
+            columns, versions = None, {"npy": "1.0"}
+        return {
+            "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "flowcore_version": flowcore.__version__,
+            "file": self.out.name, "file_format": self.format,
+            "rows": rows, "ok": rows - rejected, "rejected": rejected, "rejects": dict(sorted(rejects.items())),
+            "rejects_file": self.rejects_path.name,
+            "dim": self.dim, "dtype": "float32", "normalized": self.normalize,
+            "rejected_rows": "null vector" if parquet else "NaN row",
+            "id_column": "id" if parquet else None,
+            "id_type": (id_type if parquet else None),
+            "id_source": self.source.id_field if self.source.id_field is not None else "row number",
+            "vector_column": self.vector_column, "columns": columns, "kept_columns": list(self.keep_columns),
+            "input": {"kind": self.source.kind, **self.source.identity()},
+            **description,
+            "threads": self.threads, "chunk_rows": self.chunk_rows,
+            "format_versions": {"manifest": MANIFEST_VERSION, "progress": PROGRESS_VERSION,
+                                **self.description.get("format_versions", {}), **versions},
+        }
+
+    def _stream(self, output, rejects: RejectsLog, record: _ProgressFile, rows: int, progress: _Progress) -> None:
         from tqdm import tqdm
 
         on_chunk = self.on_chunk or (lambda stage, chunk: None)
@@ -258,7 +352,7 @@ class CalibrationJob:
                 progress.rejects[reason] = progress.rejects.get(reason, 0) + count
             progress.rows, progress.offset, progress.line = chunk.end.row, chunk.end.offset, chunk.end.line
             progress.chunks, progress.rejects_bytes = chunk.index + 1, rejects_bytes
-            manifest.commit(rows, progress)
+            record.commit(rows, progress)
             bar.update(len(chunk.vectors))
             on_chunk("committed", chunk)
 
@@ -284,26 +378,31 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
                    vector_field: str = "embedding", model: str | None = None, pooling: str | None = None,
                    batch_size: int = 64, chunk_rows: int | None = None, restart: bool = False,
                    progress: bool = True, threads: int | None = None, encoder_factory: Callable | None = None,
-                   on_chunk: ChunkHook | None = None) -> CalibrationSummary:
+                   on_chunk: ChunkHook | None = None, keep_columns=(), vector_column: str | None = None,
+                   normalize: bool = False) -> CalibrationSummary:
     """Calibrate a text corpus (`input`) or stored embeddings (`embeddings`) with the flow file
-    at `flow_path` into `out`. For text, `model`/`pooling` default to what the flow records;
-    anything the flow was not fitted for is refused before work starts.
+    at `flow_path` into `out`, and describe the result in `OUT.manifest.json`. For text,
+    `model`/`pooling` default to what the flow records; anything the flow was not fitted for is
+    refused before work starts.
 
     `threads` (torch CPU threads, part of the job's identity because float results depend on
-    it) defaults to `default_threads`; `on_chunk` is `CalibrationJob`'s hook."""
+    it) defaults to `default_threads`; `on_chunk` is `CalibrationJob`'s hook; `keep_columns`
+    (input columns passed through), `vector_column` (default "embedding") and `normalize`
+    (unit-length rows) are `CalibrationJob`'s, the first two for .parquet output only."""
     from flowcore.calibration.calibrator import FlowCalibrator
 
     if (input is None) == (embeddings is None):
         raise ValueError("give exactly one of a text corpus (input) or stored embeddings (embeddings)")
+    _check_output_options(Path(out), keep_columns, vector_column)
     calibrator = FlowCalibrator.load(flow_path)
     identity = {"flow_sha256": file_sha256(flow_path)}
     encoder = requested_model = None
     if embeddings is not None:
         if model is not None or pooling is not None:
             raise ValueError("--model/--pooling apply to text input, not to stored embeddings")
-        source = EmbeddingFile(embeddings, vector_field=vector_field, id_field=id_field)
+        source = EmbeddingFile(embeddings, vector_field=vector_field, id_field=id_field, keep_columns=keep_columns)
     else:
-        source = TextCorpus(input, text_field=text_field, id_field=id_field)
+        source = TextCorpus(input, text_field=text_field, id_field=id_field, keep_columns=keep_columns)
         requested_model = model or (calibrator.provenance.model if calibrator.provenance is not None else None)
         if threads is None:
             threads = default_threads(text=True)
@@ -312,10 +411,53 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
     check_compatible(calibrator, source, encoder, requested_model)
     if threads is None:
         threads = default_threads(text=False)
+    description = _describe(flow_path, identity["flow_sha256"], calibrator, encoder, batch_size)
     job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, batch_size),
                          identity=identity, chunk_rows=chunk_rows, restart=restart, progress=progress,
-                         threads=threads, on_chunk=on_chunk)
+                         threads=threads, on_chunk=on_chunk, normalize=normalize, vector_column=vector_column,
+                         description=description)
     return job.run()
+
+
+def _type_name(kind) -> str:
+    """A pyarrow type as the manifest names it: floats by width (float32), lists without their
+    child field's name (which parquet readers rename), e.g. `fixed_size_list<float32>[384]`."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(kind):
+        return f"fixed_size_list<{_type_name(kind.value_type)}>[{kind.list_size}]"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"{'large_' if pa.types.is_large_list(kind) else ''}list<{_type_name(kind.value_type)}>"
+    return {"halffloat": "float16", "float": "float32", "double": "float64"}.get(str(kind), str(kind))
+
+
+def _check_output_options(out: Path, keep_columns, vector_column: str | None) -> None:
+    if detect_format(out, OUTPUT_FORMATS) == "npy" and (keep_columns or vector_column is not None):
+        raise ValueError(f"{out}: --keep-columns and --vector-column need .parquet output "
+                         "(.npy holds the vectors only)")
+    if vector_column is not None and (not isinstance(vector_column, str) or not vector_column):
+        raise ValueError(f"the vector column needs a non-empty name, got {vector_column!r}")
+
+
+def _describe(flow_path, flow_sha256: str, calibrator, encoder, batch_size: int) -> dict:
+    """The manifest entries `calibrate_file` knows: the encoder (text input; for stored
+    embeddings, null: the flow's `fitted_for` says what they should come from) and the flow."""
+    from safetensors import safe_open
+
+    with safe_open(str(flow_path), framework="pt") as reader:
+        flow_version = (reader.metadata() or {}).get("format_version")
+    recorded = calibrator.provenance
+    described = None
+    if encoder is not None:
+        describe = getattr(encoder, "describe", None)
+        described = describe() if describe is not None else {"model": encoder.model_id, "pooling": encoder.pooling}
+        described["batch_size"] = batch_size
+    return {
+        "encoder": described,
+        "calibration": {"method": "bert-flow", "path": str(Path(flow_path).resolve()), "sha256": flow_sha256,
+                        "config": calibrator.config, "fitted_for": recorded.to_json() if recorded else None},
+        "format_versions": {"flow_file": flow_version},
+    }
 
 
 def default_threads(text: bool) -> int:

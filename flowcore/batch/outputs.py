@@ -21,11 +21,14 @@ from flowcore._fs import atomic_write, fsync
 from flowcore.batch.pipeline import CalibratedChunk
 from flowcore.batch.rows import Reject
 
-__all__ = ["JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog", "open_output"]
+__all__ = ["VECTOR_COLUMN", "JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog", "open_output"]
+
+VECTOR_COLUMN = "embedding"
+"""The default name of a parquet output's vector column."""
 
 
 class JobMismatchError(ValueError):
-    """A progress manifest exists for a different job than the one requested, or the partial
+    """A progress file exists for a different job than the one requested, or the partial
     output it describes is missing or does not match it."""
 
 
@@ -53,7 +56,7 @@ class NpyOutput:
             self.data_offset = self.handle.tell()
             expected_size = self.data_offset + self.rows * self.dim * 4
             if shape != (self.rows, self.dim) or os.path.getsize(self.partial) != expected_size:
-                raise JobMismatchError(f"{self.partial} does not match its progress manifest; "
+                raise JobMismatchError(f"{self.partial} does not match its progress file; "
                                        "rerun with --restart to start over")
             return
         self.handle = open(self.partial, "w+b")
@@ -89,19 +92,28 @@ class NpyOutput:
 
 
 class ParquetOutput:
-    """`id` (or row number) plus `embedding` (fixed-size float32 list; null for rejected rows).
+    """`id` (string ids, or the int64 row number), the vector column (`fixed_size_list<float32>[dim]`,
+    null for rejected rows) and the kept input columns (`meta_types`: (name, pyarrow type)).
 
     Each chunk is its own durable part file; `finish` joins them, one row group per chunk."""
 
-    def __init__(self, path: Path, rows: int, dim: int, with_ids: bool):
+    def __init__(self, path: Path, rows: int, dim: int, with_ids: bool, vector_column: str = VECTOR_COLUMN,
+                 meta_types=()):
         import pyarrow as pa
 
         self.path, self.rows, self.dim = path, rows, dim
         self.partial = path.with_name(path.name + ".partial")
         self.parts = path.with_name(path.name + ".parts")
-        self.with_ids = with_ids
+        self.with_ids, self.vector_column = with_ids, vector_column
+        self.meta_types = list(meta_types)
+        names = ["id", vector_column, *(name for name, _ in self.meta_types)]
+        clash = sorted({name for name in names if names.count(name) > 1})
+        if clash:
+            raise ValueError(f"{path}: two output columns would be named {clash[0]!r} (the id column is 'id', "
+                             f"the vector column {vector_column!r}); choose another --vector-column or drop it "
+                             "from --keep-columns")
         self.schema = pa.schema([("id", pa.string() if with_ids else pa.int64()),
-                                 ("embedding", pa.list_(pa.float32(), dim))])
+                                 (vector_column, pa.list_(pa.float32(), dim)), *self.meta_types])
 
     def _part(self, index: int) -> Path:
         return self.parts / f"part-{index:08d}.parquet"
@@ -121,9 +133,13 @@ class ParquetOutput:
         rejected = np.zeros(rows, dtype=bool)
         rejected[[reject.row - chunk.row_start for reject in chunk.rejects]] = True
         ids = chunk.ids if self.with_ids else np.arange(chunk.row_start, chunk.row_start + rows, dtype=np.int64)
-        embedding = pa.FixedSizeListArray.from_arrays(pa.array(chunk.vectors.reshape(-1)), self.dim,
-                                                      mask=pa.array(rejected))
-        table = pa.Table.from_arrays([pa.array(ids, type=self.schema.field("id").type), embedding], schema=self.schema)
+        vectors = np.ascontiguousarray(chunk.vectors, dtype=np.float32).reshape(-1)
+        embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors), self.dim, mask=pa.array(rejected))
+        columns = [pa.array(ids, type=self.schema.field("id").type), embedding]
+        for name, kind in self.meta_types:
+            values = chunk.meta[name]
+            columns.append(values.cast(kind) if isinstance(values, pa.Array) else pa.array(values, type=kind))
+        table = pa.Table.from_arrays(columns, schema=self.schema)
         # the folder is fsynced once per chunk by `sync`
         atomic_write(self._part(chunk.index), lambda stream: pq.write_table(table, stream), sync_dir=False)
 
@@ -151,11 +167,13 @@ class ParquetOutput:
         self.partial.unlink(missing_ok=True)
 
 
-def open_output(path: Path, format: str, rows: int, dim: int, with_ids: bool) -> NpyOutput | ParquetOutput:
-    """The output writer for `format` ("npy" or "parquet"), not yet opened."""
+def open_output(path: Path, format: str, rows: int, dim: int, with_ids: bool, vector_column: str = VECTOR_COLUMN,
+                meta_types=()) -> NpyOutput | ParquetOutput:
+    """The output writer for `format` ("npy" or "parquet"), not yet opened; `vector_column` and
+    `meta_types` (kept input columns) are parquet's."""
     if format == "npy":
         return NpyOutput(path, rows, dim)
-    return ParquetOutput(path, rows, dim, with_ids=with_ids)
+    return ParquetOutput(path, rows, dim, with_ids=with_ids, vector_column=vector_column, meta_types=meta_types)
 
 
 class RejectsLog:

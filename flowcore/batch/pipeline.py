@@ -21,7 +21,8 @@ from flowcore.batch.vector_sources import EmbeddingFile
 
 __all__ = [
     "EMBEDDING_CHUNK_BYTES", "QUEUE_DEPTH", "TEXT_CHUNK_ROWS", "BackgroundThread", "CalibratedChunk",
-    "calibrate_chunks", "check_compatible", "default_chunk_rows", "encode_with", "iter_calibrated",
+    "calibrate_chunks", "check_compatible", "default_chunk_rows", "encode_with", "iter_calibrated", "normalized",
+    "unit_rows",
 ]
 
 TEXT_CHUNK_ROWS = 1024
@@ -140,7 +141,8 @@ class BackgroundThread:
 
 @dataclass
 class CalibratedChunk:
-    """Rows [row_start, row_start + len(vectors)) calibrated; rejected rows are NaN."""
+    """Rows [row_start, row_start + len(vectors)) calibrated; rejected rows are NaN. `meta`: the
+    source chunk's kept columns (see `Chunk`)."""
 
     index: int
     row_start: int
@@ -148,6 +150,7 @@ class CalibratedChunk:
     ids: list[str | None] | None
     rejects: list[Reject]
     end: Position
+    meta: dict | None = None
 
 
 def default_chunk_rows(source: TextCorpus | EmbeddingFile, dim: int) -> int:
@@ -191,7 +194,20 @@ def _calibrated(chunk: Chunk, transform, dim: int, encode) -> CalibratedChunk:
         if good.any():
             out[good] = transform(vectors[good])
     return CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
-                           sorted(rejects, key=lambda reject: reject.row), chunk.end)
+                           sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """`vectors` (finite rows) scaled to unit Euclidean length, as float32 (norms computed in
+    float64, so each row's norm is 1 within float32 rounding, ~1e-7); an all-zero row stays zero."""
+    wide = np.asarray(vectors, dtype=np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))[:, None]
+    return (wide / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
+def normalized(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """`transform` followed by `unit_rows`."""
+    return lambda vectors: unit_rows(transform(vectors))
 
 
 def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] | None:
@@ -202,13 +218,14 @@ def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] |
 
 
 def iter_calibrated(calibrator, source: TextCorpus | EmbeddingFile, encoder=None, chunk_rows: int | None = None,
-                    batch_size: int = 64) -> Iterator[CalibratedChunk]:
+                    batch_size: int = 64, normalize: bool = False) -> Iterator[CalibratedChunk]:
     """Stream a whole source through a fitted `FlowCalibrator` (and `Encoder` for text), one
-    `CalibratedChunk` at a time, with reading overlapped with compute."""
+    `CalibratedChunk` at a time, with reading overlapped with compute; `normalize` scales the
+    calibrated rows to unit length (rejected rows stay NaN)."""
     check_compatible(calibrator, source, encoder)
     chunk_rows = chunk_rows or default_chunk_rows(source, calibrator.dim)
-    return calibrate_chunks(source.chunks(chunk_rows), calibrator.transform, calibrator.dim,
-                            encode_with(encoder, batch_size))
+    transform = normalized(calibrator.transform) if normalize else calibrator.transform
+    return calibrate_chunks(source.chunks(chunk_rows), transform, calibrator.dim, encode_with(encoder, batch_size))
 
 
 def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=None,

@@ -19,7 +19,8 @@ import numpy as np
 __all__ = [
     "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_UTF8", "MISSING_ID", "MISSING_TEXT",
     "MISSING_VECTOR", "NON_FINITE", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "Chunk", "Position", "Reject", "TextRow",
-    "count_reasons", "detect_format", "file_identity", "parquet_batches", "reject_non_finite", "require_file",
+    "check_keep_columns", "count_reasons", "detect_format", "file_identity", "parquet_batches", "reject_non_finite",
+    "require_file",
 ]
 
 # Reject reasons (the `reason` field of a rejects file line).
@@ -68,13 +69,16 @@ class Position:
 
 
 class TextRow(NamedTuple):
-    """One parsed text row: `text` is None exactly when `reject` is set."""
+    """One parsed text row: `text` is None exactly when `reject` is set. `meta` holds the values
+    of the source's kept columns (None for a missing value), or None when none are kept or the
+    row could not be parsed."""
 
     row: int
     line: int | None
     id: str | None
     text: str | None
     reject: Reject | None
+    meta: tuple | None = None
 
 
 @dataclass
@@ -82,7 +86,8 @@ class Chunk:
     """Consecutive rows [row_start, row_start + rows) of a source, and the position after them.
 
     Text sources fill `texts` (None at rejected rows); embedding sources fill `vectors`
-    (float32, NaN rows at rejected rows)."""
+    (float32, NaN rows at rejected rows). `meta` maps each kept column to its `rows` values (a
+    list, or a pyarrow array for typed parquet columns), or is None when no column is kept."""
 
     index: int
     row_start: int
@@ -92,6 +97,7 @@ class Chunk:
     ids: list[str | None] | None = None
     texts: list[str | None] | None = None
     vectors: np.ndarray | None = None
+    meta: dict | None = None
 
 
 def count_reasons(rejects: Iterable[Reject]) -> dict[str, int]:
@@ -109,6 +115,25 @@ def detect_format(path: str | os.PathLike, formats: dict[str, str]) -> str:
         raise ValueError(f"{path}: unsupported file type {suffix or '(none)'!r}; "
                          f"expected one of {', '.join(sorted(formats))}")
     return formats[suffix]
+
+
+def check_keep_columns(path: Path, keep_columns, available: list[str] | None) -> tuple[str, ...]:
+    """`keep_columns` (names of input columns to pass through to the output) as a tuple, checked:
+    non-empty distinct names, each among `available` when the input's columns are known
+    (None: jsonl, where a row without the key gets a null)."""
+    if isinstance(keep_columns, str):
+        raise TypeError("keep_columns is a list of column names, not one string")
+    keep = tuple(keep_columns or ())
+    for name in keep:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{path}: a kept column needs a non-empty name, got {name!r}")
+    repeated = sorted({name for name in keep if keep.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{path}: column {repeated[0]!r} is kept twice")
+    missing = [name for name in keep if available is not None and name not in available]
+    if missing:
+        raise ValueError(f"{path}: no column {missing[0]!r} to keep (columns: {', '.join(available) or 'none'})")
+    return keep
 
 
 def require_file(path: Path) -> None:

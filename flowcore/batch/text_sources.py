@@ -30,6 +30,7 @@ from flowcore.batch.rows import (
     Position,
     Reject,
     TextRow,
+    check_keep_columns,
     detect_format,
     file_identity,
     parquet_batches,
@@ -53,12 +54,16 @@ class TextCorpus:
     """A text corpus in txt (one sentence per line), jsonl, csv (with header) or parquet.
 
     `text_field` / `id_field` name the JSON key or column holding the sentence / its id (txt has
-    no fields; its id is the row number). Structural problems (missing column, unknown format)
-    raise ValueError on construction; row problems become `Reject`s while reading."""
+    no fields; its id is the row number). `keep_columns` names columns passed through to the
+    output as they are (`meta_types`): strings from jsonl (other JSON values as their JSON text)
+    and csv, the column's own type from parquet; a missing value is None, never a reject.
+    Structural problems (missing column, unknown format) raise ValueError on construction; row
+    problems become `Reject`s while reading."""
 
     kind = "text"
 
-    def __init__(self, path: str | os.PathLike, text_field: str = "text", id_field: str | None = None):
+    def __init__(self, path: str | os.PathLike, text_field: str = "text", id_field: str | None = None,
+                 keep_columns=()):
         self.path = Path(path)
         require_file(self.path)
         self.format = detect_format(self.path, TEXT_FORMATS)
@@ -66,10 +71,15 @@ class TextCorpus:
         self.id_field = id_field
         if self.format == "txt" and id_field is not None:
             raise ValueError(f"{self.path}: a .txt corpus has no fields; --id-field needs jsonl, csv or parquet")
+        if self.format == "txt" and keep_columns:
+            raise ValueError(f"{self.path}: a .txt corpus has no fields; --keep-columns needs jsonl, csv or parquet")
+        available = None
         if self.format == "csv":
             self._csv_header_end, self._csv_columns = self._read_csv_header()
+            available = list(self._csv_columns)
         if self.format == "parquet":
-            self._check_parquet_columns()
+            available = self._check_parquet_columns()
+        self.keep_columns = check_keep_columns(self.path, keep_columns, available)
         self._rows: int | None = None
 
     # -- structure -----------------------------------------------------------------------------
@@ -88,7 +98,7 @@ class TextCorpus:
                                  f"(columns: {', '.join(columns) or 'none'})")
         return len(raw), columns
 
-    def _check_parquet_columns(self) -> None:
+    def _check_parquet_columns(self) -> list[str]:
         import pyarrow.parquet as pq
 
         schema = pq.ParquetFile(self.path).schema_arrow
@@ -96,6 +106,19 @@ class TextCorpus:
             if name is not None and name not in schema.names:
                 raise ValueError(f"{self.path}: no {role} column {name!r} "
                                  f"(columns: {', '.join(schema.names)})")
+        return list(schema.names)
+
+    def meta_types(self) -> list[tuple[str, object]]:
+        """(name, pyarrow type) of each kept column: string for jsonl and csv, the stored type
+        for parquet."""
+        import pyarrow as pa
+
+        if self.format == "parquet" and self.keep_columns:
+            import pyarrow.parquet as pq
+
+            schema = pq.ParquetFile(self.path).schema_arrow
+            return [(name, schema.field(name).type) for name in self.keep_columns]
+        return [(name, pa.string()) for name in self.keep_columns]
 
     @property
     def rows(self) -> int:
@@ -121,7 +144,7 @@ class TextCorpus:
     def identity(self) -> dict:
         """What identifies this source in a job's manifest: the file and how it is read."""
         return {**file_identity(self.path), "format": self.format, "text_field": self.text_field,
-                "id_field": self.id_field}
+                "id_field": self.id_field, "keep_columns": list(self.keep_columns)}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -138,19 +161,29 @@ class TextCorpus:
     def chunks(self, chunk_rows: int, start: Position = Position()) -> Iterator[Chunk]:
         """Chunks of `chunk_rows` rows (the last may be shorter), starting at `start`, which
         must be a chunk boundary."""
-        texts, ids, rejects = [], [], []
+        texts, ids, rejects, metas = [], [], [], []
         row_start, index, end = start.row, start.row // chunk_rows, start
+
+        def chunk() -> Chunk:
+            meta = None
+            if self.keep_columns:
+                nulls = (None,) * len(self.keep_columns)
+                columns = zip(*(nulls if values is None else values for values in metas))
+                meta = {name: list(values) for name, values in zip(self.keep_columns, columns)}
+            return Chunk(index, row_start, len(texts), end, rejects, ids, texts, meta=meta)
+
         for entry, end in self.entries(start):
             texts.append(entry.text)
             ids.append(entry.id)
+            metas.append(entry.meta)
             if entry.reject is not None:
                 rejects.append(entry.reject)
             if len(texts) == chunk_rows:
-                yield Chunk(index, row_start, len(texts), end, rejects, ids, texts)
-                texts, ids, rejects = [], [], []
+                yield chunk()
+                texts, ids, rejects, metas = [], [], [], []
                 row_start, index = end.row, index + 1
         if texts:
-            yield Chunk(index, row_start, len(texts), end, rejects, ids, texts)
+            yield chunk()
 
     def _line_rows(self, start: Position, parse) -> Iterator[tuple[TextRow, Position]]:
         row = start.row
@@ -176,8 +209,11 @@ class TextCorpus:
             return _rejected(row, line, BROKEN_JSON, str(error))
         if not isinstance(record, dict):
             return _rejected(row, line, BROKEN_JSON, f"expected a JSON object, got {type(record).__name__}")
-        return self._from_fields(row, line, record.get(self.text_field, _ABSENT),
-                                 record.get(self.id_field, _ABSENT) if self.id_field else None)
+        entry = self._from_fields(row, line, record.get(self.text_field, _ABSENT),
+                                  record.get(self.id_field, _ABSENT) if self.id_field else None)
+        if self.keep_columns:
+            entry = entry._replace(meta=tuple(_json_text(record.get(name)) for name in self.keep_columns))
+        return entry
 
     def _from_fields(self, row: int, line: int | None, text, record_id) -> TextRow:
         if text is _ABSENT or text is None:
@@ -199,6 +235,7 @@ class TextCorpus:
         state = {"offset": start.offset, "line": start.line, "bad": {}}
         text_index = self._csv_columns[self.text_field]
         id_index = self._csv_columns[self.id_field] if self.id_field else None
+        keep_indexes = [self._csv_columns[name] for name in self.keep_columns]
 
         def decoded_lines(handle) -> Iterator[str]:
             """Raw lines with their endings, for the csv module; a line that is not UTF-8 is
@@ -235,28 +272,41 @@ class TextCorpus:
                         text = fields[text_index] if text_index < len(fields) else _ABSENT
                         record_id = _ABSENT if id_index is None or id_index >= len(fields) else fields[id_index]
                         entry = self._from_fields(row, first_line, text, record_id if id_index is not None else None)
+                        if keep_indexes:
+                            entry = entry._replace(meta=tuple(fields[i] if i < len(fields) else None
+                                                              for i in keep_indexes))
                 state["bad"].clear()
                 row += 1
                 yield entry, Position(row, state["offset"], state["line"])
 
     def _parquet_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
-        columns = [self.text_field] + ([self.id_field] if self.id_field else [])
+        columns = list(dict.fromkeys([self.text_field, *([self.id_field] if self.id_field else []),
+                                      *self.keep_columns]))
         row = start.row
         for batch in parquet_batches(self.path, columns, start.row):
             texts = batch.column(self.text_field).to_pylist()
             ids = batch.column(self.id_field).to_pylist() if self.id_field else [None] * len(texts)
-            for text, record_id in zip(texts, ids):
+            metas = (zip(*(batch.column(name).to_pylist() for name in self.keep_columns)) if self.keep_columns
+                     else [None] * len(texts))
+            for text, record_id, meta in zip(texts, ids, metas):
                 if isinstance(text, bytes):
                     try:
                         text = text.decode("utf-8")
                     except UnicodeDecodeError as error:
                         entry = _rejected(row, None, INVALID_UTF8, f"byte {error.start} of the value")
                         row += 1
-                        yield entry, Position(row)
+                        yield entry._replace(meta=meta), Position(row)
                         continue
                 entry = self._from_fields(row, None, text, record_id if self.id_field else None)
                 row += 1
-                yield entry, Position(row)
+                yield entry._replace(meta=meta), Position(row)
+
+
+def _json_text(value) -> str | None:
+    """A kept jsonl value as text: strings as they are, other JSON values as their JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
 
 
 def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str | None = None,

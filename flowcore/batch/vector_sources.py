@@ -23,6 +23,7 @@ from flowcore.batch.rows import (
     Chunk,
     Position,
     Reject,
+    check_keep_columns,
     detect_format,
     file_identity,
     parquet_batches,
@@ -112,22 +113,27 @@ class NpyMatrix:
 
 class EmbeddingFile:
     """Precomputed embeddings: a 2-D floating-point .npy (read through a memory map) or a parquet
-    file with a list-of-floats column `vector_field` (and optionally `id_field`).
+    file with a list-of-floats column `vector_field` (and optionally `id_field`, and
+    `keep_columns` passed through to the output with their stored types: `meta_types`).
 
     Rows with NaN/Inf, a null vector, or (parquet) a length other than the file's width are
     rejected; chunks hold them as NaN rows."""
 
     kind = "embeddings"
 
-    def __init__(self, path: str | os.PathLike, vector_field: str = "embedding", id_field: str | None = None):
+    def __init__(self, path: str | os.PathLike, vector_field: str = "embedding", id_field: str | None = None,
+                 keep_columns=()):
         self.path = Path(path)
         require_file(self.path)
         self.format = detect_format(self.path, EMBEDDING_FORMATS)
         self.vector_field = vector_field
         self.id_field = id_field
+        self.keep_columns: tuple[str, ...] = ()
         if self.format == "npy":
             if id_field is not None:
                 raise ValueError(f"{self.path}: a .npy file has no id column; ids are row numbers")
+            if keep_columns:
+                raise ValueError(f"{self.path}: a .npy file has no columns to keep; --keep-columns needs parquet")
             self._npy = NpyMatrix(self.path)
             if self._npy.dtype.kind != "f":
                 raise ValueError(f"{self.path}: expected floating-point embeddings, got dtype {self._npy.dtype}")
@@ -135,6 +141,19 @@ class EmbeddingFile:
             self.rows, self.dim = self._npy.rows, self._npy.dim
         else:
             self.rows, self.dim = self._parquet_layout()
+            import pyarrow.parquet as pq
+
+            names = pq.ParquetFile(self.path).schema_arrow.names
+            self.keep_columns = check_keep_columns(self.path, keep_columns, names)
+
+    def meta_types(self) -> list[tuple[str, object]]:
+        """(name, pyarrow type) of each kept column, as stored."""
+        if not self.keep_columns:
+            return []
+        import pyarrow.parquet as pq
+
+        schema = pq.ParquetFile(self.path).schema_arrow
+        return [(name, schema.field(name).type) for name in self.keep_columns]
 
     def _parquet_layout(self) -> tuple[int, int]:
         import pyarrow as pa
@@ -161,7 +180,7 @@ class EmbeddingFile:
     def identity(self) -> dict:
         """What identifies this source in a job's manifest: the file and how it is read."""
         return {**file_identity(self.path), "format": self.format, "vector_field": self.vector_field,
-                "id_field": self.id_field}
+                "id_field": self.id_field, "keep_columns": list(self.keep_columns)}
 
     def chunks(self, chunk_rows: int, start: Position = Position()) -> Iterator[Chunk]:
         """Chunks of `chunk_rows` rows (the last may be shorter) from `start`, a chunk boundary."""
@@ -178,7 +197,8 @@ class EmbeddingFile:
     def _parquet_chunks(self, chunk_rows: int, start_row: int) -> Iterator[Chunk]:
         import pyarrow as pa
 
-        columns = [self.vector_field] + ([self.id_field] if self.id_field else [])
+        columns = list(dict.fromkeys([self.vector_field, *([self.id_field] if self.id_field else []),
+                                      *self.keep_columns]))
         pending: list = []
         pending_rows, row_start = 0, start_row
 
@@ -195,8 +215,9 @@ class EmbeddingFile:
                         rejects.append(Reject(row_start + offset, MISSING_ID, f"no {self.id_field!r} value"))
                 rejects.sort(key=lambda reject: reject.row)
             rows = table.num_rows
+            meta = {name: table.column(name).combine_chunks() for name in self.keep_columns} or None
             return Chunk(row_start // chunk_rows, row_start, rows, Position(row_start + rows), rejects, ids,
-                         vectors=vectors)
+                         vectors=vectors, meta=meta)
 
         for batch in parquet_batches(self.path, columns, start_row):
             while batch.num_rows:

@@ -1,8 +1,10 @@
 """`flowcore calibrate`: stream a text corpus or stored embeddings through a fitted flow into one
-.npy or .parquet file, resumably (see flowcore.batch.job)."""
+.npy or .parquet file (with its OUT.manifest.json), resumably (see flowcore.batch.job)."""
 from __future__ import annotations
 
 import argparse
+
+VECTOR_COLUMN = "embedding"  # = flowcore.batch.outputs.VECTOR_COLUMN (not imported here, so that --help stays light)
 
 
 def register(subparsers) -> None:
@@ -10,8 +12,11 @@ def register(subparsers) -> None:
         "calibrate",
         help="calibrate a whole corpus or stored embeddings with a fitted flow (streaming, resumable)",
         description="Calibrate a text corpus or stored embeddings with a fitted flow, a chunk at a time. "
-        "Killed, the same command resumes after the last completed chunk (the progress manifest "
-        "OUT.manifest.json); rejected rows are listed in OUT.rejects.jsonl and are NaN rows in .npy output.",
+        "Killed, the same command resumes after the last completed chunk (the progress file "
+        "OUT.progress.json, removed at the end); rejected rows are listed in OUT.rejects.jsonl and are NaN rows "
+        "in .npy output, null vectors in .parquet output. A finished job describes its output in "
+        "OUT.manifest.json (model and revision, pooling, flow file sha256, dim, normalisation, rows, rejects, "
+        "columns, format versions).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--flow", required=True, help="flow file written by `flowcore fit`")
@@ -20,11 +25,19 @@ def register(subparsers) -> None:
                         help="text corpus: .txt (one sentence per line), .jsonl, .csv (with header) or .parquet")
     source.add_argument("--embeddings", help="stored embeddings: a 2-D .npy, or .parquet with a vector column")
     parser.add_argument("--out", required=True,
-                        help="output: .npy (float32, row i = input row i) or .parquet (id + embedding)")
+                        help="output: .npy (float32, row i = input row i) or .parquet (id, a "
+                        "fixed_size_list<float32>[dim] vector column, the kept columns)")
     parser.add_argument("--text-field", default="text", help="JSON key / column holding the sentence")
     parser.add_argument("--id-field", default=None,
                         help="JSON key / column holding the row id (default: the row number)")
     parser.add_argument("--vector-field", default="embedding", help="parquet column holding stored embeddings")
+    parser.add_argument("--vector-column", default=VECTOR_COLUMN, help="name of the vector column of .parquet output")
+    parser.add_argument("--keep-columns", default=None, type=_column_list, metavar="A,B",
+                        help="input columns copied to .parquet output (jsonl/csv/parquet text, parquet embeddings): "
+                        "strings from jsonl (other JSON values as JSON text) and csv, the stored type from parquet; "
+                        "a missing value is null")
+    parser.add_argument("--normalize", action="store_true",
+                        help="scale calibrated vectors to unit length (for cosine / dot-product stores)")
     parser.add_argument("--model", default=None, help="encoder for text input (default: the one the flow records)")
     parser.add_argument("--pooling", default=None, help="pooling for text input (default: the one the flow records)")
     parser.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
@@ -39,12 +52,22 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _column_list(value: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in value.split(","))
+    if not value.strip() or not all(names):
+        raise argparse.ArgumentTypeError(f"expected column names separated by commas, got {value!r}")
+    return names
+
+
 def job_options(args: argparse.Namespace) -> dict:
     """The `flowcore.batch.job.calibrate_file` keyword arguments (after the flow path and the
     output) that the parsed `calibrate` flags ask for."""
     return dict(input=args.input, embeddings=args.embeddings, text_field=args.text_field, id_field=args.id_field,
                 vector_field=args.vector_field, model=args.model, pooling=args.pooling, batch_size=args.batch_size,
-                chunk_rows=args.chunk_rows, restart=args.restart, progress=not args.no_progress, threads=args.threads)
+                chunk_rows=args.chunk_rows, restart=args.restart, progress=not args.no_progress, threads=args.threads,
+                keep_columns=args.keep_columns or (),
+                vector_column=None if args.vector_column == VECTOR_COLUMN else args.vector_column,
+                normalize=args.normalize)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,6 +28,8 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="most sentences per batch")
     parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--normalize", action="store_true",
+                        help="scale each vector to unit length (for cosine / dot-product stores); NaN rows stay NaN")
     parser.set_defaults(func=run)
 
 
@@ -43,10 +45,11 @@ def run(args: argparse.Namespace) -> int:
     embeddings = np.full((len(sentences), encoder.dim), np.nan, dtype=np.float32)
     good = [row for row, text in enumerate(sentences) if text is not None]
     if good:
-        embeddings[good] = encoder.encode([sentences[row] for row in good], batch_size=args.batch_size)
+        embeddings[good] = encoder.encode([sentences[row] for row in good], batch_size=args.batch_size,
+                                          normalize=args.normalize)
     atomic_write(args.out, lambda stream: np.save(stream, embeddings))
-    print(f"wrote {len(embeddings)} embeddings ({embeddings.shape[0]} x {embeddings.shape[1]}, "
-          f"pooling {encoder.pooling}) to {args.out}")
+    print(f"wrote {len(embeddings)} {'unit-length ' if args.normalize else ''}embeddings "
+          f"({embeddings.shape[0]} x {embeddings.shape[1]}, pooling {encoder.pooling}) to {args.out}")
     if undecodable:
         shown = ", ".join(map(str, undecodable[:10])) + (", ..." if len(undecodable) > 10 else "")
         print(f"flowcore encode: warning: {len(undecodable)} line(s) of {args.input} are not valid UTF-8 "

@@ -48,8 +48,8 @@ def embeddings_with_bad_rows(path: Path, rows: int = 600, dim: int = DIM) -> np.
 
 
 def leftovers(folder: Path, out: Path) -> list[str]:
-    """Anything a job leaves beside its output except the output and its rejects file."""
-    keep = {out.name, out.name + ".rejects.jsonl"}
+    """Anything a job leaves beside its output except the output, its rejects file and its manifest."""
+    keep = {out.name, out.name + ".rejects.jsonl", out.name + ".manifest.json"}
     return sorted(p.name for p in folder.iterdir()
                   if p.name.startswith((out.name, f".{out.name}")) and p.name not in keep)
 
@@ -127,7 +127,7 @@ def test_stopped_job_resumes_from_its_last_chunk_to_identical_output(tmp_path, s
             run_job(tmp_path / "in.npy", out, crashing_after(more_chunks)[0])
         done += more_chunks
         assert not out.exists(), "an incomplete output must never look complete"
-        assert json.loads(Path(f"{out}.manifest.json").read_text())["done"]["chunks"] == done
+        assert json.loads(Path(f"{out}.progress.json").read_text())["done"]["chunks"] == done
     transform, state = crashing_after(10**6)
     summary = run_job(tmp_path / "in.npy", out, transform)
 
@@ -149,9 +149,9 @@ def test_a_job_stopped_while_finishing_completes_on_the_next_run(tmp_path, monke
 
     with monkeypatch.context() as patch:
         patch.setattr(outputs.RejectsLog, "finish", stop_before_renaming_the_rejects_file)
-        with pytest.raises(Crash):  # the output is in place; its rejects file and manifest not yet
+        with pytest.raises(Crash):  # the output is in place; its rejects file, manifest and progress not yet
             run_job(tmp_path / "in.npy", out, crashing_after(99)[0])
-    assert out.exists() and Path(f"{out}.manifest.json").exists()
+    assert out.exists() and Path(f"{out}.progress.json").exists()
     transform, state = crashing_after(99)
     summary = run_job(tmp_path / "in.npy", out, transform)
     assert state["calls"] == 0 and summary.rows_this_run == 0
@@ -198,7 +198,7 @@ def test_on_chunk_sees_each_chunk_at_each_stage_with_its_data_durable_before_its
     seen = []
 
     def record(stage, chunk):
-        done = json.loads(Path(f"{out}.manifest.json").read_text())["done"]["chunks"]
+        done = json.loads(Path(f"{out}.progress.json").read_text())["done"]["chunks"]
         start = NpyMatrix(f"{out}.partial").header_bytes + chunk.row_start * DIM * 4
         stored = np.frombuffer(Path(f"{out}.partial").read_bytes()[start:start + chunk.vectors.nbytes], np.float32)
         seen.append((stage, chunk.index, done, np.array_equal(stored, chunk.vectors.reshape(-1), equal_nan=True)))
@@ -224,7 +224,7 @@ def test_a_fault_injected_through_on_chunk_stops_the_job_and_it_resumes_to_ident
     with pytest.raises(Crash):
         run_job(tmp_path / "in.npy", out, crashing_after(10**6)[0], on_chunk=fail_at_chunk_3)
     assert not out.exists()
-    assert json.loads(Path(f"{out}.manifest.json").read_text())["done"]["chunks"] == 3
+    assert json.loads(Path(f"{out}.progress.json").read_text())["done"]["chunks"] == 3
     transform, state = crashing_after(10**6)
     summary = run_job(tmp_path / "in.npy", out, transform)
     assert state["calls"] == 9 - 3 and summary.resumed_from == 150
@@ -267,7 +267,7 @@ def test_text_is_refused_with_another_encoder_pooling_or_width(tmp_path, flow):
         calibrate(pooling="cls")
     with pytest.raises(ValueError, match="--model/--pooling apply to text input"):
         calibrate_file(tmp_path / "text.flow", tmp_path / "out.npy", embeddings=tmp_path / "c.txt", model="x")
-    assert not (tmp_path / "out.npy").exists() and not (tmp_path / "out.npy.manifest.json").exists()
+    assert not (tmp_path / "out.npy").exists() and not (tmp_path / "out.npy.progress.json").exists()
     summary = calibrate()  # model and pooling default to the recorded ones
     assert summary.rows == 2 and np.isfinite(np.load(tmp_path / "out.npy")).all()
 
@@ -311,14 +311,14 @@ def start_slow_cli(args, seconds_per_chunk: float):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def kill_after_chunks(process, manifest: Path, chunks: int, extra_seconds: float) -> int:
-    """SIGKILL `process` `extra_seconds` after its manifest records `chunks` chunks done;
+def kill_after_chunks(process, progress: Path, chunks: int, extra_seconds: float) -> int:
+    """SIGKILL `process` `extra_seconds` after its progress file records `chunks` chunks done;
     returns the chunks recorded at the kill."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert process.poll() is None, f"finished before it could be killed: {process.communicate()}"
         try:
-            done = json.loads(manifest.read_text())["done"]["chunks"]
+            done = json.loads(progress.read_text())["done"]["chunks"]
         except (FileNotFoundError, json.JSONDecodeError):
             done = -1
         if done >= chunks:
@@ -326,7 +326,7 @@ def kill_after_chunks(process, manifest: Path, chunks: int, extra_seconds: float
             process.send_signal(signal.SIGKILL)
             process.communicate()
             assert process.returncode == -signal.SIGKILL
-            return json.loads(manifest.read_text())["done"]["chunks"]
+            return json.loads(progress.read_text())["done"]["chunks"]
         time.sleep(0.01)
     raise AssertionError("no progress within 2 minutes")
 
@@ -335,10 +335,10 @@ def assert_kill_and_resume_gives_identical_output(args, out: Path, reference: Pa
     """Kill the CLI with SIGKILL at each (chunks done, seconds later) point of `kills`, resume
     each time, and compare the finished output with `reference`. Each chunk waits 0.15 s before
     its write and 0.15 s before its commit, so the seconds choose where in a chunk a kill lands."""
-    manifest = Path(f"{out}.manifest.json")
+    progress = Path(f"{out}.progress.json")
     recorded = []
     for chunks, extra in kills:
-        recorded.append(kill_after_chunks(start_slow_cli(args, 0.3), manifest, chunks, extra))
+        recorded.append(kill_after_chunks(start_slow_cli(args, 0.3), progress, chunks, extra))
         assert not out.exists(), "an incomplete output must never look complete"
     assert recorded == sorted(recorded)
     finished = subprocess.run([*CLI, "calibrate", *map(str, args), "--no-progress"], capture_output=True, text=True)
@@ -480,14 +480,19 @@ def test_text_corpus_every_bad_row_kind_is_rejected_and_good_rows_calibrated(tmp
 def test_cli_killed_on_a_text_corpus_resumes_to_byte_identical_parquet(tmp_path, text_flow):
     flow_path, _, _ = text_flow
     corpus_with_every_bad_row_kind(tmp_path / "c.jsonl", good_rows=300)
-    options = dict(input=tmp_path / "c.jsonl", id_field="id", chunk_rows=32)
+    options = dict(input=tmp_path / "c.jsonl", id_field="id", chunk_rows=32, keep_columns=["text"], normalize=True,
+                   vector_column="vector")
     reference = tmp_path / "reference.parquet"
     calibrate_file(flow_path, reference, progress=False, **options)
     out = tmp_path / "out.parquet"
-    args = ["--flow", flow_path, "--input", tmp_path / "c.jsonl", "--id-field", "id", "--out", out, "--chunk-rows", 32]
+    args = ["--flow", flow_path, "--input", tmp_path / "c.jsonl", "--id-field", "id", "--out", out, "--chunk-rows", 32,
+            "--keep-columns", "text", "--normalize", "--vector-column", "vector"]
     assert_kill_and_resume_gives_identical_output(args, out, reference, kills=[(1, 0.22), (5, 0.05)])
     table = pq.read_table(out)
+    assert table.column_names == ["id", "vector", "text"]
     assert table.column("id").to_pylist()[:4] == ["s0", "s1", "s2", None]  # row 3 is an empty line
+    manifest = json.loads(Path(f"{out}.manifest.json").read_text())
+    assert manifest["normalized"] is True and manifest["rows"] == table.num_rows
 
 
 def test_text_with_another_encoder_or_pooling_is_refused_before_any_work(tmp_path, text_flow, capsys):

@@ -1,4 +1,4 @@
-"""`flowcore encode`: one row per line, clear errors, the line-reading policy for bad UTF-8."""
+"""`flowcore encode`: one row per line, clear errors, the line-reading policy for bad UTF-8, --normalize."""
 import numpy as np
 import pytest
 
@@ -50,3 +50,16 @@ def test_cli_encode_bad_input_is_reported(tiny_bert, tmp_path, capsys):
     assert np.isnan(written[1]).all() and np.isfinite(written[[0, 2]]).all(), "an undecodable line is a NaN row"
     err = capsys.readouterr().err
     assert "1 line(s) of" in err and "(lines 2)" in err
+
+
+def test_cli_encode_normalize_gives_unit_rows_and_keeps_nan_rows(tiny_bert, tmp_path, capsys):
+    (tmp_path / "s.txt").write_bytes(b"the cat sat\nthe caf\xe9 dog\nred blue house\n\n")
+    out = tmp_path / "unit.npy"
+    assert _run_encode_cli(["--input", str(tmp_path / "s.txt"), "--out", str(out), "--model", tiny_bert,
+                            "--normalize"]) == 0
+    written = np.load(out)
+    assert written.shape == (4, 16) and np.isnan(written[1]).all()
+    np.testing.assert_allclose(np.linalg.norm(written[[0, 2, 3]].astype(np.float64), axis=1), 1.0, rtol=0, atol=1e-6)
+    raw = Encoder(tiny_bert).encode(["the cat sat", "red blue house", ""])
+    np.testing.assert_allclose(written[[0, 2, 3]], raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-6)
+    assert "wrote 4 unit-length embeddings (4 x 16" in capsys.readouterr().out
