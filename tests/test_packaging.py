@@ -18,5 +18,5 @@ def test_kernels_live_under_flowcore_only(tmp_path):
 def test_console_script_lists_every_subcommand():
     result = subprocess.run([sys.executable, "-m", "flowcore", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
-    for command in ("fit", "encode", "calibrate", "sts"):
+    for command in ("fit", "encode", "calibrate", "sts", "export"):
         assert f"    {command}" in result.stdout

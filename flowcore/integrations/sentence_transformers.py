@@ -1,0 +1,327 @@
+"""sentence-transformers model folders with flowcore's calibrations and poolings inside.
+
+`export(out, flow=..., model=..., pooling=..., normalize=...)` (CLI: `flowcore export`) writes a
+complete `SentenceTransformer` folder: the encoder's transformer and tokenizer, its pooling, the
+calibration and optionally `Normalize`. `SentenceTransformer(out).encode(texts)` then gives the
+vectors of flowcore's own path, `Encoder(model, pooling).encode(texts)` followed by
+`FlowCalibrator.transform` (or `Whitening.transform`), to float32 rounding.
+
+What each folder needs to load (sentence-transformers >= 6):
+
+- **Whitening** (`whitening=Whitening(...)`) is a stock `Dense` (identity activation, weight
+  Wᵀ = (U·Λ^(−1/2))ᵀ, bias −μ·W), and `mean`/`cls` pooling a stock `Pooling`: such a folder names
+  only `sentence_transformers.*` classes and loads with sentence-transformers alone,
+  `SentenceTransformer(out)`, no flowcore installed and no `trust_remote_code`.
+- **The flow** is `FlowModule`, and the poolings sentence-transformers lacks
+  (`first-last-avg`, `last2-avg`, `static-avg`, `layers=I,J`) are `LayerPooling`: classes of this
+  module. From v6, sentence-transformers imports a `modules.json` class outside
+  `sentence_transformers.*` only with `trust_remote_code=True`, for local folders too
+  (`SentenceTransformer(out)` raises a ValueError that says so). Such a folder needs flowcore
+  installed and `SentenceTransformer(out, trust_remote_code=True)`; or `load_model(out)`, which
+  checks first that `modules.json` names no classes but sentence-transformers' and this module's,
+  then passes the flag for you. No code is copied into the folder: the classes are imported from
+  the installed flowcore.
+
+On disk, `FlowModule` keeps the calibrator's own flow file (safetensors + JSON header, the
+recorded encoder and pooling included) as `N_FlowModule/flow.safetensors` beside a
+`config.json`; `LayerPooling` keeps only a `config.json`, and the transformer is saved with
+`output_hidden_states` on, which is how sentence-transformers hands every layer to a pooling.
+The flow is frozen: it always runs in eval mode and its parameters take no gradient (gradients
+still flow through it to the encoder when sentence-transformers trains one).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Transformer
+from sentence_transformers.sentence_transformer.modules import Pooling as STPooling
+
+from flowcore.calibration.calibrator import FlowCalibrator
+from flowcore.calibration.flow_file import EncoderProvenance
+from flowcore.text.loading import DEFAULT_MODEL, resolve_model
+from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
+
+__all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "load_model", "whitening_dense"]
+
+FLOW_FILE = "flow.safetensors"
+"""The calibrator's flow file inside the `FlowModule` module folder."""
+DEFAULT_MAX_LENGTH = 512  # flowcore.Encoder's default: the folder truncates as the Encoder does
+_STOCK_POOLINGS = {"mean": "mean", "cls": "cls"}  # flowcore pooling -> sentence-transformers pooling_mode
+_OWN_CLASSES = ("FlowModule", "LayerPooling")
+
+
+class FlowModule(Module):
+    """A fitted `FlowCalibrator` as a sentence-transformers module: after the pooling, it maps
+    `features["sentence_embedding"]` to the calibrated vector z (in the flow's dtype, returned in
+    the input's dtype). Frozen; saved as `flow.safetensors` + `config.json`.
+
+    Args:
+        calibrator: a fitted `FlowCalibrator`, or the path of a flow file (`FlowCalibrator.load`).
+    """
+
+    config_keys: list[str] = ["embedding_dimension", "flow_config", "encoder"]
+
+    def __init__(self, calibrator: FlowCalibrator | str | os.PathLike):
+        super().__init__()
+        if isinstance(calibrator, (str, os.PathLike)):
+            calibrator = FlowCalibrator.load(calibrator)
+        if not isinstance(calibrator, FlowCalibrator):
+            raise TypeError(f"FlowModule takes a FlowCalibrator or a flow file path, "
+                            f"not {type(calibrator).__name__}")
+        self.calibrator = calibrator
+        self.embedding_dimension = calibrator.dim  # raises if the calibrator is not fitted
+        self.flow_config = calibrator.config
+        self.encoder = calibrator.provenance.to_json() if calibrator.provenance is not None else None
+        # registered, so that SentenceTransformer.to(device) moves them (the calibrator holds the same objects)
+        self.flow = calibrator.flow
+        self.standardizer = calibrator.standardizer
+        self.requires_grad_(False)
+        self.train(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.flow.eval()  # frozen calibration: never ActNorm initialisation, always the folded inference path
+        return self
+
+    def forward(self, features: dict, **kwargs) -> dict:
+        x = features["sentence_embedding"]
+        dtype = next(self.flow.parameters()).dtype
+        z = self.calibrator._forward(x.to(dtype))
+        features["sentence_embedding"] = z.to(x.dtype)
+        return features
+
+    def get_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.calibrator.save(os.path.join(output_path, FLOW_FILE))
+        self.save_config(output_path)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None,
+             local_files_only: bool = False, **kwargs) -> "FlowModule":
+        path = cls.load_file_path(model_name_or_path, FLOW_FILE, subfolder=subfolder, token=token,
+                                  cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
+        if path is None:
+            raise FileNotFoundError(f"{os.path.join(model_name_or_path, subfolder)}: no {FLOW_FILE}; this "
+                                    "FlowModule module folder is incomplete (re-export it with `flowcore export`)")
+        return cls(path)
+
+
+class LayerPooling(Module):
+    """flowcore's poolings over several hidden states (`first-last-avg`, `last2-avg`, `static-avg`,
+    `layers=I,J`, also `mean` and `cls`) as a sentence-transformers module: it reads
+    `features["all_layer_embeddings"]` (the transformer must run with `output_hidden_states`) and
+    writes `features["sentence_embedding"]`, exactly as `flowcore.Encoder` pools.
+
+    Args:
+        pooling: the canonical pooling name (`flowcore.text.pooling`), e.g. "first-last-avg".
+        hidden_states: the non-negative hidden-state indices it averages (0 = embeddings).
+        embedding_dimension: the width of the vectors.
+        first_token: pool the first token of `hidden_states[0]` (the `cls` pooling) instead of the mean.
+    """
+
+    config_keys: list[str] = ["pooling", "hidden_states", "embedding_dimension", "first_token"]
+
+    def __init__(self, pooling: str, hidden_states: list[int], embedding_dimension: int, first_token: bool = False):
+        super().__init__()
+        self.pooling = str(pooling)
+        self.hidden_states = [int(index) for index in hidden_states]
+        self.embedding_dimension = int(embedding_dimension)
+        self.first_token = bool(first_token)
+        self._pool = Pooling(name=self.pooling, hidden_states=tuple(self.hidden_states), first_token=self.first_token)
+
+    @classmethod
+    def for_model(cls, pooling: str, num_layers: int, embedding_dimension: int, layers=None) -> "LayerPooling":
+        """The module for a pooling request ("first-last-avg", "layers=1,6", ...) on an encoder of `num_layers`."""
+        bound = bind_pooling(*parse_pooling(pooling, layers), num_layers)
+        return cls(bound.name, list(bound.hidden_states), embedding_dimension, bound.first_token)
+
+    def forward(self, features: dict, **kwargs) -> dict:
+        states = features.get("all_layer_embeddings")
+        if states is None:
+            raise ValueError(f"LayerPooling({self.pooling!r}) needs every hidden state: the transformer before it "
+                             "must run with output_hidden_states (config_kwargs={'output_hidden_states': True})")
+        if max(self.hidden_states) >= len(states):
+            raise ValueError(f"LayerPooling({self.pooling!r}) needs hidden state {max(self.hidden_states)}, "
+                             f"but the transformer gives {len(states)} (0..{len(states) - 1})")
+        pooled = self._pool([states[index] for index in self.hidden_states], features["attention_mask"])
+        features["sentence_embedding"] = pooled
+        return features
+
+    def get_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.save_config(output_path)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None,
+             local_files_only: bool = False, **kwargs) -> "LayerPooling":
+        config = cls.load_config(model_name_or_path, subfolder=subfolder, token=token, cache_folder=cache_folder,
+                                 revision=revision, local_files_only=local_files_only)
+        return cls(**{key: config[key] for key in cls.config_keys if key in config})
+
+
+def whitening_dense(whitening) -> Dense:
+    """A fitted `flowcore.Whitening` as a stock `Dense`: x -> x·W − μ·W, identity activation, float32.
+
+    `Dense` computes x·weightᵀ + bias, so weight = Wᵀ (output_dim × D) and bias = −μ·W."""
+    if getattr(whitening, "matrix", None) is None:
+        raise ValueError("the Whitening is not fitted: call fit(X) first")
+    matrix = np.asarray(whitening.matrix, dtype=np.float64)
+    bias = -(np.asarray(whitening.mean, dtype=np.float64) @ matrix)
+    dim, output_dim = matrix.shape
+    return Dense(dim, output_dim, bias=True, activation_function=torch.nn.Identity(),
+                 init_weight=torch.tensor(matrix.T, dtype=torch.float32),
+                 init_bias=torch.tensor(bias, dtype=torch.float32))
+
+
+def build_model(flow=None, *, whitening=None, model: str | None = None, pooling: str | None = None, layers=None,
+                normalize: bool = False, max_length: int = DEFAULT_MAX_LENGTH,
+                device: str = "cpu") -> SentenceTransformer:
+    """A `SentenceTransformer`: the encoder's transformer, the pooling, the calibration, [Normalize].
+
+    Args:
+        flow: a fitted `FlowCalibrator` or a flow file path; its recorded encoder and pooling
+            (`provenance`) are the defaults for `model` and `pooling`, and any other is refused.
+        whitening: a fitted `flowcore.Whitening` instead of a flow (exported as a stock `Dense`).
+        model: "default", a local model folder or a cached Hugging Face name (never downloaded).
+        pooling: a flowcore pooling (default: the flow's, else "first-last-avg"); `mean` and `cls`
+            become a stock `Pooling`, the others a `LayerPooling`.
+        layers: hidden-state indices to average, instead of `pooling`.
+        normalize: append `Normalize` (unit-length vectors).
+        max_length: texts are truncated to this many tokens (flowcore.Encoder's default, 512, capped
+            by the model's limit).
+        device: where the model is built.
+    With neither `flow` nor `whitening`, the folder holds only the encoder and the pooling.
+    """
+    if flow is not None and whitening is not None:
+        raise ValueError("give a flow or a whitening, not both")
+    calibrator = None
+    if flow is not None:
+        calibrator = flow if isinstance(flow, FlowCalibrator) else FlowCalibrator.load(flow)
+    recorded: EncoderProvenance | None = calibrator.provenance if calibrator is not None else None
+    requested_model = model
+    if model is None:
+        if calibrator is not None and recorded is None:
+            raise ValueError("the flow file records no encoder (it was fitted on raw embeddings); "
+                             "pass the model and pooling of the encoder that produced them")
+        model = recorded.model if recorded is not None else DEFAULT_MODEL
+    if pooling is None and layers is None:
+        pooling = recorded.pooling if recorded is not None else "first-last-avg"
+    elif pooling is None:
+        pooling = "first-last-avg"
+    kind, requested = parse_pooling(pooling, layers)  # checked before any model is loaded
+    model_id, source = resolve_model(model)
+    if recorded is not None and recorded.model not in (model_id, requested_model):
+        raise ValueError(f"the flow was fitted on embeddings from encoder {recorded.model!r}, not {model_id!r}; "
+                         "export with the same encoder or refit the flow")
+    needs_layers = kind not in _STOCK_POOLINGS
+    config = _model_config(source, model_id)  # checks come before the weights are loaded
+    dim = int(config.hidden_size)
+    bound = bind_pooling(kind, requested, int(config.num_hidden_layers))
+    if recorded is not None and recorded.pooling != bound.name:
+        raise ValueError(f"the flow was fitted on {recorded.pooling!r} pooling, not {bound.name!r}; "
+                         "export with the same pooling or refit the flow")
+    if calibrator is not None and calibrator.dim != dim:
+        raise ValueError(f"encoder {model_id!r} gives {dim}-wide vectors but the flow expects {calibrator.dim}")
+    if whitening is not None:
+        dense = whitening_dense(whitening)
+        if dense.in_features != dim:
+            raise ValueError(f"encoder {model_id!r} gives {dim}-wide vectors but the whitening expects "
+                             f"{dense.in_features}")
+    local = {"local_files_only": True}
+    with _quiet_transformers():
+        transformer = Transformer(source, model_kwargs=dict(local), processor_kwargs=dict(local),
+                                  config_kwargs={**local, **({"output_hidden_states": True} if needs_layers else {})})
+    limits = [max_length, getattr(config, "max_position_embeddings", None), transformer.tokenizer.model_max_length]
+    transformer.max_seq_length = min(int(limit) for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000)
+    modules: list = [transformer]
+    if needs_layers:
+        modules.append(LayerPooling(bound.name, list(bound.hidden_states), dim, bound.first_token))
+    else:
+        modules.append(STPooling(dim, pooling_mode=_STOCK_POOLINGS[kind]))
+    if calibrator is not None:
+        modules.append(FlowModule(calibrator))
+    if whitening is not None:
+        modules.append(dense)
+    if normalize:
+        modules.append(Normalize())
+    return SentenceTransformer(modules=modules, device=device)
+
+
+def export(out, flow=None, *, whitening=None, model: str | None = None, pooling: str | None = None, layers=None,
+           normalize: bool = False, max_length: int = DEFAULT_MAX_LENGTH) -> str:
+    """Write `build_model(...)` (same arguments) as a model folder at `out`; returns its path.
+
+    Load it with `SentenceTransformer(out)` when it names only sentence-transformers classes
+    (whitening or no calibration with `mean`/`cls` pooling), else with `load_model(out)` or
+    `SentenceTransformer(out, trust_remote_code=True)` (see the module docstring)."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; give a new folder for the model")
+    st_model = build_model(flow, whitening=whitening, model=model, pooling=pooling, layers=layers,
+                           normalize=normalize, max_length=max_length)
+    with _quiet_transformers():
+        st_model.save(str(out), create_model_card=False)
+    return str(out)
+
+
+def needs_trust_remote_code(folder) -> bool:
+    """True when the model folder's `modules.json` names a class outside `sentence_transformers.*`."""
+    return any(not entry["type"].startswith("sentence_transformers.") for entry in _module_entries(folder))
+
+
+def load_model(folder, **kwargs) -> SentenceTransformer:
+    """`SentenceTransformer(folder, **kwargs)` for a folder written by `export`: `trust_remote_code`
+    is set only when needed, and only after checking that `modules.json` names no classes but
+    sentence-transformers' and this module's (any other custom class is refused)."""
+    foreign = [entry["type"] for entry in _module_entries(folder)
+               if not entry["type"].startswith("sentence_transformers.")
+               and entry["type"] not in {f"{__name__}.{name}" for name in _OWN_CLASSES}]
+    if foreign:
+        raise ValueError(f"{folder}: modules.json names classes that are neither sentence-transformers' nor "
+                         f"flowcore's: {', '.join(foreign)}; load it with SentenceTransformer(..., "
+                         "trust_remote_code=True) only if you trust that code")
+    if needs_trust_remote_code(folder):
+        kwargs.setdefault("trust_remote_code", True)
+    return SentenceTransformer(str(folder), **kwargs)
+
+
+def _model_config(source: str, model_id: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise FileNotFoundError(f"could not read the configuration of model {model_id!r} (flowcore never downloads "
+                                f"models; pass a local folder or a name in the Hugging Face cache): {error}") from None
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No weight-loading or shard-writing progress bars (noise around a one-line CLI result)."""
+    from transformers.utils import logging as transformers_logging
+
+    bar_was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bar_was_enabled:
+            transformers_logging.enable_progress_bar()
+
+
+def _module_entries(folder) -> list[dict]:
+    path = Path(folder) / "modules.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no modules.json; not a sentence-transformers model folder")
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)

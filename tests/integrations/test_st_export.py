@@ -1,0 +1,178 @@
+"""flowcore.integrations.sentence_transformers on a tiny random BERT: the exported folder's
+`SentenceTransformer(...).encode` equals flowcore's own path (Encoder + calibration) row by row."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sentence_transformers")
+
+from sentence_transformers import SentenceTransformer  # noqa: E402
+
+import flowcore  # noqa: E402
+from flowcore.calibration.flow_file import FlowFileError  # noqa: E402
+from flowcore.integrations import sentence_transformers as fst  # noqa: E402
+
+from helpers.tiny_models import save_tiny_bert  # noqa: E402
+
+WORDS = "a man dog cat runs plays guitar the is on with red blue green big small house car tree".split()
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> str:
+    return save_tiny_bert(tmp_path_factory.mktemp("bert"), WORDS, hidden_size=16, num_layers=3)
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 10)))) for _ in range(300)]
+
+
+@pytest.fixture(scope="module")
+def flow_file(bert, sentences, tmp_path_factory):
+    encoder = flowcore.Encoder(bert, pooling="first-last-avg")
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(sentences), encoder=encoder, progress=False)
+    path = tmp_path_factory.mktemp("flow") / "model.flow"
+    calibrator.save(path)
+    return path
+
+
+@pytest.mark.parametrize("pooling", ["first-last-avg", "static-avg", "layers=1,2", "last2-avg", "mean", "cls"])
+def test_pooling_matches_the_encoder(bert, sentences, tmp_path, pooling):
+    out = fst.export(tmp_path / "st", model=bert, pooling=pooling)
+    modules = json.loads((tmp_path / "st" / "modules.json").read_text())
+    stock = pooling in ("mean", "cls")
+    assert fst.needs_trust_remote_code(out) is not stock
+    assert modules[1]["type"].endswith(".Pooling" if stock else ".LayerPooling")
+    got = fst.load_model(out).encode(sentences[:40])
+    want = flowcore.Encoder(bert, pooling=pooling).encode(sentences[:40])
+    assert cosines(got, want).min() > 0.9999
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_flow_folder_matches_flowcore(bert, sentences, flow_file, tmp_path):
+    out = fst.export(tmp_path / "st", flow_file, normalize=True)
+    types = [entry["type"] for entry in json.loads((tmp_path / "st" / "modules.json").read_text())]
+    assert [t.rsplit(".", 1)[1] for t in types] == ["Transformer", "LayerPooling", "FlowModule", "Normalize"]
+    assert (tmp_path / "st" / "2_FlowModule" / fst.FLOW_FILE).is_file()
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        SentenceTransformer(out)  # v6: a class outside sentence_transformers.* needs the flag, local folders too
+    model = SentenceTransformer(out, trust_remote_code=True)
+    assert model.get_embedding_dimension() == 16
+    got = model.encode(sentences[:60])
+    calibrator = flowcore.FlowCalibrator.load(flow_file)
+    want = unit(calibrator.transform(flowcore.Encoder(bert).encode(sentences[:60])))
+    assert cosines(got, want).min() > 0.9999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    # the loaded folder saves and loads again, unchanged
+    model.save(str(tmp_path / "again"))
+    np.testing.assert_allclose(fst.load_model(tmp_path / "again").encode(sentences[:60]), got, atol=1e-6)
+
+
+def test_flow_with_explicit_layers(bert, sentences, tmp_path):
+    encoder = flowcore.Encoder(bert, pooling="layers=0,3")
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(sentences), encoder=encoder, progress=False)
+    out = fst.export(tmp_path / "st", calibrator, layers=[0, -1])  # the same hidden states, another spelling
+    got = fst.load_model(out).encode(sentences[:40])
+    assert cosines(got, calibrator.transform(encoder.encode(sentences[:40]))).min() > 0.9999
+
+
+def test_whitening_is_stock_dense_and_loads_without_flowcore(bert, sentences, tmp_path):
+    encoder = flowcore.Encoder(bert, pooling="mean")
+    (tmp_path / "texts.txt").write_text("\n".join(sentences[:50]))
+    script = ("import sys; sys.modules['flowcore'] = None\n"  # flowcore is not importable in this process
+              "import numpy as np\n"
+              "from sentence_transformers import SentenceTransformer\n"
+              "texts = open(sys.argv[1]).read().splitlines()\n"
+              "for folder in sys.argv[2:]:\n"
+              "    np.save(folder + '.npy', SentenceTransformer(folder, device='cpu').encode(texts))\n")
+    whitenings, folders = {}, []
+    for dim in (None, 6):  # whitening and whitening-k
+        whitenings[dim] = flowcore.Whitening(dim=dim).fit(encoder.encode(sentences))
+        folders.append(fst.export(tmp_path / f"st{dim}", whitening=whitenings[dim], model=bert, pooling="mean",
+                                  normalize=True))
+        types = [entry["type"] for entry in json.loads((tmp_path / f"st{dim}" / "modules.json").read_text())]
+        assert all(t.startswith("sentence_transformers.") for t in types), types
+        assert [t.rsplit(".", 1)[1] for t in types] == ["Transformer", "Pooling", "Dense", "Normalize"]
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "texts.txt"), *folders],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for dim, folder in zip(whitenings, folders):
+        got = np.load(folder + ".npy")
+        want = unit(whitenings[dim].transform(encoder.encode(sentences[:50])))
+        assert got.shape == (50, whitenings[dim].output_dim) and got.shape[1] == (dim or got.shape[1])
+        assert cosines(got, want).min() > 0.9999
+
+
+def test_whitening_after_a_flowcore_pooling(bert, sentences, tmp_path):
+    encoder = flowcore.Encoder(bert)  # first-last-avg: a LayerPooling, so the folder needs the flag
+    whitening = flowcore.Whitening().fit(encoder.encode(sentences))
+    out = fst.export(tmp_path / "st", whitening=whitening, model=bert)
+    assert fst.needs_trust_remote_code(out)
+    got = fst.load_model(out).encode(sentences[:40])
+    assert cosines(got, whitening.transform(encoder.encode(sentences[:40]))).min() > 0.9999
+
+
+def test_whitening_dense_weights():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 5)) @ rng.normal(size=(5, 5)) + 3.0
+    whitening = flowcore.Whitening(dim=3).fit(X)
+    dense = fst.whitening_dense(whitening)
+    assert (dense.in_features, dense.out_features, type(dense.activation_function).__name__) == (5, 3, "Identity")
+    import torch
+    z = dense({"sentence_embedding": torch.tensor(X, dtype=torch.float32)})["sentence_embedding"]
+    np.testing.assert_allclose(z.detach().numpy(), whitening.transform(X), atol=1e-4)
+    with pytest.raises(ValueError, match="not fitted"):
+        fst.whitening_dense(flowcore.Whitening())
+
+
+def test_errors(bert, sentences, flow_file, tmp_path):
+    with pytest.raises(FlowFileError, match="no such flow file"):
+        fst.export(tmp_path / "a", tmp_path / "missing.flow")
+    with pytest.raises(ValueError, match="fitted on 'first-last-avg' pooling, not 'mean'"):
+        fst.export(tmp_path / "b", flow_file, pooling="mean")
+    other = save_tiny_bert(tmp_path / "other", WORDS, hidden_size=16, num_layers=3, seed=1)
+    with pytest.raises(ValueError, match="fitted on embeddings from encoder"):
+        fst.export(tmp_path / "c", flow_file, model=other)
+    raw = flowcore.FlowCalibrator("l2_d2_w32").fit(flowcore.Encoder(bert).encode(sentences), progress=False)
+    with pytest.raises(ValueError, match="records no encoder"):
+        fst.export(tmp_path / "d", raw)
+    wide = save_tiny_bert(tmp_path / "wide", WORDS, hidden_size=24, num_layers=3)
+    with pytest.raises(ValueError, match="24-wide vectors but the flow expects 16"):
+        fst.export(tmp_path / "e", raw, model=wide)
+    with pytest.raises(ValueError, match="not both"):
+        fst.build_model(flow_file, whitening=flowcore.Whitening())
+    with pytest.raises(ValueError, match="unknown pooling"):
+        fst.export(tmp_path / "f", model=bert, pooling="max")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(FileExistsError, match="not empty"):
+        fst.export(tmp_path / "full", flow_file)
+
+
+def test_damaged_folders_are_refused(flow_file, tmp_path):
+    out = fst.export(tmp_path / "st", flow_file)
+    modules_json = tmp_path / "st" / "modules.json"
+    modules = json.loads(modules_json.read_text())
+    modules[2]["type"] = "somewhere.else.Module"
+    modules_json.write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match="neither sentence-transformers' nor flowcore's: somewhere.else.Module"):
+        fst.load_model(out)
+    modules[2]["type"] = "flowcore.integrations.sentence_transformers.FlowModule"
+    modules_json.write_text(json.dumps(modules))
+    (tmp_path / "st" / "2_FlowModule" / fst.FLOW_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="no flow.safetensors"):
+        fst.load_model(out)
+    with pytest.raises(FileNotFoundError, match="no modules.json"):
+        fst.load_model(tmp_path)
