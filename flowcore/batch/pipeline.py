@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from flowcore._vectors import unit_rows
 from flowcore.batch.rows import Chunk, Position, Reject, reject_non_finite
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
@@ -22,7 +23,6 @@ from flowcore.batch.vector_sources import EmbeddingFile
 __all__ = [
     "EMBEDDING_CHUNK_BYTES", "QUEUE_DEPTH", "TEXT_CHUNK_ROWS", "BackgroundThread", "CalibratedChunk",
     "calibrate_chunks", "check_compatible", "default_chunk_rows", "encode_with", "iter_calibrated", "normalized",
-    "unit_rows",
 ]
 
 TEXT_CHUNK_ROWS = 1024
@@ -197,14 +197,6 @@ def _calibrated(chunk: Chunk, transform, dim: int, encode) -> CalibratedChunk:
                            sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
 
 
-def unit_rows(vectors: np.ndarray) -> np.ndarray:
-    """`vectors` (finite rows) scaled to unit Euclidean length, as float32 (norms computed in
-    float64, so each row's norm is 1 within float32 rounding, ~1e-7); an all-zero row stays zero."""
-    wide = np.asarray(vectors, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))[:, None]
-    return (wide / np.where(norms > 0, norms, 1.0)).astype(np.float32)
-
-
 def normalized(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
     """`transform` followed by `unit_rows`."""
     return lambda vectors: unit_rows(transform(vectors))
@@ -241,12 +233,6 @@ def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=Non
         return
     if encoder is None:
         raise ValueError(f"{source.path} is text: an encoder is needed to embed it")
-    recorded = calibrator.provenance
-    if recorded is not None and recorded.model not in (encoder.model_id, requested_model):
-        raise ValueError(f"the flow was fitted on embeddings from encoder {recorded.model!r}, "
-                         f"not {encoder.model_id!r}; calibrate with the same encoder or refit the flow")
-    if recorded is not None and recorded.pooling != encoder.pooling:
-        raise ValueError(f"the flow was fitted on {recorded.pooling!r} pooling, not {encoder.pooling!r}; "
-                         "calibrate with the same pooling or refit the flow")
-    if encoder.dim != dim:
-        raise ValueError(f"encoder {encoder.model_id!r} gives {encoder.dim}-wide vectors but the flow expects {dim}")
+    from flowcore.calibration.flow_file import check_encoder_fits  # torch: only once a flow is in hand
+
+    check_encoder_fits(calibrator.provenance, dim, encoder, requested_model)

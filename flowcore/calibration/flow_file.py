@@ -21,7 +21,8 @@ from safetensors.torch import save as safetensors_bytes
 
 from flowcore._fs import atomic_write
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "EncoderProvenance", "FlowFileError", "load_flow", "save_flow"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "EncoderProvenance", "FlowFileError", "check_encoder_fits", "load_flow",
+           "save_flow"]
 
 FORMAT = "flowcore-flow"
 FORMAT_VERSION = 2
@@ -43,6 +44,22 @@ class EncoderProvenance:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def check_encoder_fits(provenance: EncoderProvenance | None, dim: int, encoder, requested_model: str | None = None,
+                       what: str = "the flow") -> None:
+    """The one check that vectors from `encoder` fit a calibration fitted on `dim`-wide vectors
+    from the encoder and pooling of `provenance` (None: unknown, only the width is checked);
+    `requested_model` is the name the encoder was asked for, which matches when it is the
+    recorded one. Raises ValueError saying how to fix it."""
+    if provenance is not None and provenance.model not in (str(encoder.model_id), requested_model):
+        raise ValueError(f"{what} was fitted on embeddings from encoder {provenance.model!r}, not "
+                         f"{encoder.model_id!r}; use the same encoder (--model {provenance.model}) or refit it")
+    if provenance is not None and provenance.pooling != str(encoder.pooling):
+        raise ValueError(f"{what} was fitted on {provenance.pooling!r} pooling, not {encoder.pooling!r}; "
+                         f"use the same pooling (--pooling {provenance.pooling}) or refit it")
+    if int(encoder.dim) != dim:
+        raise ValueError(f"encoder {encoder.model_id!r} gives {encoder.dim}-wide vectors but {what} expects {dim}")
 
 
 class FlowFileError(ValueError):

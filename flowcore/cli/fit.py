@@ -95,7 +95,12 @@ def run(args) -> int:
         distinct = _distinct_rows(data, MIN_ROWS_PER_DIM * data.shape[1]) if data.ndim == 2 else len(data)
     else:
         (data, encoder), distinct = _encode_corpus(args)
-    warning = small_corpus_warning(distinct, data.shape[1], "--input FILE") if data.ndim == 2 else None
+    if args.embeddings is not None:
+        option = "a larger --max-rows" if args.max_rows is not None else "--embeddings of more sentences"
+        warning = small_corpus_warning(distinct, data.shape[1], option, unit="vectors") if data.ndim == 2 else None
+    else:
+        option = "a larger --max-rows" if args.max_rows is not None else "--input FILE"
+        warning = small_corpus_warning(distinct, data.shape[1], option)
     if warning is not None:
         print(f"flowcore fit: warning: {warning}", file=sys.stderr)
     calibrator = FlowCalibrator(config=args.config, epochs=args.epochs, batch_size=args.batch_size,

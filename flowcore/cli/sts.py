@@ -248,13 +248,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_flow_fits(calibrator, encoder, args) -> None:
     """Refuse a --flow file fitted for another encoder, pooling or width than this run's."""
-    recorded = calibrator.provenance
-    if recorded is not None and recorded.model not in (str(encoder.model_id), args.model):
-        raise CLIError(f"--flow {args.flow} was fitted on embeddings from encoder {recorded.model!r}, not "
-                       f"{encoder.model_id!r}; pass --model {recorded.model} or refit the flow")
-    if recorded is not None and recorded.pooling != str(encoder.pooling):
-        raise CLIError(f"--flow {args.flow} was fitted on {recorded.pooling!r} pooling, not {encoder.pooling!r}; "
-                       f"pass --pooling {recorded.pooling} or refit the flow")
-    if calibrator.dim != int(encoder.dim):
-        raise CLIError(f"--flow {args.flow} takes {calibrator.dim}-wide vectors but encoder {encoder.model_id!r} "
-                       f"gives {encoder.dim}")
+    from flowcore.calibration.flow_file import check_encoder_fits  # imports torch: only when --flow is used
+
+    try:
+        check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, args.model, what=f"--flow {args.flow}")
+    except ValueError as error:
+        raise CLIError(str(error)) from None

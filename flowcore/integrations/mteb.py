@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEFAULT_MODEL_NAME", "FlowcoreMTEBModel"]
+from flowcore._vectors import unit_rows
+from flowcore.text.encoder import DEFAULT_MODEL_NAME
+from flowcore.text.loading import DEFAULT_MODEL
 
-DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-"""The Hugging Face name of the embedded default encoder (`Encoder()`, model "default")."""
+__all__ = ["FlowcoreMTEBModel"]
 
 
 class FlowcoreMTEBModel:
@@ -134,11 +135,9 @@ class FlowcoreMTEBModel:
         vectors = self.encoder.encode(texts, **options)
         if self.calibrator is not None:
             vectors = self.calibrator.transform(vectors)
-        vectors = np.asarray(vectors).astype(self.dtype, copy=False)
         if self.normalize:
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.maximum(norms, np.finfo(self.dtype).tiny)
-        return vectors
+            return unit_rows(vectors, dtype=self.dtype)
+        return np.asarray(vectors).astype(self.dtype, copy=False)
 
     def similarity(self, embeddings1, embeddings2):
         """Cosine similarity matrix (n1, n2) between two sets of vectors (mteb's `cos_sim`)."""
@@ -167,7 +166,7 @@ class FlowcoreMTEBModel:
         from mteb.models import ModelMeta
 
         model_id = str(self.encoder.model_id)
-        hub_name = DEFAULT_MODEL_NAME if model_id == "default" else _hub_name(model_id)
+        hub_name = DEFAULT_MODEL_NAME if model_id == DEFAULT_MODEL else _hub_name(model_id)
         fields: dict[str, Any] = {
             "loader": None,
             "name": self._name or self._default_name(),
@@ -199,7 +198,7 @@ class FlowcoreMTEBModel:
 
     def _default_name(self) -> str:
         model_id = str(self.encoder.model_id)
-        base = DEFAULT_MODEL_NAME.rpartition("/")[2] if model_id == "default" else _last_part(model_id)
+        base = DEFAULT_MODEL_NAME.rpartition("/")[2] if model_id == DEFAULT_MODEL else _last_part(model_id)
         name = f"flowcore/{base}-{self.encoder.pooling}"
         return name if self.calibrator is None else f"{name}-{self.calibration}"
 
@@ -220,15 +219,8 @@ def _check_calibrator(calibrator, encoder) -> int:
     dim = int(encoder.dim)
     if calibrator is None:
         return dim
-    recorded = getattr(calibrator, "provenance", None)
-    if recorded is not None:
-        if recorded.model != str(encoder.model_id):
-            raise ValueError(f"the calibrator was fitted on embeddings from encoder {recorded.model!r}, "
-                             f"not {encoder.model_id!r}; use the same encoder or refit it")
-        if recorded.pooling != str(encoder.pooling):
-            raise ValueError(f"the calibrator was fitted on {recorded.pooling!r} pooling, not "
-                             f"{encoder.pooling!r}; use the same pooling or refit it")
     from flowcore.calibration.calibrator import FlowCalibrator
+    from flowcore.calibration.flow_file import check_encoder_fits
     from flowcore.calibration.whitening import Whitening
 
     if isinstance(calibrator, Whitening):
@@ -239,6 +231,7 @@ def _check_calibrator(calibrator, encoder) -> int:
         if calibrator.flow is None:
             raise ValueError("the FlowCalibrator is not fitted: call fit(X) or FlowCalibrator.load(path) first")
         width = out = int(calibrator.dim)
+        check_encoder_fits(calibrator.provenance, width, encoder, what="the calibrator")
     else:  # a calibrator of your own: its output width from a probe
         probe = np.asarray(calibrator.transform(np.zeros((2, dim), dtype=np.float32)))
         if probe.ndim != 2 or probe.shape[0] != 2:
@@ -281,7 +274,7 @@ def _loaded_model(encoder):
 
 def _model_version(encoder) -> str | None:
     """The model's revision where it is known: the default wheel's version, or a hub commit hash."""
-    if str(encoder.model_id) == "default":
+    if str(encoder.model_id) == DEFAULT_MODEL:
         from importlib.metadata import PackageNotFoundError, version
 
         try:

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowcore._threads import available_cpus, check_threads, pinned_threads
+from flowcore._vectors import unit_rows
 from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 
@@ -152,10 +153,7 @@ class Encoder:
                     bar.update(len(rows))
         _warn_truncated(int(truncated[inverse].sum()), len(texts), self.max_length)
         embeddings = vectors[inverse]
-        if normalize:
-            norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
-            embeddings /= np.maximum(norms, np.finfo(np.float32).tiny)
-        return embeddings
+        return unit_rows(embeddings) if normalize else embeddings
 
     def _autocast(self):
         if self._autocast_dtype is None:

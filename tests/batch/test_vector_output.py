@@ -13,6 +13,7 @@ import pytest
 
 from flowcore import FlowCalibrator
 from flowcore._fs import file_sha256
+from flowcore._vectors import unit_rows
 from flowcore.batch.job import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -21,7 +22,6 @@ from flowcore.batch.job import (
     JobMismatchError,
     calibrate_file,
 )
-from flowcore.batch.pipeline import unit_rows
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 from flowcore.calibration.flow_file import EncoderProvenance

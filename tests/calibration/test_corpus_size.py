@@ -8,6 +8,8 @@ def test_warning_below_the_threshold_names_rows_dim_and_threshold():
     assert "500 distinct sentences" in message and "384-dimensional" in message and "5 x 384 = 1920" in message
     assert "NLI sentences via --fit-corpus FILE" in message
     assert "--input FILE" in small_corpus_warning(10, 16, option="--input FILE")
+    vectors = small_corpus_warning(10, 16, option="a larger --max-rows", unit="vectors")
+    assert "10 distinct vectors" in vectors and "NLI" not in vectors and vectors.endswith("via a larger --max-rows")
 
 
 def test_no_warning_at_or_above_the_threshold():

@@ -38,7 +38,8 @@ def test_small_corpus_warning_counts_distinct_rows(tmp_path, capsys):
     assert main(["fit", "--embeddings", str(path), "--out", str(tmp_path / "r.flow"), "--config", "l2_d2_w32",
                  "--batch-size", "64"]) == 0
     err = capsys.readouterr().err
-    assert "flowcore fit: warning: the fit corpus has only 30 distinct sentences for 16-dimensional" in err
+    assert "flowcore fit: warning: the fit corpus has only 30 distinct vectors for 16-dimensional" in err
+    assert "via --embeddings of more sentences" in err
     assert "5 x 16 = 80" in err
 
 
