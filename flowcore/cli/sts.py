@@ -117,8 +117,9 @@ def register(subparsers) -> None:
                         "headerless file (.jsonl: recognised keys of objects, items 0,1,2 of arrays)")
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip bad lines of --pairs files (missing column, a score that is not a finite "
-                        "number, an empty sentence, broken JSON/CSV, invalid UTF-8) and count them (stderr, "
-                        "'skipped_lines' in the JSON); without it the first one is an error naming file:line")
+                        "number, an empty sentence, broken JSON/CSV, invalid UTF-8, a .csv record spanning several "
+                        "lines such as an unclosed quote: pairs files hold one pair per line) and count them "
+                        "(stderr, 'skipped_lines' in the JSON); without it the first one is an error naming file:line")
     parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
                         help=f"folder with the STS data, e.g. ../shared/data/sts; its default comes from ${DATA_ENV} "
                         "(not needed with --pairs)")

@@ -9,16 +9,20 @@ Your own labelled pairs (.tsv/.csv/.jsonl, SentEval files) are read by `flowcore
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
-from flowcore._lines import read_lines
+from flowcore._lines import iter_lines, read_lines
 
-__all__ = ["DATASETS", "DATA_ENV", "STSDataError", "STSPairs", "concat", "default_data_dir", "fit_corpus_sentences",
-           "load_split", "load_test", "read_sentence_file", "splits"]
+__all__ = ["BadRecord", "DATASETS", "DATA_ENV", "STSDataError", "STSPairs", "checked_score", "checked_sentence",
+           "concat", "default_data_dir", "fit_corpus_sentences", "load_split", "load_test", "read_sentence_file",
+           "semeval_pairs", "splits"]
 
 DATASETS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
 
@@ -153,42 +157,100 @@ def _read_lines(path: Path) -> list[str]:
     return read_lines(path, error=STSDataError)
 
 
-def _score(text: str, path: Path, line_number: int) -> float:
+class BadRecord(ValueError):
+    """One bad line's problem, without its file and line (`path`: the file it is in, when that is
+    not the file being read); the loaders add the location. Shared with `flowcore.sts.pairs`."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+def checked_score(value, label: str = "score", column: str = "") -> float:
+    """`value` (text or a number) as a finite float, else `BadRecord`: e.g. "gold score 'x' is not
+    a number", or with `column=" in column 2"` "score 'x' in column 2 is not finite"."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise BadRecord(f"{label}{column} is {json.dumps(value)}, not a number")
     try:
-        value = float(text)
+        score = float(value)
     except ValueError:
-        raise STSDataError(f"{path}:{line_number}: gold score {text!r} is not a number") from None
-    if not np.isfinite(value):
-        raise STSDataError(f"{path}:{line_number}: gold score {text!r} is not finite")
+        raise BadRecord(f"{label} {value!r}{column} is not a number") from None
+    if not math.isfinite(score):
+        raise BadRecord(f"{label} {value!r}{column} is not finite")
+    return score
+
+
+def checked_sentence(value, column: str) -> str:
+    """`value` if it is non-blank text, else `BadRecord` ("sentence in <column> is empty")."""
+    if not isinstance(value, str):
+        raise BadRecord(f"sentence in {column} is {type(value).__name__}, not text")
+    if not value.strip():
+        raise BadRecord(f"sentence in {column} is empty")
     return value
 
 
+def _score(text: str, path: Path, line_number: int) -> float:
+    try:
+        return checked_score(text, "gold score")
+    except BadRecord as bad:
+        raise STSDataError(f"{path}:{line_number}: {bad}") from None
+
+
 def _sentence(text: str, path: Path, line_number: int, column: int) -> str:
-    if not text.strip():
-        raise STSDataError(f"{path}:{line_number}: sentence in column {column} is empty")
-    return text
+    try:
+        return checked_sentence(text, f"column {column}")
+    except BadRecord as bad:
+        raise STSDataError(f"{path}:{line_number}: {bad}") from None
+
+
+def _raise_bad(path: Path, line_number: int, message: str) -> None:
+    raise STSDataError(f"{path}:{line_number}: {message}")
+
+
+def semeval_pairs(input_path: Path, gold_path: Path,
+                  on_bad: Callable[[Path, int, str], None] = _raise_bad) -> Iterator[tuple[str, str, float]]:
+    """The scored pairs of one SemEval/SentEval subset: input lines `s1<TAB>s2[<TAB>extra...]`,
+    aligned with gold lines holding a score or nothing (an unscored pair, skipped).
+
+    A missing file or files that do not align raise `STSDataError`; a bad line (invalid UTF-8, fewer
+    than two sentences, an empty sentence, a score that is not a finite number) is passed to
+    `on_bad(path, line_number, message)`, by default raising `STSDataError("path:line: message")`,
+    and skipped when `on_bad` returns."""
+    for needed in (input_path, gold_path):
+        if not needed.is_file():
+            raise STSDataError(f"missing file: {needed}")
+    inputs, golds = list(iter_lines(input_path)), list(iter_lines(gold_path))
+    if len(inputs) != len(golds):
+        raise STSDataError(f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}; they must align")
+    for line, gold in zip(inputs, golds):
+        try:
+            for where, entry in ((input_path, line), (gold_path, gold)):
+                if entry.text is None:
+                    raise BadRecord(f"not valid UTF-8 (byte {entry.bad_byte} of the line)", where)
+            if not gold.text.strip():
+                continue  # an unscored pair
+            columns = line.text.split("\t")
+            if len(columns) < 2:
+                raise BadRecord("expected two tab-separated sentences")
+            first, second = (checked_sentence(columns[i], f"column {i + 1}") for i in (0, 1))
+            try:
+                score = checked_score(gold.text.strip(), "gold score")
+            except BadRecord as bad:
+                raise BadRecord(str(bad), gold_path) from None
+        except BadRecord as bad:
+            on_bad(bad.path or input_path, line.number, str(bad))
+            continue
+        yield first, second, score
 
 
 def _load_semeval(folder: Path, dataset: str) -> STSPairs:
-    """STS12–16: input lines `s1<TAB>s2[<TAB>extra...]`, gold lines a score or empty (unscored)."""
+    """STS12–16: each subset's `semeval_pairs`."""
     sentences1, sentences2, scores, subsets = [], [], [], []
     for subset in _SEMEVAL_SUBSETS[dataset]:
-        input_path = folder / f"STS.input.{subset}.txt"
-        gold_path = folder / f"STS.gs.{subset}.txt"
-        inputs, golds = _read_lines(input_path), _read_lines(gold_path)
-        if len(inputs) != len(golds):
-            raise STSDataError(
-                f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}; they must align"
-            )
-        for number, (line, gold) in enumerate(zip(inputs, golds), start=1):
-            if not gold.strip():
-                continue
-            columns = line.split("\t")
-            if len(columns) < 2:
-                raise STSDataError(f"{input_path}:{number}: expected two tab-separated sentences")
-            sentences1.append(_sentence(columns[0], input_path, number, 1))
-            sentences2.append(_sentence(columns[1], input_path, number, 2))
-            scores.append(_score(gold.strip(), gold_path, number))
+        for first, second, score in semeval_pairs(folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"):
+            sentences1.append(first)
+            sentences2.append(second)
+            scores.append(score)
             subsets.append(subset)
     return STSPairs(dataset, "test", sentences1, sentences2, np.asarray(scores), subsets)
 

@@ -3,8 +3,12 @@
 Formats, by name:
 
 - `.tsv`: tab-separated, no quoting (a `"` is text, as in STS-B); `.csv`: comma-separated with
-  the csv module's quoting (a quoted field may hold commas, quotes and line breaks); `.jsonl`: one
+  the csv module's quoting (a quoted field may hold commas and doubled quotes `""`); `.jsonl`: one
   JSON object (columns by key) or array (columns by position) per line.
+- One pair per line, in every format: a .csv record spanning several lines (a quoted field holding
+  a line break, or more often a quote never closed, which would swallow the lines after it) is a
+  bad record, named by its first line ("quoted field spans lines N-M; unbalanced quote?"); skipped,
+  all its lines count as skipped.
 - SentEval: an `STS.input.<name>.txt` file (a tab-separated sentence pair per line) with its
   `STS.gs.<name>.txt` beside it (a gold score per line; an empty one is an unscored pair, skipped),
   or a folder of such files (each file a subset, named `<name>`).
@@ -25,7 +29,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,7 @@ from typing import Iterator
 import numpy as np
 
 from flowcore._lines import iter_lines
-from flowcore.sts.data import STSDataError, STSPairs
+from flowcore.sts.data import BadRecord, STSDataError, STSPairs, checked_score, checked_sentence, semeval_pairs
 
 __all__ = ["PAIRS_SPLIT", "PairColumns", "SCORE_NAMES", "SENTENCE1_NAMES", "SENTENCE2_NAMES", "load_pairs",
            "load_pairs_files", "pairs_name"]
@@ -89,12 +92,15 @@ class PairColumns:
 POSITIONS = PairColumns(0, 1, 2)
 
 
-class _Bad(Exception):
-    """One bad line: its message, without the file and line (`path`: another file than the one read)."""
+_Bad = BadRecord  # one bad line: its message, without the file and line
 
-    def __init__(self, message: str, path: Path | None = None):
+
+class _SpanningRecord(BadRecord):
+    """A .csv record over `lines` physical lines (all of them count as skipped)."""
+
+    def __init__(self, message: str, lines: int):
         super().__init__(message)
-        self.path = path
+        self.lines = lines
 
 
 class _Collector:
@@ -105,11 +111,12 @@ class _Collector:
         self.skipped = 0
         self.first: str | None = None
 
-    def bad(self, number: int, message: str, path: Path | None = None) -> None:
+    def bad(self, number: int, message: str, path: Path | None = None, lines: int = 1) -> None:
+        """A bad record at line `number` of `path` (default the file read), `lines` physical lines long."""
         text = f"{path or self.path}:{number}: {message}"
         if not self.skip_bad:
             raise STSDataError(text) from None
-        self.skipped += 1
+        self.skipped += lines
         self.first = self.first or text
 
 
@@ -179,23 +186,11 @@ def _column(key) -> str:
 
 
 def _checked_sentence(value, key) -> str:
-    if not isinstance(value, str):
-        raise _Bad(f"sentence in {_column(key)} is {type(value).__name__}, not text")
-    if not value.strip():
-        raise _Bad(f"sentence in {_column(key)} is empty")
-    return value
+    return checked_sentence(value, _column(key))
 
 
 def _checked_score(value, key) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise _Bad(f"score in {_column(key)} is {json.dumps(value)}, not a number")
-    try:
-        score = float(value.strip() if isinstance(value, str) else value)
-    except ValueError:
-        raise _Bad(f"score {value!r} in {_column(key)} is not a number") from None
-    if not math.isfinite(score):
-        raise _Bad(f"score {value!r} in {_column(key)} is not finite")
-    return score
+    return checked_score(value, "score", f" in {_column(key)}")
 
 
 def _text_lines(path: Path, collector: _Collector) -> Iterator[tuple[int, str]]:
@@ -215,7 +210,8 @@ def _tsv_records(path: Path, collector: _Collector):
 
 
 def _csv_records(path: Path, collector: _Collector):
-    """(number of its first line, fields) of each non-blank CSV record, or (number, _Bad) when broken."""
+    """(number of its first line, fields) of each non-blank CSV record, or (number, _Bad) when broken
+    or spanning several lines (one pair per line: a quote left open would swallow the next lines)."""
     lines = _text_lines(path, collector)
     state = {"start": None, "last": 0}
 
@@ -234,10 +230,22 @@ def _csv_records(path: Path, collector: _Collector):
         except StopIteration:
             return
         except csv.Error as error:
-            yield state["start"] or state["last"], _Bad(f"broken CSV: {error}")
+            start = state["start"] or state["last"]
+            if state["last"] > start:
+                yield start, _spanning(start, state["last"], f" ({error})")
+            else:
+                yield start, _Bad(f"broken CSV: {error}")
             continue
-        if any(field.strip() for field in fields):
-            yield state["start"] or state["last"], fields
+        start = state["start"] or state["last"]
+        if state["last"] > start:
+            yield start, _spanning(start, state["last"])
+        elif any(field.strip() for field in fields):
+            yield start, fields
+
+
+def _spanning(start: int, last: int, detail: str = "") -> _SpanningRecord:
+    return _SpanningRecord(f"quoted field spans lines {start}-{last}{detail}; unbalanced quote? "
+                           "(pairs files hold one pair per line)", last - start + 1)
 
 
 def _header_columns(header: list[str], path: Path, number: int) -> PairColumns:
@@ -267,7 +275,7 @@ def _delimited_rows(path: Path, columns: PairColumns | None, collector: _Collect
         keys = indices = (columns.sentence1, columns.sentence2, columns.score)
     for number, fields in records:
         if isinstance(fields, _Bad):
-            collector.bad(number, str(fields))
+            collector.bad(number, str(fields), lines=getattr(fields, "lines", 1))
             continue
         if indices is None:  # the first record: a header, or the first pair of a headerless file
             lowered = {field.strip().lower() for field in fields}
@@ -348,29 +356,6 @@ def _senteval_rows(path: Path, collector: _Collector):
     for input_path in inputs:
         subset = pairs_name(input_path)
         gold_path = input_path.with_name(f"{_GOLD_PREFIX}{subset}{_SENTEVAL_SUFFIX}")
-        for needed in (input_path, gold_path):
-            if not needed.is_file():
-                raise STSDataError(f"missing file: {needed}")
-        lines, golds = list(iter_lines(input_path)), list(iter_lines(gold_path))
-        if len(lines) != len(golds):
-            raise STSDataError(f"{input_path} has {len(lines)} lines but {gold_path} has {len(golds)}; "
-                               "they must align")
-        for line, gold in zip(lines, golds):
-            try:
-                for where, entry in ((input_path, line), (gold_path, gold)):
-                    if entry.text is None:
-                        raise _Bad(f"not valid UTF-8 (byte {entry.bad_byte} of the line)", where)
-                if not gold.text.strip():
-                    continue  # an unscored pair
-                columns = line.text.split("\t")
-                if len(columns) < 2:
-                    raise _Bad("expected two tab-separated sentences", input_path)
-                first, second = (_checked_sentence(columns[i], i) for i in (0, 1))
-                try:
-                    score = _checked_score(gold.text, 0)
-                except _Bad as bad:
-                    raise _Bad(f"gold score {gold.text.strip()!r} is not a finite number", gold_path) from bad
-            except _Bad as bad:
-                collector.bad(line.number, str(bad), bad.path or input_path)
-                continue
+        for first, second, score in semeval_pairs(input_path, gold_path,
+                                                  lambda where, number, message: collector.bad(number, message, where)):
             yield first, second, score, subset

@@ -70,7 +70,8 @@ def evaluate(
         model, split, the correlations of `score_pairs` (Spearman/Pearson ×100, subsets and
         aggregations for STS12–16), seconds; for fitted calibrations also fit_corpus,
         fit_sentences, fit_distinct_sentences and their settings, `flow_losses` for the flow, and
-        `warning` when the fit corpus is too small (`small_corpus_warning`, also logged); for
+        `warning` when the fit corpus is too small (`small_corpus_warning`, also logged: once per
+        fitted corpus, so once for a file corpus, in every record); for
         `pairs` also pairs_file and skipped_lines; for `fitted` ones fit_corpus (the source) and
         their recorded settings.
     """
@@ -90,7 +91,7 @@ def evaluate(
     fitted = dict(fitted or {})
     cache = cache if cache is not None else EmbeddingCache(None)
     needs_fit = any(name != "none" and name not in fitted for name in calibrations)
-    file_corpus: tuple[str, np.ndarray, int] | None = None
+    file_corpus: tuple[str, np.ndarray, int, str | None] | None = None  # fitted once, reused: warned once
     fitted_on_file: dict[str, object] = {}
     records = []
     for dataset, given in items:
@@ -108,14 +109,17 @@ def evaluate(
                     corpus_label, corpus = fit_corpus_sentences(data_dir, dataset, fit_corpus)
                 corpus_vectors = cache.embed(encoder, corpus, batch_size, progress)
                 distinct = len(set(corpus))
+                warning = small_corpus_warning(distinct, corpus_vectors.shape[1])
+                if warning is not None:
+                    logger.warning(f"{dataset}: {warning}")
             else:
                 if file_corpus is None:
                     label, corpus = fit_corpus_sentences(data_dir, dataset, fit_corpus)
-                    file_corpus = (label, cache.embed(encoder, corpus, batch_size, progress), len(set(corpus)))
-                corpus_label, corpus_vectors, distinct = file_corpus
-            warning = small_corpus_warning(distinct, corpus_vectors.shape[1])
-            if warning is not None:
-                logger.warning(f"{dataset}: {warning}")
+                    vectors, count = cache.embed(encoder, corpus, batch_size, progress), len(set(corpus))
+                    file_corpus = (label, vectors, count, small_corpus_warning(count, vectors.shape[1]))
+                    if file_corpus[3] is not None:
+                        logger.warning(f"{label}: {file_corpus[3]}")
+                corpus_label, corpus_vectors, distinct, warning = file_corpus
         for name in calibrations:
             record = {"dataset": dataset, "calibration": name, "pooling": str(encoder.pooling),
                       "model": str(encoder.model_id), "split": pairs_.split}

@@ -10,6 +10,7 @@ from flowcore.sts.data import (
     load_split,
     load_test,
     read_sentence_file,
+    semeval_pairs,
     splits,
 )
 
@@ -139,3 +140,16 @@ def test_sentence_file_skips_blank_lines_and_rejects_empty(tmp_path):
     corpus.write_text("\n\n")
     with pytest.raises(STSDataError, match="no sentences"):
         read_sentence_file(corpus)
+
+
+def test_semeval_pairs_reports_bad_lines_to_on_bad_and_goes_on(tmp_path):
+    inputs, gold = tmp_path / "STS.input.x.txt", tmp_path / "STS.gs.x.txt"
+    inputs.write_bytes(b"a\tb\none column\nc\t \nd\te\nf\tg\n\xff\th\nunscored\tpair\n")
+    gold.write_bytes(b"1\n2\n3\nnan\n4\n5\n\n")
+    bad = []
+    pairs = list(semeval_pairs(inputs, gold, lambda path, number, message: bad.append((path, number, message))))
+    assert pairs == [("a", "b", 1.0), ("f", "g", 4.0)]
+    assert bad == [(inputs, 2, "expected two tab-separated sentences"), (inputs, 3, "sentence in column 2 is empty"),
+                   (gold, 4, "gold score 'nan' is not finite"), (inputs, 6, "not valid UTF-8 (byte 0 of the line)")]
+    with pytest.raises(STSDataError, match=r"STS\.input\.x\.txt:2: expected two tab-separated sentences"):
+        list(semeval_pairs(inputs, gold))

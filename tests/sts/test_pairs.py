@@ -59,9 +59,29 @@ def test_csv_quoted_fields_named_and_positional(tmp_path):
     with open(headerless, "w", newline="", encoding="utf-8") as handle:
         csv.writer(handle).writerows([(s, a, b) for a, b, s in PAIRS])
     _check(load_pairs(headerless, "1,2,0"), "headerless")
-    multiline = tmp_path / "multi.csv"
-    multiline.write_text('s1,s2,score\n"two\nlines",b,1\nc,d,2\n', encoding="utf-8")
-    assert load_pairs(multiline).sentences1 == ["two\nlines", "c"]
+
+
+SPANNING = [  # one pair per line: a record over several lines is bad, all its lines are skipped
+    ("multi.csv", 's1,s2,score\na,b,1\n"two\nlines",b,1\nc,d,2\n', 3, 4, 2),
+    ("closed_later.csv", 's1,s2,score\na,b,1\n"He said hi,b,1\nc,d,2\ne",f,3\ng,h,4\n', 3, 5, 3),
+    ("never_closed.csv", 's1,s2,score\na,b,1\nx,y,2\n"He said hi,b,1\nc,d,2\ne,f,3\n', 4, 6, 3),
+]
+
+
+@pytest.mark.parametrize("name, content, first, last, skipped", SPANNING, ids=[s[0] for s in SPANNING])
+def test_csv_record_spanning_lines_is_bad_and_all_its_lines_are_skipped(tmp_path, caplog, name, content, first,
+                                                                        last, skipped):
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    spans = f"{path}:{first}: quoted field spans lines {first}-{last}"
+    with pytest.raises(STSDataError) as error:
+        load_pairs(path)
+    assert str(error.value).startswith(spans) and "unbalanced quote?" in str(error.value)
+    with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
+        pairs = load_pairs(path, skip_bad=True)
+    assert pairs.skipped_lines == skipped and len(pairs) == 2
+    assert "He said" not in " ".join(pairs.sentences1) and "\n" not in " ".join(pairs.sentences1)
+    assert caplog.messages == [f"{path}: skipped {skipped} bad line(s); the first: {error.value}"]
 
 
 def test_jsonl_objects_and_arrays(tmp_path):

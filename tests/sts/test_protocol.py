@@ -118,6 +118,23 @@ def test_pairs_fit_on_their_own_sentences_and_small_corpora_warn(tmp_path, caplo
         evaluate(HashEncoder(), pairs=[load_pairs(path)], calibrations=["flow"], fit_corpus="train", progress=False)
 
 
+def test_a_small_file_corpus_warns_once_and_is_recorded_everywhere(tmp_path, caplog):
+    files = []
+    for name in ("first", "second"):
+        files.append(tmp_path / f"{name}.tsv")
+        files[-1].write_text("".join(f"{name} {i}\tother {i}\t{i % 5}\n" for i in range(10)), encoding="utf-8")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"fit sentence {i}\n" for i in range(12)), encoding="utf-8")
+    MeanShift.fitted_rows = []
+    with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
+        records = evaluate(HashEncoder(), pairs=[load_pairs(f) for f in files], calibrations=["none", "flow"],
+                           fit_corpus=str(corpus), factories={"flow": MeanShift}, progress=False)
+    expected = small_corpus_warning(12, 16)
+    assert MeanShift.fitted_rows == [12]  # fitted once, reused for both files
+    assert [r.get("warning") for r in records] == [None, expected, None, expected]
+    assert caplog.messages == [f"{corpus}: {expected}"]
+
+
 def test_no_warning_on_a_large_enough_corpus(sts_data_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
         record, = evaluate(HashEncoder(), datasets=["STS16"], calibrations=["whitening"], data_dir=sts_data_dir,
