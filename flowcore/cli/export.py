@@ -3,6 +3,7 @@ sentence-transformers model folder (see flowcore.integrations.sentence_transform
 from __future__ import annotations
 
 import argparse
+import sys
 
 from flowcore.cli import CLIError
 from flowcore.text.pooling import NAMED_POOLINGS
@@ -15,7 +16,8 @@ def register(subparsers) -> None:
         description="Write a complete sentence-transformers model folder: the encoder's transformer and tokenizer, "
         "the pooling, the calibration and optionally Normalize. A whitening with mean or cls pooling loads with "
         "SentenceTransformer(FOLDER) alone; a flow, or a pooling sentence-transformers lacks, needs flowcore "
-        "installed and SentenceTransformer(FOLDER, trust_remote_code=True).",
+        "installed and flowcore.integrations.sentence_transformers.load_model(FOLDER), which checks the folder "
+        "before passing trust_remote_code=True (passing that flag yourself trusts every file in the folder).",
     )
     calibration = parser.add_mutually_exclusive_group(required=True)
     calibration.add_argument("--flow", help="flow file written by `flowcore fit` (its encoder and pooling are the "
@@ -44,15 +46,26 @@ def register(subparsers) -> None:
 
 
 def _fit_whitening(args):
+    from flowcore.batch.rows import count_reasons
     from flowcore.batch.text_sources import sample_texts
+    from flowcore.calibration.corpus_size import small_corpus_warning
     from flowcore.calibration.whitening import Whitening
     from flowcore.text.encoder import Encoder
 
-    texts = sample_texts(args.whitening, args.max_rows, args.seed, text_field=args.text_field, rejects=[])
+    rejects = []
+    texts = sample_texts(args.whitening, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
+    if rejects:  # the line `flowcore fit --input` prints
+        reasons = ", ".join(f"{count} {reason}" for reason, count in count_reasons(rejects).items())
+        print(f"{args.whitening}: skipped {len(rejects)} unusable row(s) ({reasons}); first at row {rejects[0].row}",
+              file=sys.stderr)
     if len(texts) < 2:
         raise CLIError(f"{args.whitening}: needs at least 2 usable sentences to fit a whitening, found {len(texts)}")
     encoder = Encoder(args.model or "default", pooling=args.pooling or "first-last-avg", max_length=args.max_length)
-    return Whitening(dim=args.whitening_dim).fit(encoder.encode(texts)), len(texts)
+    vectors = encoder.encode(texts)
+    warning = small_corpus_warning(len(set(texts)), vectors.shape[1], "--whitening CORPUS")
+    if warning is not None:
+        print(f"flowcore export: warning: {warning}", file=sys.stderr)
+    return Whitening(dim=args.whitening_dim).fit(vectors), len(texts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                  normalize=args.normalize, max_length=args.max_length)
     what = f"flow {args.flow}" if args.flow is not None else \
         f"whitening to {whitening.output_dim} dims fitted on {fitted} sentences of {args.whitening}"
-    load = f"SentenceTransformer({out!r}, trust_remote_code=True)  (needs flowcore installed)" \
+    load = f"flowcore.integrations.sentence_transformers.load_model({out!r})  (needs flowcore installed; " \
+        "SentenceTransformer(..., trust_remote_code=True) would trust every file in the folder)" \
         if needs_trust_remote_code(out) else f"SentenceTransformer({out!r})"
     print(f"wrote {out} ({what}); load it with {load}")
     return 0

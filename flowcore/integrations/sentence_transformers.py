@@ -17,10 +17,14 @@ What each folder needs to load (sentence-transformers >= 6):
   module. From v6, sentence-transformers imports a `modules.json` class outside
   `sentence_transformers.*` only with `trust_remote_code=True`, for local folders too
   (`SentenceTransformer(out)` raises a ValueError that says so). Such a folder needs flowcore
-  installed and `SentenceTransformer(out, trust_remote_code=True)`; or `load_model(out)`, which
-  checks first that `modules.json` names no classes but sentence-transformers' and this module's,
-  then passes the flag for you. No code is copied into the folder: the classes are imported from
-  the installed flowcore.
+  installed. Load it with `load_model(out)`, which passes the flag only after checking that
+  `modules.json` names no classes but sentence-transformers' and this module's, that no JSON file
+  in the folder has an `auto_map` (remote code for the transformer's config, tokenizer or model)
+  and that every `Dense` has the identity activation. `SentenceTransformer(out,
+  trust_remote_code=True)` also loads it, but trusts every file in the folder: the flag reaches
+  the transformer's config, tokenizer and model loading, and `Dense` activations, too. No code is
+  copied into the folder: the classes are imported from the installed flowcore; `export` refuses
+  an encoder whose configuration has an `auto_map` (flowcore never runs remote code).
 
 On disk, `FlowModule` keeps the calibrator's own flow file (safetensors + JSON header, the
 recorded encoder and pooling included) as `N_FlowModule/flow.safetensors` beside a
@@ -35,6 +39,7 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -43,7 +48,7 @@ from sentence_transformers.sentence_transformer.modules import Dense, Module, No
 from sentence_transformers.sentence_transformer.modules import Pooling as STPooling
 
 from flowcore.calibration.calibrator import FlowCalibrator
-from flowcore.calibration.flow_file import EncoderProvenance
+from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits
 from flowcore.text.loading import DEFAULT_MODEL, resolve_model
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 
@@ -220,18 +225,20 @@ def build_model(flow=None, *, whitening=None, model: str | None = None, pooling:
         pooling = "first-last-avg"
     kind, requested = parse_pooling(pooling, layers)  # checked before any model is loaded
     model_id, source = resolve_model(model)
-    if recorded is not None and recorded.model not in (model_id, requested_model):
-        raise ValueError(f"the flow was fitted on embeddings from encoder {recorded.model!r}, not {model_id!r}; "
-                         "export with the same encoder or refit the flow")
     needs_layers = kind not in _STOCK_POOLINGS
     config = _model_config(source, model_id)  # checks come before the weights are loaded
+    if getattr(config, "auto_map", None):
+        raise ValueError(f"encoder {model_id!r}: its config.json has an 'auto_map' (remote code); flowcore never "
+                         "runs remote code, so it does not export such a model")
+    if os.path.isdir(source):
+        for path in sorted(Path(source).glob("*.json")):
+            _refuse_auto_map(path, f"encoder {model_id!r}", "; flowcore never runs remote code, so it does not "
+                             "export such a model")
     dim = int(config.hidden_size)
     bound = bind_pooling(kind, requested, int(config.num_hidden_layers))
-    if recorded is not None and recorded.pooling != bound.name:
-        raise ValueError(f"the flow was fitted on {recorded.pooling!r} pooling, not {bound.name!r}; "
-                         "export with the same pooling or refit the flow")
-    if calibrator is not None and calibrator.dim != dim:
-        raise ValueError(f"encoder {model_id!r} gives {dim}-wide vectors but the flow expects {calibrator.dim}")
+    if calibrator is not None:  # the encoder as described by its config: no weights loaded yet
+        check_encoder_fits(recorded, calibrator.dim, SimpleNamespace(model_id=model_id, pooling=bound.name, dim=dim),
+                           requested_model)
     if whitening is not None:
         dense = whitening_dense(whitening)
         if dense.in_features != dim:
@@ -262,8 +269,8 @@ def export(out, flow=None, *, whitening=None, model: str | None = None, pooling:
     """Write `build_model(...)` (same arguments) as a model folder at `out`; returns its path.
 
     Load it with `SentenceTransformer(out)` when it names only sentence-transformers classes
-    (whitening or no calibration with `mean`/`cls` pooling), else with `load_model(out)` or
-    `SentenceTransformer(out, trust_remote_code=True)` (see the module docstring)."""
+    (whitening or no calibration with `mean`/`cls` pooling), else with `load_model(out)` (see the
+    module docstring: `SentenceTransformer(out, trust_remote_code=True)` trusts every file in it)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; give a new folder for the model")
@@ -282,14 +289,19 @@ def needs_trust_remote_code(folder) -> bool:
 def load_model(folder, **kwargs) -> SentenceTransformer:
     """`SentenceTransformer(folder, **kwargs)` for a folder written by `export`: `trust_remote_code`
     is set only when needed, and only after checking that `modules.json` names no classes but
-    sentence-transformers' and this module's (any other custom class is refused)."""
-    foreign = [entry["type"] for entry in _module_entries(folder)
+    sentence-transformers' and this module's (any other custom class is refused), that no JSON
+    file in the folder or its module folders has an `auto_map` key (at any depth: remote code for
+    the transformer's config, tokenizer or model) and that every `Dense` module's activation is
+    torch's `Identity` (what `export` writes; any other is an import path the flag would load)."""
+    entries = _module_entries(folder)
+    foreign = [entry["type"] for entry in entries
                if not entry["type"].startswith("sentence_transformers.")
                and entry["type"] not in {f"{__name__}.{name}" for name in _OWN_CLASSES}]
     if foreign:
         raise ValueError(f"{folder}: modules.json names classes that are neither sentence-transformers' nor "
                          f"flowcore's: {', '.join(foreign)}; load it with SentenceTransformer(..., "
                          "trust_remote_code=True) only if you trust that code")
+    _check_no_remote_code(Path(folder), entries)
     if needs_trust_remote_code(folder):
         kwargs.setdefault("trust_remote_code", True)
     return SentenceTransformer(str(folder), **kwargs)
@@ -325,3 +337,59 @@ def _module_entries(folder) -> list[dict]:
         raise FileNotFoundError(f"{folder}: no modules.json; not a sentence-transformers model folder")
     with open(path, encoding="utf-8") as stream:
         return json.load(stream)
+
+
+_IDENTITY_ACTIVATIONS = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
+
+
+def _find_key(value, key: str, where: str = "") -> str | None:
+    """The path (e.g. "a.b[0]") of the first `key` in the JSON value at any depth, or None."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            here = f"{where}.{name}" if where else str(name)
+            if name == key:
+                return here
+            found = _find_key(item, key, here)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _find_key(item, key, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _read_json(path: Path, what: str):
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{what}: {path} is not a readable JSON file ({error}); refusing to load it") from None
+
+
+def _refuse_auto_map(path: Path, what: str, consequence: str) -> None:
+    found = _find_key(_read_json(path, what), "auto_map")
+    if found is not None:
+        raise ValueError(f"{what}: {path} has an 'auto_map' key ({found}), which makes transformers run code from "
+                         f"the folder{consequence}")
+
+
+def _check_no_remote_code(folder: Path, entries: list[dict]) -> None:
+    """Refuse a folder whose files would run code under `trust_remote_code=True` (see `load_model`)."""
+    refusal = ("; load_model refuses it (use SentenceTransformer(..., trust_remote_code=True) only if you trust "
+               "every file in the folder)")
+    for path in sorted(folder.rglob("*.json")):
+        if path.is_file():
+            _refuse_auto_map(path, str(folder), refusal)
+    for entry in entries:
+        if entry["type"].rsplit(".", 1)[-1] != "Dense":
+            continue
+        config_path = folder / entry.get("path", "") / Dense.config_file_name
+        if not config_path.is_file():
+            continue  # sentence-transformers itself reports the incomplete module
+        config = _read_json(config_path, str(folder))
+        activation = config.get("activation_function") if isinstance(config, dict) else None
+        if activation is not None and activation not in _IDENTITY_ACTIVATIONS:
+            raise ValueError(f"{folder}: {config_path} has 'activation_function' {activation!r}, not torch's "
+                             f"Identity (what flowcore export writes){refusal}")

@@ -176,3 +176,48 @@ def test_damaged_folders_are_refused(flow_file, tmp_path):
         fst.load_model(out)
     with pytest.raises(FileNotFoundError, match="no modules.json"):
         fst.load_model(tmp_path)
+
+
+def test_load_model_refuses_remote_code(flow_file, tmp_path):
+    out = fst.export(tmp_path / "st", flow_file)
+    modules = json.loads((tmp_path / "st" / "modules.json").read_text())
+    transformer = tmp_path / "st" / modules[0]["path"]
+    config_path = transformer / "config.json"
+    pristine = config_path.read_text()
+    config = json.loads(pristine)
+    config["auto_map"] = {"AutoModel": "evil.EvilModel"}
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json has an 'auto_map' key \(auto_map\)"):
+        fst.load_model(out)
+    config_path.write_text(pristine)
+    tokenizer_path = transformer / "tokenizer_config.json"
+    tokenizer = json.loads(tokenizer_path.read_text())
+    tokenizer["nested"] = [{"auto_map": {"AutoTokenizer": ["evil.Tokenizer", None]}}]
+    tokenizer_path.write_text(json.dumps(tokenizer))
+    with pytest.raises(ValueError, match=r"tokenizer_config.json has an 'auto_map' key \(nested\[0\]\.auto_map\)"):
+        fst.load_model(out)
+
+
+def test_load_model_refuses_a_foreign_dense_activation(bert, sentences, tmp_path):
+    encoder = flowcore.Encoder(bert)
+    out = fst.export(tmp_path / "st", whitening=flowcore.Whitening().fit(encoder.encode(sentences)), model=bert)
+    modules = json.loads((tmp_path / "st" / "modules.json").read_text())
+    config_path = tmp_path / "st" / modules[2]["path"] / "config.json"
+    config = json.loads(config_path.read_text())
+    assert config["activation_function"] == "torch.nn.modules.linear.Identity"  # what export writes
+    fst.load_model(out)
+    config["activation_function"] = "os.system"
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json has 'activation_function' 'os.system', not torch's "):
+        fst.load_model(out)
+
+
+def test_export_refuses_a_model_with_auto_map(tmp_path):
+    bert = save_tiny_bert(tmp_path / "remote", WORDS, hidden_size=16, num_layers=3)
+    config_path = tmp_path / "remote" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="'auto_map'.*flowcore never runs remote code"):
+        fst.export(tmp_path / "st", model=bert, pooling="mean")
+    assert not (tmp_path / "st").exists()

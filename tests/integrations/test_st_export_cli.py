@@ -99,3 +99,28 @@ def test_export_refuses_a_non_empty_folder(setup, tmp_path, capsys):
     (tmp_path / "st" / "keep.txt").write_text("mine")
     assert main(["export", "--flow", str(setup[3]), "--out", str(tmp_path / "st")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
+
+
+def test_export_whitening_reports_rejected_rows(setup, tmp_path, capsys):
+    bert, sentences, _, _ = setup
+    corpus = tmp_path / "rejects.jsonl"
+    lines = [json.dumps({"text": text}) for text in sentences[:100]]
+    lines[3:3] = ["", "{not json"]
+    corpus.write_text("\n".join(lines) + "\n")
+    assert main(["export", "--whitening", str(corpus), "--model", bert, "--pooling", "mean",
+                 "--out", str(tmp_path / "st")]) == 0
+    captured = capsys.readouterr()
+    assert f"{corpus}: skipped 2 unusable row(s) (1 empty line, 1 broken JSON); first at row 3" in captured.err
+    assert "fitted on 100 sentences" in captured.out and "warning" not in captured.err  # 100 >= 5 x 16
+
+
+def test_export_whitening_warns_on_a_small_corpus(setup, tmp_path, capsys):
+    bert, sentences, _, _ = setup
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("\n".join(sentences[:30]) + "\n")
+    assert main(["export", "--whitening", str(corpus), "--whitening-dim", "4", "--model", bert, "--pooling", "mean",
+                 "--out", str(tmp_path / "st")]) == 0
+    err = capsys.readouterr().err
+    distinct = len(set(sentences[:30]))
+    assert f"flowcore export: warning: the fit corpus has only {distinct} distinct sentences for 16-dimensional" in err
+    assert "--whitening CORPUS" in err and "skipped" not in err
