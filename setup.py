@@ -29,9 +29,12 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-benchmark>=4", "sentence-transformers>=6", "normflows>=1.7", "ruff>=0.5",
-                 "mteb>=2.0,<3"],
+                 "mteb>=2.0,<3", "hypothesis>=6.100", "ray[data]>=2.40", "matplotlib>=3.7", "rapidfuzz>=3",
+                 "wordfreq>=3"],
         "st": ["sentence-transformers>=6"],
         "mteb": ["mteb>=2.0,<3"],
+        "ray": ["ray[data]>=2.40"],
+        "analysis": ["matplotlib>=3.7", "rapidfuzz>=3", "wordfreq>=3"],
     },
     entry_points={"console_scripts": ["flowcore=flowcore.cli:main"]},
 )
