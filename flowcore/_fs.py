@@ -2,10 +2,13 @@
 
 A file written with `atomic_write` is either the old content or the whole new content, never a
 torn mix: the bytes go to a temporary file beside the target, are fsynced, renamed over it, and
-the folder is fsynced so the rename itself survives a power cut.
+the folder is fsynced so the rename itself survives a power cut. A write that fails for want
+of space or permission becomes an `OutputWriteError` (`write_error`) naming the path, what went
+wrong and, where known, the bytes the write needed.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -14,10 +17,60 @@ from glob import escape as glob_escape
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-__all__ = ["atomic_write", "atomic_write_json", "file_sha256", "fsync", "remove_temporaries"]
+__all__ = ["OutputWriteError", "atomic_write", "atomic_write_json", "file_sha256", "free_bytes", "fsync",
+           "remove_temporaries", "write_error"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)  # read once, at import: os.umask can only be read by setting it, for every thread
+
+
+class OutputWriteError(OSError):
+    """A write that failed (full disk, read-only or vanished folder, quota, file-size limit), with
+    a one-line message naming the path; `errno` is the underlying error's."""
+
+    def __init__(self, message: str, errno_code: int | None = None):
+        super().__init__(message)
+        self.errno = errno_code
+
+
+_WRITE_PROBLEMS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EFBIG: "the file would exceed the file-size limit",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOENT: "the output folder no longer exists",
+    errno.ESTALE: "the output folder no longer exists",
+    errno.EIO: "an I/O error (failing disk?)",
+}
+_SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def write_error(error: OSError, path: str | os.PathLike, needed: int | None = None,
+                advice: str = "") -> OSError:
+    """`error` (raised while writing `path`) as an `OutputWriteError` saying what went wrong in one
+    line: the problem, the path, the bytes the write needed (space errors) and `advice`. Errors
+    other than those of a full, read-only or vanished destination are returned unchanged."""
+    problem = _WRITE_PROBLEMS.get(error.errno)
+    if problem is None or isinstance(error, OutputWriteError):
+        return error
+    if error.errno in (errno.ENOENT, errno.ESTALE) and Path(path).parent.is_dir():
+        problem = "a file beside the output was removed"
+    message = f"cannot write {path}: {problem}"
+    if needed is not None and error.errno in _SPACE_ERRORS:
+        free = free_bytes(Path(path).parent)
+        message += f" (this write needed {needed:,} bytes" + (f", {free:,} are free)" if free is not None else ")")
+    return OutputWriteError(message + (f"; {advice}" if advice else ""), error.errno)
+
+
+def free_bytes(folder: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on `folder`'s file system (None if unknown)."""
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
 
 
 def fsync(path: str | os.PathLike) -> None:

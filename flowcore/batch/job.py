@@ -17,7 +17,13 @@ its manifest `OUT.manifest.json` (what the vectors are and where they came from:
 finishing completes on the next run.
 
 Rejected rows go to `OUT.rejects.jsonl` (row, line, reason, detail) and are NaN rows in .npy
-output (null vectors in .parquet output).
+output (null vectors in .parquet output); so are rows the flow maps to NaN/Inf.
+
+Faults (docs/faults.md): one job at a time holds `OUT.lock` (`flowcore.batch.lock`), a second is
+refused naming the holder; SIGINT/SIGTERM stop the job at a chunk boundary with `JobInterrupted`
+(`flowcore.batch.interrupts`); a write that fails (full disk, read-only or vanished folder) is an
+`OutputWriteError` naming the path and the bytes needed; an input that changes while the job
+runs stops it (`InputChangedError`), and one changed between runs is refused on resume.
 """
 from __future__ import annotations
 
@@ -32,8 +38,18 @@ from typing import Callable
 
 import numpy as np
 
-from flowcore._fs import atomic_write_json, file_sha256, fsync, remove_temporaries
+from flowcore._fs import (
+    OutputWriteError,
+    atomic_write_json,
+    file_sha256,
+    free_bytes,
+    fsync,
+    remove_temporaries,
+    write_error,
+)
 from flowcore._threads import available_cpus, check_threads, pinned_threads
+from flowcore.batch.interrupts import JobInterrupted, StopSignals
+from flowcore.batch.lock import OutputLock, OutputLockedError
 from flowcore.batch.outputs import VECTOR_COLUMN, JobMismatchError, RejectsLog, open_output
 from flowcore.batch.pipeline import (
     QUEUE_DEPTH,
@@ -45,13 +61,14 @@ from flowcore.batch.pipeline import (
     encode_with,
     normalized,
 )
-from flowcore.batch.rows import Position, count_reasons, detect_format
+from flowcore.batch.rows import Position, count_reasons, detect_format, file_changed
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 
 __all__ = [
     "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "PROGRESS_FORMAT", "PROGRESS_VERSION", "STAGES",
-    "CalibrationJob", "CalibrationSummary", "ChunkHook", "JobMismatchError", "calibrate_file", "default_threads",
+    "CalibrationJob", "CalibrationSummary", "ChunkHook", "InputChangedError", "JobInterrupted", "JobMismatchError",
+    "OutputLockedError", "OutputWriteError", "calibrate_file", "default_threads",
 ]
 
 OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
@@ -72,6 +89,22 @@ it; after the progress file records it as done."""
 
 ChunkHook = Callable[[str, CalibratedChunk], None]
 
+RESUME_ADVICE = "the progress file records only the chunks completed before it; fix this and rerun the same command"
+
+
+class InputChangedError(JobMismatchError):
+    """The input changed while a job read it (appended, truncated, replaced, rewritten)."""
+
+
+@contextlib.contextmanager
+def _writing(path: Path, needed: int | None = None, advice: str = RESUME_ADVICE):
+    """Turn an OSError raised inside the block while writing `path` into a one-line
+    `OutputWriteError` (`flowcore._fs.write_error`)."""
+    try:
+        yield
+    except OSError as error:
+        raise write_error(error, path, needed, advice) from None
+
 
 @dataclass
 class CalibrationSummary:
@@ -85,6 +118,8 @@ class CalibrationSummary:
     out: Path
     rejects_path: Path
     manifest_path: Path | None = None
+    lock_taken_over: dict | None = None
+    """The holder record of a killed job whose lock file this run took over, if any."""
 
     @property
     def rejected(self) -> int:
@@ -98,10 +133,13 @@ class CalibrationSummary:
         reasons = ", ".join(f"{count:,} {reason}" for reason, count in sorted(self.rejects.items()))
         rejected = f"{self.rejected:,} rejected" + (f" ({reasons})" if reasons else "")
         resumed = f", resumed at row {self.resumed_from:,}" if self.resumed_from else ""
+        stale = self.lock_taken_over
+        took_over = (f"\ntook over the lock of a job that is no longer running (pid {stale.get('pid')} on "
+                     f"{stale.get('host')}, started {stale.get('started')})" if stale else "")
         return (f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}{resumed}; "
                 f"{self.rows_this_run:,} rows in {self.seconds:.1f} s ({self.rows_per_second:,.0f} rows/s)\n"
                 f"output: {self.out}\nrejects: {self.rejects_path}"
-                + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else ""))
+                + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else "") + took_over)
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,11 +179,23 @@ class _ProgressFile:
             if record.get("format") != PROGRESS_FORMAT or record.get("version") != PROGRESS_VERSION:
                 raise ValueError("unknown progress file format")
             recorded, rows, progress = record["job"], record["rows"], _Progress(**record["done"])
-        except (OSError, ValueError, KeyError, TypeError) as error:
+            if not isinstance(recorded, dict) or not isinstance(rows, int):
+                raise ValueError("no job identity or row count")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise JobMismatchError(f"{self.path}: unreadable progress file ({error}); "
                                    "rerun with --restart to start over") from None
+        if isinstance(recorded.get("input"), dict) and "fingerprint" not in recorded["input"]:
+            # written before inputs were fingerprinted: resumable on size and mtime alone
+            requested = {**self.identity, "input": {key: value for key, value in self.identity["input"].items()
+                                                    if key != "fingerprint"}}
+            if recorded == requested:
+                return rows, progress
         if recorded != self.identity:
             changed = _differences(recorded, self.identity)
+            if all(change.startswith("input.") for change in changed):
+                raise InputChangedError(f"{self.identity['input']['path']} changed since the unfinished run that "
+                                        f"{self.path} records ({'; '.join(changed)}): the rows done so far came "
+                                        "from its old content; restore it, or add --restart to start over")
             raise JobMismatchError(f"{self.path} records an unfinished run of a different job "
                                    f"({'; '.join(changed)}); rerun the original command to finish it, "
                                    "or add --restart to start over")
@@ -218,6 +268,12 @@ class CalibrationJob:
             of every chunk: a hook for progress reporting or fault injection (an error it
             raises stops the job as a failed write would; "written" is the point between a
             chunk's durable data and its record in the manifest).
+        handle_signals: (main thread only) the first SIGINT/SIGTERM stops the job at the next
+            chunk boundary with `JobInterrupted`, a second exits at once (`StopSignals`).
+
+    Example:
+        >>> source = EmbeddingFile("emb.npy")
+        >>> CalibrationJob(source, "out.npy", calibrator.transform, source.dim).run()
     """
 
     def __init__(self, source: TextCorpus | EmbeddingFile, out: str | os.PathLike,
@@ -225,7 +281,7 @@ class CalibrationJob:
                  encode: Callable[[list[str]], np.ndarray] | None = None, identity: dict | None = None,
                  chunk_rows: int | None = None, restart: bool = False, progress: bool = True,
                  threads: int | None = None, on_chunk: ChunkHook | None = None, normalize: bool = False,
-                 vector_column: str | None = None, description: dict | None = None):
+                 vector_column: str | None = None, description: dict | None = None, handle_signals: bool = True):
         self.source, self.dim, self.encode = source, dim, encode
         self.normalize = bool(normalize)
         self.transform = normalized(transform) if self.normalize else transform
@@ -243,6 +299,7 @@ class CalibrationJob:
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
         self.restart, self.progress, self.on_chunk = restart, progress, on_chunk
+        self.handle_signals = handle_signals
         self.threads = check_threads(threads)
         self._identity = {**(identity or {}), **({"threads": threads} if threads is not None else {})}
         self.progress_path = self.out.with_name(self.out.name + ".progress.json")
@@ -257,8 +314,30 @@ class CalibrationJob:
                 "dim": self.dim, "chunk_rows": self.chunk_rows, "normalize": self.normalize, **self._identity}
 
     def run(self) -> CalibrationSummary:
+        """Run (or resume) the job; see the class and module docstrings.
+
+        Returns:
+            the `CalibrationSummary`. Raises `OutputLockedError` while another job writes `out`,
+            `JobInterrupted` when stopped by a signal, `OutputWriteError` when a write fails,
+            `JobMismatchError`/`InputChangedError` when an unfinished run cannot be resumed.
+        """
         started = time.perf_counter()
-        record = _ProgressFile(self.progress_path, self.identity())
+        if not self.out.parent.is_dir():
+            raise FileNotFoundError(f"output folder not found: {self.out.parent}")
+        lock = OutputLock(self.out)
+        with _writing(lock.path, advice="choose a writable output folder"):
+            lock.acquire()
+        try:
+            with StopSignals(self.handle_signals) as stop:
+                summary = self._run(started, stop)
+        finally:
+            lock.release()
+        summary.lock_taken_over = lock.took_over
+        return summary
+
+    def _run(self, started: float, stop: StopSignals) -> CalibrationSummary:
+        identity = self.identity()
+        record = _ProgressFile(self.progress_path, identity)
         earlier = None if self.restart else record.load()
         if earlier is None and not self.restart:
             _refuse_legacy_progress(self.manifest_path)
@@ -268,31 +347,39 @@ class CalibrationJob:
                              vector_column=self.vector_column or VECTOR_COLUMN, meta_types=self._meta_types())
         rejects = RejectsLog(self.rejects_path)
         if earlier is None:
-            self.progress_path.unlink(missing_ok=True)
-            if self.restart:
-                _remove_legacy_progress(self.manifest_path)
-            output.discard()
-            rejects.discard()
+            with _writing(self.progress_path):
+                self.progress_path.unlink(missing_ok=True)
+                if self.restart:
+                    _remove_legacy_progress(self.manifest_path)
+                output.discard()
+                rejects.discard()
         total_chunks = -(-rows // self.chunk_rows)
         if earlier is None or progress.chunks < total_chunks:
-            output.open(resume=earlier is not None)
-            rejects.open(progress.rejects_bytes if earlier is not None else None)
             if earlier is None:
-                record.commit(rows, progress)
+                _check_space(output.chunk_path(0), output.bytes_needed())
             try:
+                with _writing(output.chunk_path(0), output.bytes_needed() if earlier is None else None):
+                    output.open(resume=earlier is not None)
+                    rejects.open(progress.rejects_bytes if earlier is not None else None)
+                    if earlier is None:
+                        record.commit(rows, progress)
                 with pinned_threads(self.threads):
-                    self._stream(output, rejects, record, rows, progress)
+                    self._stream(output, rejects, record, rows, progress, stop, identity["input"])
             finally:
                 output.close()
-        output.finish(total_chunks)
-        rejects.finish()
-        fsync(self.out.parent)
-        atomic_write_json(self.manifest_path, self.manifest(rows, progress.rejects), indent=1)
-        remove_temporaries(self.manifest_path)  # a manifest write cut short by a kill
-        self.progress_path.unlink(missing_ok=True)
-        remove_temporaries(self.progress_path)  # a progress write cut short by a kill
-        fsync(self.out.parent)
-        output.discard()
+                rejects.close()
+            if stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
+                raise JobInterrupted(progress.rows, stop.signum)
+        with _writing(self.out):
+            output.finish(total_chunks)
+            rejects.finish()
+            fsync(self.out.parent)
+            atomic_write_json(self.manifest_path, self.manifest(rows, progress.rejects), indent=1)
+            remove_temporaries(self.manifest_path)  # a manifest write cut short by a kill
+            self.progress_path.unlink(missing_ok=True)
+            remove_temporaries(self.progress_path)  # a progress write cut short by a kill
+            fsync(self.out.parent)
+            output.discard()
         return CalibrationSummary(rows, dict(progress.rejects), time.perf_counter() - started,
                                   rows - resumed_from, resumed_from, self.out, self.rejects_path, self.manifest_path)
 
@@ -335,7 +422,8 @@ class CalibrationJob:
                                 **self.description.get("format_versions", {}), **versions},
         }
 
-    def _stream(self, output, rejects: RejectsLog, record: _ProgressFile, rows: int, progress: _Progress) -> None:
+    def _stream(self, output, rejects: RejectsLog, record: _ProgressFile, rows: int, progress: _Progress,
+                stop: StopSignals, input_identity: dict) -> None:
         from tqdm import tqdm
 
         on_chunk = self.on_chunk or (lambda stage, chunk: None)
@@ -343,16 +431,26 @@ class CalibrationJob:
                    disable=not self.progress, file=sys.stderr, desc="calibrate")
 
         def write(chunk: CalibratedChunk) -> None:
+            if stop.requested:  # chunks read ahead of a stop are dropped, to be redone on resume
+                return
+            changed = file_changed(input_identity)
+            if changed is not None or chunk.end.row > rows:
+                raise InputChangedError(f"{self.source.path} changed while the job read it "
+                                        f"({changed or f'it now has more than {rows:,} rows'}); the output so far "
+                                        "is kept as it was, and a rerun is refused: add --restart to start over")
             on_chunk("writing", chunk)
-            output.write(chunk)
-            output.sync()
-            rejects_bytes = rejects.append(chunk.rejects)
+            with _writing(output.chunk_path(chunk.index), chunk.vectors.nbytes):
+                output.write(chunk)
+                output.sync()
+            with _writing(rejects.partial):
+                rejects_bytes = rejects.append(chunk.rejects)
             on_chunk("written", chunk)
             for reason, count in count_reasons(chunk.rejects).items():
                 progress.rejects[reason] = progress.rejects.get(reason, 0) + count
             progress.rows, progress.offset, progress.line = chunk.end.row, chunk.end.offset, chunk.end.line
             progress.chunks, progress.rejects_bytes = chunk.index + 1, rejects_bytes
-            record.commit(rows, progress)
+            with _writing(record.path):
+                record.commit(rows, progress)
             bar.update(len(chunk.vectors))
             on_chunk("committed", chunk)
 
@@ -361,11 +459,22 @@ class CalibrationJob:
             with BackgroundThread.writing(write, QUEUE_DEPTH) as writer, \
                     contextlib.closing(calibrate_chunks(chunks, self.transform, self.dim, self.encode)) as calibrated:
                 for chunk in calibrated:
+                    if stop.requested:
+                        break
                     writer.put(chunk)
         finally:
             bar.close()
-        if progress.rows != rows:
-            raise ValueError(f"{self.source.path} changed while being read: expected {rows} rows, read {progress.rows}")
+        if progress.rows != rows and not stop.requested:
+            raise InputChangedError(f"{self.source.path} changed while the job read it: expected {rows:,} rows, "
+                                    f"read {progress.rows:,}; add --restart to start over")
+
+
+def _check_space(path: Path, needed: int | None) -> None:
+    """Refuse before any work an output whose file system cannot hold it (`needed` bytes)."""
+    free = free_bytes(path.parent)
+    if needed is not None and free is not None and free < needed:
+        raise OutputWriteError(f"cannot write {path}: it needs {needed:,} bytes and only {free:,} are free on its "
+                               "file system; free some space or choose another --out")
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,6 +38,9 @@ def _require_partial(path: Path) -> None:
                                "resumed; rerun with --restart to start over")
 
 
+_NPY_HEADER_BYTES = 128  # a version 1.0 header padded to 64-byte alignment, as numpy writes it for 2-D float32
+
+
 class NpyOutput:
     """One float32 .npy written in place: header first, each chunk at its row's offset."""
 
@@ -45,6 +48,14 @@ class NpyOutput:
         self.path, self.rows, self.dim = path, rows, dim
         self.partial = path.with_name(path.name + ".partial")
         self.handle = None
+
+    def chunk_path(self, index: int) -> Path:
+        """The file a chunk's rows are written to (for error messages)."""
+        return self.partial
+
+    def bytes_needed(self) -> int:
+        """The size of the whole file: header and float32 rows."""
+        return _NPY_HEADER_BYTES + self.rows * self.dim * 4
 
     def open(self, resume: bool) -> None:
         header = {"descr": np.dtype(np.float32).str, "fortran_order": False, "shape": (self.rows, self.dim)}
@@ -117,6 +128,14 @@ class ParquetOutput:
 
     def _part(self, index: int) -> Path:
         return self.parts / f"part-{index:08d}.parquet"
+
+    def chunk_path(self, index: int) -> Path:
+        """The file a chunk's rows are written to (for error messages)."""
+        return self._part(index)
+
+    def bytes_needed(self) -> None:
+        """Unknown in advance (parquet compresses): None."""
+        return None
 
     def open(self, resume: bool) -> None:
         if resume:
@@ -201,15 +220,16 @@ class RejectsLog:
         os.fsync(self.handle.fileno())
         return self.handle.tell()
 
-    def finish(self) -> None:
+    def close(self) -> None:
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+
+    def finish(self) -> None:
+        self.close()
         if self.partial.exists():
             os.replace(self.partial, self.path)
 
     def discard(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
+        self.close()
         self.partial.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from flowcore._vectors import unit_rows
-from flowcore.batch.rows import Chunk, Position, Reject, reject_non_finite
+from flowcore.batch.rows import NON_FINITE_OUTPUT, Chunk, Position, Reject, reject_non_finite
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 
@@ -188,13 +188,21 @@ def _calibrated(chunk: Chunk, transform, dim: int, encode) -> CalibratedChunk:
     else:
         vectors = chunk.vectors
     if good.all():
-        out = np.asarray(transform(vectors), dtype=np.float32)
+        out = np.array(transform(vectors), dtype=np.float32)
     else:
         out = np.full((chunk.rows, dim), np.nan, dtype=np.float32)
         if good.any():
             out[good] = transform(vectors[good])
+    rejects += _reject_non_finite_output(out, chunk.row_start, good)
     return CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
                            sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
+
+
+def _reject_non_finite_output(out: np.ndarray, row_start: int, good: np.ndarray) -> list[Reject]:
+    """Rows of finite input that the flow (or the normalisation) mapped to NaN/Inf: rejected with
+    their counts, never written as if they were results."""
+    return [Reject(reject.row, reject.reason, f"the flow returned {reject.detail}")
+            for reject in reject_non_finite(out, row_start, good, reason=NON_FINITE_OUTPUT)]
 
 
 def normalized(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:

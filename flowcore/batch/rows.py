@@ -9,6 +9,7 @@ byte offset, line) marks where a chunk ends, which is all a resumed job needs to
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +19,10 @@ import numpy as np
 
 __all__ = [
     "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_UTF8", "MISSING_ID", "MISSING_TEXT",
-    "MISSING_VECTOR", "NON_FINITE", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "Chunk", "Position", "Reject", "TextRow",
-    "check_keep_columns", "count_reasons", "detect_format", "file_identity", "parquet_batches", "reject_non_finite",
-    "require_file",
+    "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "Chunk", "Position",
+    "Reject", "TextRow",
+    "check_keep_columns", "count_reasons", "detect_format", "file_changed", "file_identity", "open_parquet",
+    "parquet_batches", "reject_non_finite", "require_file",
 ]
 
 # Reject reasons (the `reason` field of a rejects file line).
@@ -33,6 +35,7 @@ MISSING_TEXT = "missing text field"
 MISSING_ID = "missing id field"
 MISSING_VECTOR = "missing vector"
 NON_FINITE = "NaN/Inf"
+NON_FINITE_OUTPUT = "non-finite output"
 WRONG_WIDTH = "wrong width"
 
 PARQUET_BATCH_ROWS = 8192
@@ -142,25 +145,79 @@ def require_file(path: Path) -> None:
         raise FileNotFoundError(f"input not found: {path}")
 
 
+FINGERPRINT_BYTES = 1 << 16
+"""Bytes hashed at each end of an input for its `file_identity` fingerprint."""
+
+
 def file_identity(path: str | os.PathLike) -> dict:
-    """What identifies an input file's content cheaply: absolute path, size, mtime."""
+    """What identifies an input file's content cheaply: absolute path, size, mtime, and a
+    SHA-256 of its first and last `FINGERPRINT_BYTES` (a file replaced by one of the same size
+    and mtime, e.g. copied with its times kept, still differs)."""
     stat = os.stat(path)
-    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        sha.update(handle.read(FINGERPRINT_BYTES))
+        if stat.st_size > FINGERPRINT_BYTES:
+            handle.seek(max(FINGERPRINT_BYTES, stat.st_size - FINGERPRINT_BYTES))
+            sha.update(handle.read(FINGERPRINT_BYTES))
+    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "fingerprint": sha.hexdigest()}
+
+
+def file_changed(identity: dict) -> str | None:
+    """How the file `identity` (a `file_identity`) describes has changed since (size or mtime;
+    None if it has not): the cheap check a job repeats at every chunk."""
+    try:
+        stat = os.stat(identity["path"])
+    except OSError as error:
+        return f"it can no longer be read ({error.strerror})"
+    if stat.st_size != identity["size"]:
+        return f"its size went from {identity['size']:,} to {stat.st_size:,} bytes"
+    if stat.st_mtime_ns != identity["mtime_ns"]:
+        return "it was modified (its mtime changed)"
+    return None
+
+
+def open_parquet(path: Path):
+    """`pyarrow.parquet.ParquetFile(path)`, or a ValueError naming the file when it is not a
+    readable parquet file (random bytes, truncated, a damaged footer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise ValueError(f"{path}: not a readable parquet file ({_one_line(error)})") from None
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
 
 
 def parquet_batches(path: Path, columns: list[str], start_row: int, batch_rows: int = PARQUET_BATCH_ROWS) -> Iterator:
-    """Record batches of `columns` from row `start_row` on, skipping whole row groups first."""
-    import pyarrow.parquet as pq
+    """Record batches of `columns` from row `start_row` on, skipping whole row groups first; data
+    that cannot be decoded raises a ValueError naming the file and the row it starts at."""
+    import pyarrow as pa
 
-    parquet = pq.ParquetFile(path)
+    parquet = open_parquet(path)
     group, skip = 0, start_row
     while group < parquet.num_row_groups and skip >= parquet.metadata.row_group(group).num_rows:
         skip -= parquet.metadata.row_group(group).num_rows
         group += 1
     if group == parquet.num_row_groups:
         return
-    for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns,
-                                      row_groups=range(group, parquet.num_row_groups)):
+    batches = parquet.iter_batches(batch_size=batch_rows, columns=columns,
+                                   row_groups=range(group, parquet.num_row_groups))
+    row = start_row - skip
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError, ValueError) as error:
+            raise ValueError(f"{path}: unreadable parquet data from row {row:,} on ({_one_line(error)}); "
+                             "the rows before it are done") from None
+        row += batch.num_rows
         if skip >= batch.num_rows:
             skip -= batch.num_rows
             continue
@@ -170,16 +227,16 @@ def parquet_batches(path: Path, columns: list[str], start_row: int, batch_rows: 
 
 
 def reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarray,
-                      detail: str | None = None) -> list[Reject]:
+                      detail: str | None = None, reason: str = NON_FINITE) -> list[Reject]:
     """Reject the `candidates` rows of `vectors` holding NaN/Inf: each becomes all-NaN and is
     cleared in `candidates` (in place). `detail` says where they came from; by default it counts
-    the NaN and Inf values of the row."""
+    the NaN and Inf values of the row. `reason`: NON_FINITE (bad input) or NON_FINITE_OUTPUT."""
     bad = candidates & ~np.isfinite(vectors).all(axis=1)
     rejects = []
     for offset in np.flatnonzero(bad):
         row = vectors[offset]
         what = detail or f"{int(np.isnan(row).sum())} NaN, {int(np.isinf(row).sum())} Inf of {vectors.shape[1]} values"
-        rejects.append(Reject(row_start + int(offset), NON_FINITE, what))
+        rejects.append(Reject(row_start + int(offset), reason, what))
         vectors[offset] = np.nan
     candidates &= ~bad
     return rejects

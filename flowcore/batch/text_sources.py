@@ -33,6 +33,7 @@ from flowcore.batch.rows import (
     check_keep_columns,
     detect_format,
     file_identity,
+    open_parquet,
     parquet_batches,
     require_file,
 )
@@ -99,9 +100,7 @@ class TextCorpus:
         return len(raw), columns
 
     def _check_parquet_columns(self) -> list[str]:
-        import pyarrow.parquet as pq
-
-        schema = pq.ParquetFile(self.path).schema_arrow
+        schema = open_parquet(self.path).schema_arrow
         for role, name in (("text", self.text_field), ("id", self.id_field)):
             if name is not None and name not in schema.names:
                 raise ValueError(f"{self.path}: no {role} column {name!r} "
@@ -114,9 +113,7 @@ class TextCorpus:
         import pyarrow as pa
 
         if self.format == "parquet" and self.keep_columns:
-            import pyarrow.parquet as pq
-
-            schema = pq.ParquetFile(self.path).schema_arrow
+            schema = open_parquet(self.path).schema_arrow
             return [(name, schema.field(name).type) for name in self.keep_columns]
         return [(name, pa.string()) for name in self.keep_columns]
 
@@ -129,9 +126,7 @@ class TextCorpus:
 
     def _count_rows(self) -> int:
         if self.format == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(self.path).metadata.num_rows
+            return open_parquet(self.path).metadata.num_rows
         if self.format == "csv":
             return sum(1 for _ in self._csv_rows(Position()))
         newlines, last = 0, b"\n"
@@ -207,12 +202,21 @@ class TextCorpus:
             record = json.loads(content)
         except json.JSONDecodeError as error:
             return _rejected(row, line, BROKEN_JSON, str(error))
+        except RecursionError:
+            return _rejected(row, line, BROKEN_JSON, "nested too deeply")
         if not isinstance(record, dict):
             return _rejected(row, line, BROKEN_JSON, f"expected a JSON object, got {type(record).__name__}")
         entry = self._from_fields(row, line, record.get(self.text_field, _ABSENT),
                                   record.get(self.id_field, _ABSENT) if self.id_field else None)
         if self.keep_columns:
-            entry = entry._replace(meta=tuple(_json_text(record.get(name)) for name in self.keep_columns))
+            meta = tuple(_json_text(record.get(name)) for name in self.keep_columns)
+            unwritable = [name for name, value in zip(self.keep_columns, meta) if _not_unicode(value)]
+            if unwritable:  # no UTF-8 writer takes the value: the row is rejected, the value never written
+                meta = tuple(None if _not_unicode(value) else value for value in meta)
+                if entry.reject is None:
+                    entry = _rejected(row, line, INVALID_UTF8,
+                                      f"{unwritable[0]!r} holds a lone surrogate (a \\u escape)")
+            entry = entry._replace(meta=meta)
         return entry
 
     def _from_fields(self, row: int, line: int | None, text, record_id) -> TextRow:
@@ -222,10 +226,14 @@ class TextCorpus:
             return _rejected(row, line, MISSING_TEXT, f"{self.text_field!r} is a {type(text).__name__}, not text")
         if not text.strip():
             return _rejected(row, line, EMPTY_TEXT)
+        if _not_unicode(text):
+            return _rejected(row, line, INVALID_UTF8, f"{self.text_field!r} holds a lone surrogate (a \\u escape)")
         if self.id_field is not None:
             if record_id is _ABSENT or record_id is None:
                 return _rejected(row, line, MISSING_ID, f"no {self.id_field!r} value")
             record_id = str(record_id)
+            if _not_unicode(record_id):
+                return _rejected(row, line, INVALID_UTF8, f"{self.id_field!r} holds a lone surrogate (a \\u escape)")
         return TextRow(row, line, record_id, text, None)
 
     def _csv_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
@@ -300,6 +308,17 @@ class TextCorpus:
                 entry = self._from_fields(row, None, text, record_id if self.id_field else None)
                 row += 1
                 yield entry._replace(meta=meta), Position(row)
+
+
+def _not_unicode(value) -> bool:
+    """Whether a string holds a lone surrogate (JSON "\\ud800"), which no UTF-8 writer accepts."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _json_text(value) -> str | None:

@@ -26,6 +26,7 @@ from flowcore.batch.rows import (
     check_keep_columns,
     detect_format,
     file_identity,
+    open_parquet,
     parquet_batches,
     reject_non_finite,
     require_file,
@@ -66,6 +67,9 @@ class NpyMatrix:
         if os.path.getsize(self.path) < expected:
             raise ValueError(f"{self.path}: truncated .npy file ({os.path.getsize(self.path)} bytes, "
                              f"header says {expected})")
+        if os.path.getsize(self.path) > expected:  # rows the header does not count would be silently dropped
+            raise ValueError(f"{self.path}: {os.path.getsize(self.path) - expected} bytes after the "
+                             f"{self.rows} x {self.dim} rows its header describes (a damaged or appended file)")
 
     def check_streamable(self) -> None:
         """ValueError unless consecutive rows are consecutive bytes (not column-major order)."""
@@ -106,7 +110,8 @@ class NpyMatrix:
         with self._mapped() as (matrix, mapped):
             for row_start in range(start_row, self.rows, block_rows):
                 row_end = min(row_start + block_rows, self.rows)
-                block = np.array(matrix[row_start:row_end], dtype=np.float32)
+                with np.errstate(over="ignore"):  # values beyond float32 become Inf, rejected as such
+                    block = np.array(matrix[row_start:row_end], dtype=np.float32)
                 _release(mapped, self.header_bytes + row_start * row_bytes, (row_end - row_start) * row_bytes)
                 yield row_start, block
 
@@ -141,34 +146,33 @@ class EmbeddingFile:
             self.rows, self.dim = self._npy.rows, self._npy.dim
         else:
             self.rows, self.dim = self._parquet_layout()
-            import pyarrow.parquet as pq
-
-            names = pq.ParquetFile(self.path).schema_arrow.names
+            names = open_parquet(self.path).schema_arrow.names
             self.keep_columns = check_keep_columns(self.path, keep_columns, names)
 
     def meta_types(self) -> list[tuple[str, object]]:
         """(name, pyarrow type) of each kept column, as stored."""
         if not self.keep_columns:
             return []
-        import pyarrow.parquet as pq
-
-        schema = pq.ParquetFile(self.path).schema_arrow
+        schema = open_parquet(self.path).schema_arrow
         return [(name, schema.field(name).type) for name in self.keep_columns]
 
     def _parquet_layout(self) -> tuple[int, int]:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        parquet = pq.ParquetFile(self.path)
+        parquet = open_parquet(self.path)
         schema = parquet.schema_arrow
         for role, name in (("vector", self.vector_field), ("id", self.id_field)):
             if name is not None and name not in schema.names:
                 raise ValueError(f"{self.path}: no {role} column {name!r} (columns: {', '.join(schema.names)})")
         column_type = schema.field(self.vector_field).type
+        is_list = any(check(column_type) for check in (pa.types.is_fixed_size_list, pa.types.is_list,
+                                                          pa.types.is_large_list))
+        value_type = column_type.value_type if is_list else None
+        if not is_list or not (pa.types.is_floating(value_type) or pa.types.is_integer(value_type)):
+            raise ValueError(f"{self.path}: column {self.vector_field!r} holds {column_type}, not vectors "
+                             "(lists of numbers)")
         if pa.types.is_fixed_size_list(column_type):
             return parquet.metadata.num_rows, column_type.list_size
-        if not (pa.types.is_list(column_type) or pa.types.is_large_list(column_type)):
-            raise ValueError(f"{self.path}: column {self.vector_field!r} holds {column_type}, not vectors")
         # Variable-length lists: the width is the most common length among the first rows.
         for batch in parquet.iter_batches(batch_size=1024, columns=[self.vector_field]):
             lengths = batch.column(0).value_lengths().drop_null().to_numpy()
@@ -241,7 +245,8 @@ class EmbeddingFile:
         fits = lengths == self.dim
         if fits.any():
             values = column.filter(pa.array(fits)).flatten().to_numpy(zero_copy_only=False)
-            vectors[fits] = np.asarray(values, dtype=np.float32).reshape(-1, self.dim)
+            with np.errstate(over="ignore"):  # values beyond float32 become Inf, rejected as such
+                vectors[fits] = np.asarray(values, dtype=np.float32).reshape(-1, self.dim)
         rejects = []
         for offset in np.flatnonzero(~fits):
             if lengths[offset] < 0:

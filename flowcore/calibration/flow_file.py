@@ -7,11 +7,19 @@ corrupted file is caught, not silently used.
 
 Version 2 records the encoder as `info["encoder"] = {"model", "pooling"}`. Version 1 files kept
 it as `info["metadata"]["encoder"/"pooling"] strings; they are read and migrated on load.
+
+A flow file may come from anyone, so `load_flow` checks the safetensors header itself before
+safetensors reads a byte of tensor data (`check_layout`): a pickle or `torch.save` file, random
+bytes, a truncated file or a header that claims more tensor bytes than the file holds is refused
+with a `FlowFileError` before any allocation larger than the file, and weights that are NaN/Inf
+(a diverged fit) are refused after it. Nothing here can run code from the file.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,12 +29,17 @@ from safetensors.torch import save as safetensors_bytes
 
 from flowcore._fs import atomic_write
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "EncoderProvenance", "FlowFileError", "check_encoder_fits", "load_flow",
-           "save_flow"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_HEADER_BYTES", "EncoderProvenance", "FlowFileError", "check_encoder_fits",
+           "check_layout", "load_flow", "save_flow"]
 
 FORMAT = "flowcore-flow"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = ("1", "2")
+MAX_HEADER_BYTES = 16 << 20
+"""The largest safetensors JSON header accepted; flowcore's own are a few kB."""
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_PICKLE_MAGIC = {b"\x80": "a Python pickle", b"PK\x03\x04": "a zip archive (torch.save writes these)"}
 
 
 @dataclass(frozen=True)
@@ -91,11 +104,76 @@ def save_flow(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
     atomic_write(path, lambda stream: stream.write(data))
 
 
+def check_layout(path) -> None:
+    """Refuse, from the header alone, a file that is not a well-formed safetensors file whose
+    tensors all lie inside it: raises `FlowFileError` naming the problem.
+
+    Args:
+        path: the file to check.
+
+    Example:
+        >>> check_layout("model.flow")   # returns None, or raises FlowFileError
+    """
+    path = Path(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        start = handle.read(8)
+        header_bytes = int.from_bytes(start, "little")
+        if len(start) < 8 or header_bytes > MAX_HEADER_BYTES:
+            for magic, what in _PICKLE_MAGIC.items():  # (a plausible header length may start with these bytes)
+                if start.startswith(magic):
+                    raise FlowFileError(f"{path}: this is {what}, not a flow file; flowcore never unpickles files "
+                                        "(unpickling can run code). Flow files are safetensors written by "
+                                        "`flowcore fit` or FlowCalibrator.save")
+        if len(start) < 8:
+            raise FlowFileError(f"{path}: not a flow file (only {size} bytes; truncated?)")
+        if header_bytes > min(size - 8, MAX_HEADER_BYTES):
+            raise FlowFileError(f"{path}: not a readable flow file: its header claims {header_bytes:,} bytes but "
+                                f"the file holds {size - 8:,} after the length (truncated or not safetensors?)")
+        try:
+            header = json.loads(handle.read(header_bytes).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise FlowFileError(f"{path}: not a readable flow file (its header is not JSON: {error})") from None
+    if not isinstance(header, dict):
+        raise FlowFileError(f"{path}: not a readable flow file (its header is not a JSON object)")
+    data_bytes = size - 8 - header_bytes
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise FlowFileError(f"{path}: not a readable flow file (its metadata is not a map of strings)")
+            continue
+        problem = _tensor_problem(entry, data_bytes)
+        if problem:
+            raise FlowFileError(f"{path}: not a readable flow file: tensor {name!r} {problem}")
+
+
+def _tensor_problem(entry, data_bytes: int) -> str | None:
+    """What is wrong with one tensor's header entry (None: it lies inside the file)."""
+    if not isinstance(entry, dict):
+        return "has no dtype, shape and offsets"
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in _DTYPE_BYTES:
+        return f"has an unknown dtype {dtype!r}"
+    if not (isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
+        return f"has an invalid shape {shape!r}"
+    if not (isinstance(offsets, list) and len(offsets) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in offsets)):
+        return f"has invalid data offsets {offsets!r}"
+    begin, end = offsets
+    claimed = math.prod(shape) * _DTYPE_BYTES[dtype]
+    if not 0 <= begin <= end <= data_bytes:
+        return f"claims bytes {begin:,}..{end:,} but the file holds {data_bytes:,} bytes of data (truncated?)"
+    if end - begin != claimed:
+        return f"of shape {shape} needs {claimed:,} bytes but is given {end - begin:,}"
+    return None
+
+
 def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
-    """Read and verify a flow file; returns (tensors, info)."""
+    """Read and verify a flow file (layout, format, checksum, finite weights); returns (tensors, info)."""
     path = Path(path)
     if not path.is_file():
         raise FlowFileError(f"{path}: no such flow file")
+    check_layout(path)
     try:
         with safe_open(str(path), framework="pt") as reader:
             metadata = reader.metadata() or {}
@@ -110,10 +188,16 @@ def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
                             f"{', '.join(READABLE_VERSIONS)}. Refit the flow with this flowcore (`flowcore fit`)")
     if metadata.get("sha256") != _digest(tensors):
         raise FlowFileError(f"{path}: corrupted flow file (the weights do not match their recorded checksum)")
+    for name, tensor in sorted(tensors.items()):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise FlowFileError(f"{path}: the weights hold NaN/Inf (tensor {name!r}): a diverged or damaged fit "
+                                "would turn every vector into NaN; refit the flow")
     try:
         info = json.loads(metadata["info"])
     except (KeyError, json.JSONDecodeError) as error:
         raise FlowFileError(f"{path}: flow file metadata is damaged: {error}") from None
+    if not isinstance(info, dict):
+        raise FlowFileError(f"{path}: flow file metadata is damaged: its info is not a JSON object")
     if version == "1":
         info = _migrated_v1(info)
     return tensors, info

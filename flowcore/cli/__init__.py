@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CLIError, ValueError, FileNotFoundError, OSError) as error:
         print(f"flowcore {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"flowcore {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:  # a batch job's JobInterrupted says where it stopped, and by which signal
+        print(f"flowcore {args.command}: {error or 'interrupted'}", file=sys.stderr)
+        return getattr(error, "exit_status", 130)
 
 
 if __name__ == "__main__":

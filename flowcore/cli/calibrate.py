@@ -16,7 +16,9 @@ def register(subparsers) -> None:
         "OUT.progress.json, removed at the end); rejected rows are listed in OUT.rejects.jsonl and are NaN rows "
         "in .npy output, null vectors in .parquet output. A finished job describes its output in "
         "OUT.manifest.json (model and revision, pooling, flow file sha256, dim, normalisation, rows, rejects, "
-        "columns, format versions).",
+        "columns, format versions). One job at a time writes an output (OUT.lock); Ctrl-C or SIGTERM stops at "
+        "the next chunk boundary (exit status 130/143; a second one exits at once), and the same command resumes. "
+        "Rows the flow maps to NaN/Inf are rejected too (docs/faults.md lists every fault and what you see).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--flow", required=True, help="flow file written by `flowcore fit`")

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from flowcore._fs import atomic_write
+    from flowcore._fs import atomic_write, write_error
     from flowcore.cli import check_device
     from flowcore.text.encoder import Encoder
 
@@ -47,13 +47,21 @@ def run(args: argparse.Namespace) -> int:
     if good:
         embeddings[good] = encoder.encode([sentences[row] for row in good], batch_size=args.batch_size,
                                           normalize=args.normalize)
-    atomic_write(args.out, lambda stream: np.save(stream, embeddings))
+    non_finite = [row for row in good if not np.isfinite(embeddings[row]).all()]
+    try:
+        atomic_write(args.out, lambda stream: np.save(stream, embeddings))
+    except OSError as error:
+        raise write_error(error, args.out, embeddings.nbytes) from None
     print(f"wrote {len(embeddings)} {'unit-length ' if args.normalize else ''}embeddings "
           f"({embeddings.shape[0]} x {embeddings.shape[1]}, pooling {encoder.pooling}) to {args.out}")
     if undecodable:
         shown = ", ".join(map(str, undecodable[:10])) + (", ..." if len(undecodable) > 10 else "")
         print(f"flowcore encode: warning: {len(undecodable)} line(s) of {args.input} are not valid UTF-8 "
               f"(lines {shown}); their rows are NaN", file=sys.stderr)
+    if non_finite:
+        shown = ", ".join(str(row + 1) for row in non_finite[:10]) + (", ..." if len(non_finite) > 10 else "")
+        print(f"flowcore encode: warning: the encoder returned NaN/Inf for {len(non_finite)} line(s) of {args.input} "
+              f"(lines {shown})", file=sys.stderr)
     return 0
 
 

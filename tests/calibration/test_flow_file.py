@@ -84,3 +84,25 @@ def test_an_unknown_version_says_how_to_refit(fitted, tmp_path):
     _rewrite_header(tmp_path / "v2.flow", tmp_path / "v9.flow", "9", lambda info: None)
     with pytest.raises(FlowFileError, match=r"v9.flow: flow file format version 9; .* Refit the flow"):
         flowcore.FlowCalibrator.load(tmp_path / "v9.flow")
+
+
+def test_a_valid_file_whose_header_length_starts_like_a_pickle_loads(fitted, tmp_path):
+    """A safetensors header length whose low byte is 0x80 (a pickle's first byte) is not a pickle."""
+    data, calibrator = fitted
+    for pad in range(256):
+        calibrator.metadata = {"pad": "x" * pad}
+        calibrator.save(tmp_path / "m.flow")
+        if (tmp_path / "m.flow").read_bytes()[0] == 0x80:
+            break
+    assert (tmp_path / "m.flow").read_bytes()[0] == 0x80
+    loaded = flowcore.FlowCalibrator.load(tmp_path / "m.flow")
+    np.testing.assert_array_equal(loaded.transform(data[:5]), calibrator.transform(data[:5]))
+
+
+def test_a_damaged_header_is_refused_naming_the_file(fitted, tmp_path):
+    _, calibrator = fitted
+    calibrator.save(tmp_path / "m.flow")
+    data = (tmp_path / "m.flow").read_bytes()
+    (tmp_path / "m.flow").write_bytes(data[:40])
+    with pytest.raises(FlowFileError, match=r"m.flow: not a readable flow file: its header claims"):
+        flowcore.FlowCalibrator.load(tmp_path / "m.flow")

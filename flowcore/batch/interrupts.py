@@ -1,0 +1,73 @@
+"""Stopping a batch job cleanly on Ctrl-C or `kill`: `StopSignals`, and `JobInterrupted`, what a
+stopped job raises.
+
+The first SIGINT or SIGTERM only sets a flag, which the job checks at chunk boundaries: it stops
+after the last chunk it has made durable and raises `JobInterrupted`, so nothing half-written is
+ever recorded. A second signal exits the process at once (`os._exit`, exit status 128 + signal),
+which is as safe as kill -9: the progress file only ever records durable chunks, so the same
+command still resumes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+__all__ = ["JobInterrupted", "StopSignals"]
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """A job stopped by a signal at a chunk boundary. `rows`: the rows done (and recorded);
+    `exit_status`: 128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, rows: int, signum: int):
+        self.rows, self.signum, self.exit_status = rows, signum, 128 + signum
+        super().__init__(f"{signal.Signals(signum).name}: stopped at row {rows:,}; "
+                         "rerun the same command to resume")
+
+
+class StopSignals:
+    """While the `with` block runs, SIGINT/SIGTERM request a stop (`requested`) instead of
+    raising; a second one exits at once. Installed only in the main thread (where Python runs
+    signal handlers); elsewhere it never requests a stop. The previous handlers come back on exit.
+
+    Args:
+        enabled: False makes it a no-op (signals behave as they did).
+
+    Example:
+        >>> with StopSignals() as stop:
+        ...     for chunk in chunks:
+        ...         if stop.requested:
+        ...             break
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            os.write(2, f"\n{signal.Signals(signum).name} again: exiting now; "
+                     "rerun the same command to resume\n".encode())
+            os._exit(128 + signum)
+        self.signum = signum
+        os.write(2, f"\n{signal.Signals(signum).name}: stopping after the chunk being "
+                 "written (again to exit at once)\n".encode())
+
+    def __enter__(self) -> "StopSignals":
+        if self.enabled:
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

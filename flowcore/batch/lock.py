@@ -1,0 +1,107 @@
+"""One writer per output: `OutputLock`, the `OUT.lock` file a calibration job holds while it runs.
+
+The lock is an `fcntl.flock` on `OUT.lock`, so the kernel releases it the moment its holder
+dies (kill -9, a crash, a power cut): a lock file left by a killed job is never mistaken for a
+live one, and no pid test (which a reused pid would fool) is needed to take it over. The file
+holds JSON naming the holder (pid, host, start time, command), read by a job that is refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["OutputLock", "OutputLockedError"]
+
+
+class OutputLockedError(ValueError):
+    """Another job (or another run of this one) is writing the same output."""
+
+
+class OutputLock:
+    """An exclusive, non-blocking lock on `OUT.lock` beside an output, held inside a `with` block.
+
+    Args:
+        out: the output file the lock protects.
+
+    Example:
+        >>> with OutputLock(Path("vectors.npy")) as lock:
+        ...     lock.took_over      # the holder record a killed job left, or None
+    """
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.path = self.out.with_name(self.out.name + ".lock")
+        self.took_over: dict | None = None
+        self._descriptor: int | None = None
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def acquire(self) -> "OutputLock":
+        """Take the lock at once, or raise `OutputLockedError` naming its holder."""
+        while True:
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                os.close(descriptor)
+                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise OutputLockedError(self._refusal()) from None
+                raise
+            # the holder we waited on may have removed the file after we opened it: lock the
+            # file that is at the path now, or two jobs could each hold "the" lock
+            try:
+                same = os.fstat(descriptor).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(descriptor)
+        self._descriptor = descriptor
+        self.took_over = _read_holder(descriptor)
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
+        data = json.dumps(record).encode("utf-8")
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, data, 0)
+        return self
+
+    def _refusal(self) -> str:
+        holder = {}
+        with contextlib.suppress(OSError, ValueError):
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+        if not isinstance(holder, dict) or "pid" not in holder:
+            who = "another flowcore job (it has not recorded itself yet)"
+        else:
+            who = (f"another flowcore job (pid {holder.get('pid')} on {holder.get('host')}, "
+                   f"started {holder.get('started')})")
+        return (f"{self.out} is being written by {who}; wait for it to finish or stop it, "
+                f"then rerun (the lock is {self.path})")
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (no-op when not held)."""
+        if self._descriptor is None:
+            return
+        with contextlib.suppress(OSError):  # the folder may have vanished or become read-only
+            self.path.unlink()
+        os.close(self._descriptor)  # releases the flock, after the file is gone from the folder
+        self._descriptor = None
+
+
+def _read_holder(descriptor: int) -> dict | None:
+    """The holder record a killed job left in the lock file, if any."""
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads(os.pread(descriptor, 1 << 16, 0).decode("utf-8"))
+        if isinstance(record, dict):
+            return record
+    return None
