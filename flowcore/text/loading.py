@@ -128,8 +128,14 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> L
     transformers_logging.disable_progress_bar()  # a weight-loading bar per Encoder() is noise
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        model = AutoModel.from_pretrained(source, local_files_only=True)
+        # safetensors only: a pickled checkpoint (pytorch_model.bin) is never unpickled
+        model = AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError) as error:
+        if os.path.isdir(source) and not any(name.endswith(".safetensors") for name in os.listdir(source)):
+            raise OSError(f"could not load the model in {source}: it has no .safetensors weights, and flowcore "
+                          "never unpickles model files (pytorch_model.bin). Convert it once with transformers: "
+                          "AutoModel.from_pretrained(folder).save_pretrained(folder) writes model.safetensors"
+                          ) from None
         if os.path.isdir(source):
             raise OSError(f"could not load the model in {source}: {error}") from None
         raise FileNotFoundError(

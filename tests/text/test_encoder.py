@@ -330,6 +330,24 @@ def test_bad_pooling_and_model_give_clear_errors(tiny_bert, tmp_path):
         Encoder(str(tmp_path))
 
 
+def test_a_model_folder_with_only_pickled_weights_is_refused_unread(tiny_bert, tmp_path, monkeypatch):
+    import shutil
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_bert, folder)
+    from safetensors.torch import load_file
+
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("torch.load was called on a model file")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    with pytest.raises(OSError, match=r"no \.safetensors weights.*never unpickles.*save_pretrained"):
+        Encoder(str(folder))
+
+
 def test_uncached_hub_name_says_how_to_pass_a_local_folder():
     with pytest.raises(FileNotFoundError, match=r"not in the Hugging Face cache.*local folder.*Encoder\(model="):
         Encoder("nobody/no-such-model-xyz")
