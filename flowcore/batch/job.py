@@ -68,7 +68,7 @@ from flowcore.batch.vector_sources import EmbeddingFile
 __all__ = [
     "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "PROGRESS_FORMAT", "PROGRESS_VERSION", "STAGES",
     "CalibrationJob", "CalibrationSummary", "ChunkHook", "InputChangedError", "JobInterrupted", "JobMismatchError",
-    "OutputLockedError", "OutputWriteError", "calibrate_file", "default_threads",
+    "OutputLockedError", "OutputWriteError", "arrow_type_name", "calibrate_file", "default_threads", "encoder_for",
 ]
 
 OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
@@ -400,7 +400,7 @@ class CalibrationJob:
             import pyarrow.parquet as pq
 
             schema = pq.read_schema(self.out)
-            columns = [{"name": field.name, "type": _type_name(field.type)} for field in schema]
+            columns = [{"name": field.name, "type": arrow_type_name(field.type)} for field in schema]
             versions = {"parquet": pq.ParquetFile(self.out).metadata.format_version}
         else:
             columns, versions = None, {"npy": "1.0"}
@@ -515,7 +515,7 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
         requested_model = model or (calibrator.provenance.model if calibrator.provenance is not None else None)
         if threads is None:
             threads = default_threads(text=True)
-        encoder = _encoder_for(calibrator, model, pooling, encoder_factory, threads)
+        encoder = encoder_for(calibrator, model, pooling, encoder_factory, threads)
         identity["encoder"] = {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": batch_size}
     check_compatible(calibrator, source, encoder, requested_model)
     if threads is None:
@@ -528,15 +528,15 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
     return job.run()
 
 
-def _type_name(kind) -> str:
+def arrow_type_name(kind) -> str:
     """A pyarrow type as the manifest names it: floats by width (float32), lists without their
     child field's name (which parquet readers rename), e.g. `fixed_size_list<float32>[384]`."""
     import pyarrow as pa
 
     if pa.types.is_fixed_size_list(kind):
-        return f"fixed_size_list<{_type_name(kind.value_type)}>[{kind.list_size}]"
+        return f"fixed_size_list<{arrow_type_name(kind.value_type)}>[{kind.list_size}]"
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return f"{'large_' if pa.types.is_large_list(kind) else ''}list<{_type_name(kind.value_type)}>"
+        return f"{'large_' if pa.types.is_large_list(kind) else ''}list<{arrow_type_name(kind.value_type)}>"
     return {"halffloat": "float16", "float": "float32", "double": "float64"}.get(str(kind), str(kind))
 
 
@@ -583,7 +583,7 @@ def default_threads(text: bool) -> int:
     return max(1, min(torch.get_num_threads(), available_cpus() - 1))
 
 
-def _encoder_for(calibrator, model: str | None, pooling: str | None, encoder_factory: Callable | None,
+def encoder_for(calibrator, model: str | None, pooling: str | None, encoder_factory: Callable | None,
                  threads: int):
     """The encoder for text input: the flow's recorded one (`calibrator.provenance`) unless
     overridden (then checked by `check_compatible`)."""

@@ -106,15 +106,16 @@ class ParquetOutput:
     """`id` (string ids, or the int64 row number), the vector column (`fixed_size_list<float32>[dim]`,
     null for rejected rows) and the kept input columns (`meta_types`: (name, pyarrow type)).
 
-    Each chunk is its own durable part file; `finish` joins them, one row group per chunk."""
+    Each chunk is its own durable part file (in `parts`, by default `OUT.parts/`; the Ray engine's
+    shards are such part files); `finish` joins them, one row group per chunk."""
 
     def __init__(self, path: Path, rows: int, dim: int, with_ids: bool, vector_column: str = VECTOR_COLUMN,
-                 meta_types=()):
+                 meta_types=(), parts: Path | None = None):
         import pyarrow as pa
 
         self.path, self.rows, self.dim = path, rows, dim
         self.partial = path.with_name(path.name + ".partial")
-        self.parts = path.with_name(path.name + ".parts")
+        self.parts = parts if parts is not None else path.with_name(path.name + ".parts")
         self.with_ids, self.vector_column = with_ids, vector_column
         self.meta_types = list(meta_types)
         names = ["id", vector_column, *(name for name, _ in self.meta_types)]

@@ -3,10 +3,16 @@
 `fit` estimates the mean μ and the covariance Σ = U·Λ·Uᵀ of the embeddings; `transform` maps
 x → (x − μ)·U·Λ^(−1/2), so the result has zero mean and identity covariance. With `dim=k`
 only the k directions of largest variance are kept (the paper's dimension reduction).
+`from_moments` / `fit_chunks` fit the same thing from mergeable float64 statistics
+(`flowcore.calibration.moments`), in O(d²) memory however many rows the corpus has.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
+
+from flowcore.calibration.moments import Moments
 
 __all__ = ["Whitening"]
 
@@ -23,11 +29,14 @@ class Whitening:
         tolerance: directions with variance <= tolerance × the largest are dropped.
 
     Attributes:
-        mean: μ, shape (D,); matrix: W = U·Λ^(−1/2), shape (D, output_dim); eigenvalues: the kept Λ.
+        mean: μ, shape (D,); matrix: W = U·Λ^(−1/2), shape (D, output_dim); eigenvalues: the kept Λ;
+        rank: how many directions have variance above the floor (tolerance × the largest);
+        rows: how many rows the fit saw.
 
     Example:
         >>> whitening = Whitening(dim=256).fit(X)
         >>> Z = whitening.transform(X)          # float32 (n, 256), zero mean, identity covariance
+        >>> Whitening(dim=256).fit_chunks(chunks)   # the same from a stream, O(d²) memory
     """
 
     def __init__(self, dim: int | None = None, tolerance: float = 1e-8):
@@ -38,23 +47,65 @@ class Whitening:
         self.mean: np.ndarray | None = None
         self.matrix: np.ndarray | None = None
         self.eigenvalues: np.ndarray | None = None
+        self.rank: int | None = None
+        self.rows: int | None = None
 
     def fit(self, X) -> "Whitening":
-        """Estimate μ and W = U·Λ^(−1/2) (first `dim` columns) from the rows of X."""
+        """Estimate μ and W = U·Λ^(−1/2) (first `dim` columns) from the rows of X (in memory)."""
         X = self._validated(X, width=None)
-        if len(X) < 2:
-            raise ValueError(f"whitening needs at least 2 rows to estimate a covariance, got {len(X)}")
-        if self.dim is not None and self.dim > X.shape[1]:
-            raise ValueError(f"whitening dim {self.dim} exceeds the embedding width {X.shape[1]}")
-        self.mean = X.mean(axis=0)
-        covariance = np.cov(X - self.mean, rowvar=False)
-        eigenvalues, eigenvectors = np.linalg.eigh(covariance)
+        self._check_size(len(X), X.shape[1])
+        mean = X.mean(axis=0)
+        return self._fit_covariance(mean, np.cov(X - mean, rowvar=False), len(X))
+
+    def fit_chunks(self, chunks: Iterable) -> "Whitening":
+        """`fit` over a stream of (rows, D) chunks (e.g. blocks of a memory-mapped file), from
+        their pairwise-merged float64 moments: equal to `fit` on all the rows to about 1e-10
+        relative, in O(D²) memory.
+
+        Args:
+            chunks: arrays of the same width; NaN/Inf rows are refused naming the row.
+
+        Returns:
+            self, fitted.
+        """
+        return self.fit_moments(Moments.of_chunks(chunks))
+
+    def fit_moments(self, moments: Moments) -> "Whitening":
+        """Fit from the count, mean and co-moment of the corpus (`flowcore.calibration.moments`),
+        e.g. merged from shards computed on other machines.
+
+        Args:
+            moments: the corpus's `Moments`.
+
+        Returns:
+            self, fitted.
+        """
+        self._check_size(moments.count, moments.dim)
+        return self._fit_covariance(moments.mean, moments.covariance(ddof=1), moments.count)
+
+    @classmethod
+    def from_moments(cls, moments: Moments, dim: int | None = None, tolerance: float = 1e-8) -> "Whitening":
+        """`Whitening(dim, tolerance).fit_moments(moments)`."""
+        return cls(dim=dim, tolerance=tolerance).fit_moments(moments)
+
+    def _check_size(self, rows: int, width: int) -> None:
+        if rows < 2:
+            raise ValueError(f"whitening needs at least 2 rows to estimate a covariance, got {rows}")
+        if self.dim is not None and self.dim > width:
+            raise ValueError(f"whitening dim {self.dim} exceeds the embedding width {width}")
+
+    def _fit_covariance(self, mean: np.ndarray, covariance: np.ndarray, rows: int) -> "Whitening":
+        """W from the float64 eigendecomposition of Σ; directions at or below the floor
+        (tolerance × the largest eigenvalue, which also catches rounding's tiny negatives) are dropped."""
+        self.mean = np.asarray(mean, dtype=np.float64)
+        eigenvalues, eigenvectors = np.linalg.eigh(np.asarray(covariance, dtype=np.float64))
         order = np.argsort(eigenvalues)[::-1]
         eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
         informative = int((eigenvalues > self.tolerance * eigenvalues[0]).sum())
         if informative == 0:
             raise ValueError("whitening needs embeddings that vary: every row of the corpus is the same")
-        keep = min(self.dim or X.shape[1], informative)
+        keep = min(self.dim or len(self.mean), informative)
+        self.rank, self.rows = informative, rows
         self.eigenvalues = eigenvalues[:keep]
         self.matrix = eigenvectors[:, :keep] / np.sqrt(self.eigenvalues)
         return self

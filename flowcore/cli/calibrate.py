@@ -51,6 +51,15 @@ def register(subparsers) -> None:
                         "1 for text (bit-reproducible resumes)")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="local: this process, one output file; ray: a Ray Data actor pool over a file, folder "
+                        "or glob, writing OUT/ as a folder of parquet shards with rejects.jsonl and manifest.json "
+                        "(resumes shard by shard; docs/scaling.md)")
+    parser.add_argument("--address", default=None,
+                        help="(ray) a running Ray cluster, e.g. auto or ray://head:10001; default: a local one")
+    parser.add_argument("--num-workers", type=int, default=None,
+                        help="(ray) actors, each with its own model copy; default: one per CPU (or per GPU)")
+    parser.add_argument("--gpus-per-worker", type=float, default=0, help="(ray) GPUs per actor; 0: CPU only")
     parser.set_defaults(func=run)
 
 
@@ -73,6 +82,14 @@ def job_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "ray":
+        from flowcore.ray import calibrate_ray
+
+        print(calibrate_ray(args.flow, args.out, address=args.address, num_workers=args.num_workers,
+                            gpus_per_worker=args.gpus_per_worker, **job_options(args)))
+        return 0
+    if args.address is not None or args.num_workers is not None or args.gpus_per_worker:
+        raise ValueError("--address, --num-workers and --gpus-per-worker need --engine ray")
     from flowcore.batch.job import calibrate_file
 
     print(calibrate_file(args.flow, args.out, **job_options(args)))

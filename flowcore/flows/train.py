@@ -1,22 +1,42 @@
-"""Maximum-likelihood training of a flow (bits per dimension, Adam), reproducible from a seed."""
+"""Maximum-likelihood training of a flow (bits per dimension, Adam), reproducible from a seed,
+over data of any size (a memory-mapped file is read a batch at a time) and resumable from a
+checkpoint."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import warnings
+from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from flowcore._fs import atomic_write
 from flowcore.validation import check_matrix
 
-__all__ = ["TrainingDivergedError", "fit"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointMismatchError", "TrainingDivergedError", "fit", "training_matrix"]
+
+CHECKPOINT_FORMAT = "flowcore-training-checkpoint"
+CHECKPOINT_VERSION = 1
+CHECK_BLOCK_ROWS = 65536
+"""Rows checked for NaN/Inf at a time, so a memory-mapped corpus is never loaded whole."""
 
 
 class TrainingDivergedError(FloatingPointError, ValueError):
     """The loss or the gradients stopped being finite; the weights are left as before that step."""
 
 
+class CheckpointMismatchError(ValueError):
+    """A checkpoint file belongs to another training run (other data, options or flow)."""
+
+
 def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
-        device=None, progress: bool = True, init_rows: int = 1024) -> list[float]:
+        device=None, progress: bool = True, init_rows: int = 1024,
+        on_epoch: Callable[[int, float], bool | None] | None = None, *, checkpoint: str | os.PathLike | None = None,
+        checkpoint_every: int = 1000, on_checkpoint: Callable[[int], None] | None = None) -> list[float]:
     """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
     Works in the flow's dtype (float64 included). Before the first step, every ActNorm is
@@ -26,9 +46,18 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     non-finite loss or gradient stops training with `TrainingDivergedError` before any weight is
     touched. The flow is left in eval mode.
 
+    `X` is read one batch at a time (rows gathered, then converted), so a memory-mapped .npy of
+    any size trains in memory bounded by the batch, the flow and the shuffled order (8 bytes a row).
+    With `checkpoint`, the flow, Adam's state, the shuffle's position and the state of an
+    `on_epoch` that has `checkpoint_state`/`restore_checkpoint_state` are written there
+    (safetensors, atomically) every `checkpoint_every` steps, after each epoch and at the end;
+    called again with the same arguments, `fit` resumes from it and ends with the same weights,
+    bit for bit, as an uninterrupted run (same machine, same torch thread count, which the
+    checkpoint records and checks).
+
     Args:
         flow: a `Glow` (anything with `bits_per_dim(x)`, `dim` and parameters).
-        X: (n, dim) numpy array or tensor, n >= 2, finite.
+        X: (n, dim) numpy array (memory-mapped is fine) or tensor, n >= 2, finite.
         epochs: passes over X.
         batch_size: rows per step (the paper's 32).
         lr: Adam's learning rate (the paper's 1e-3).
@@ -36,6 +65,12 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         device: move the flow there first (the data follows the flow).
         progress: show a tqdm bar.
         init_rows: rows used for ActNorm's data-dependent initialisation.
+        on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch (1-based, its mean loss);
+            a true result stops training (e.g. early stopping on held-out data).
+        checkpoint: a file to checkpoint to and resume from; None: no checkpoints.
+        checkpoint_every: optimizer steps between checkpoints.
+        on_checkpoint: called with the number of steps done after each checkpoint is written
+            (a hook for progress reports or fault injection).
 
     Returns:
         The mean loss (bits per dimension) of each epoch.
@@ -43,31 +78,49 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     Example:
         >>> glow = flowcore.Glow(384, levels=2, depth=3, width=32)
         >>> losses = flowcore.fit(glow, X, epochs=1, batch_size=32, lr=1e-3, seed=0)
+        >>> flowcore.fit(glow, np.load("big.npy", mmap_mode="r"), checkpoint="fit.ckpt", checkpoint_every=500)
     """
-    if epochs < 1 or batch_size < 1 or not lr > 0:
-        raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0 (got {epochs}, {batch_size}, {lr})")
-    parameter = next(flow.parameters())
+    if epochs < 1 or batch_size < 1 or not lr > 0 or checkpoint_every < 1:
+        raise ValueError(f"epochs, batch_size and checkpoint_every must be >= 1 and lr > 0 (got {epochs}, "
+                         f"{batch_size}, {checkpoint_every}, {lr})")
     if device is not None:
         flow.to(device)
-        parameter = next(flow.parameters())
-    data = check_matrix(X, dim=getattr(flow, "dim", None), min_rows=2)
-    data = data.to(device=parameter.device, dtype=parameter.dtype)
-    rows = data.shape[0]
+    parameter = next(flow.parameters())
+    data = training_matrix(X, dim=getattr(flow, "dim", None))
+    count = data.shape[0]
+
+    def batch_of(index: torch.Tensor) -> torch.Tensor:
+        return data[index].to(device=parameter.device, dtype=parameter.dtype)
+
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(flow.parameters(), lr=lr, foreach=True)
-    steps_per_epoch = math.ceil(rows / batch_size)
-    flow.train()
-    epoch_losses = []
-    bar = tqdm(total=epochs * steps_per_epoch, desc="fit flow", unit="step", disable=not progress)
+    steps_per_epoch = math.ceil(count / batch_size)
+    identity = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed, "init_rows": init_rows,
+                "rows": count, "dim": int(data.shape[1]), "dtype": str(parameter.dtype).removeprefix("torch."),
+                "parameters": {name: list(p.shape) for name, p in flow.named_parameters()},
+                "torch_threads": torch.get_num_threads()}
+    state = _TrainingState()
+    if checkpoint is not None and Path(checkpoint).exists():
+        state = _load_checkpoint(Path(checkpoint), identity, flow, optimizer, generator, on_epoch)
+
+    def save(generator_state: torch.Tensor) -> None:
+        _save_checkpoint(Path(checkpoint), identity, flow, optimizer, generator_state, state, on_epoch)
+        if on_checkpoint is not None:
+            on_checkpoint(state.epoch * steps_per_epoch + state.step)
+
+
+    bar = tqdm(total=epochs * steps_per_epoch, initial=state.epoch * steps_per_epoch + state.step,
+               desc="fit flow", unit="step", disable=not progress)
     try:
-        for epoch in range(epochs):
-            order = torch.randperm(rows, generator=generator).to(data.device)
-            total = 0.0
-            if epoch == 0:
+        for epoch in range(state.epoch, epochs if not state.finished else 0):
+            flow.train()  # an on_epoch that scored held-out rows may have left it in eval mode
+            epoch_start = generator.get_state()
+            order = torch.randperm(count, generator=generator)
+            if epoch == 0 and state.step == 0:
                 with torch.no_grad():
-                    flow(data[order[: max(batch_size, init_rows)]])
-            for step in range(steps_per_epoch):
-                batch = data[order[step * batch_size : (step + 1) * batch_size]]
+                    flow(batch_of(order[: max(batch_size, init_rows)]))
+            for step in range(state.step, steps_per_epoch):
+                batch = batch_of(order[step * batch_size : (step + 1) * batch_size])
                 loss = flow.bits_per_dim(batch)
                 where = f"epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}"
                 if not torch.isfinite(loss):
@@ -85,11 +138,120 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
                         f"previous step. Try a lower learning rate (now {lr}) or standardising the inputs"
                     )
                 optimizer.step()
-                total += loss.item() * batch.shape[0]
+                state.total += loss.item() * batch.shape[0]
+                state.step = step + 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-            epoch_losses.append(total / rows)
+                state.epoch = epoch
+                if (checkpoint is not None and (epoch * steps_per_epoch + state.step) % checkpoint_every == 0
+                        and state.step < steps_per_epoch):
+                    save(epoch_start)
+            state.losses.append(state.total / count)
+            state.epoch, state.step, state.total = epoch + 1, 0, 0.0
+            stop = on_epoch is not None and bool(on_epoch(epoch + 1, state.losses[-1]))
+            state.finished = stop or epoch + 1 == epochs
+            if checkpoint is not None:
+                save(generator.get_state())
+            if stop:
+                break
     finally:
         bar.close()
         flow.eval()
-    return epoch_losses
+    return list(state.losses)
+
+
+def training_matrix(X, dim: int | None = None, min_rows: int = 2) -> torch.Tensor:
+    """X as a tensor without a copy (a memory map stays a map), after checking its shape, width
+    and finiteness a block of rows at a time (so a corpus larger than memory is never loaded).
+
+    Args:
+        X: (n, d) numpy array, memory map or tensor.
+        dim: the width required, or None.
+        min_rows: the fewest rows accepted.
+
+    Example:
+        >>> data = training_matrix(np.load("big.npy", mmap_mode="r"), dim=384)
+    """
+    if isinstance(X, torch.Tensor):
+        data = X
+    else:
+        array = np.asarray(X)
+        if array.dtype == object or not np.issubdtype(array.dtype, np.number):
+            raise ValueError(f"X must be a numeric array, got dtype {array.dtype}")
+        with warnings.catch_warnings():  # read-only (memory-mapped) input is only ever read
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            data = torch.from_numpy(array)
+    check_matrix(data[:0] if data.dim() == 2 else data, dim=dim, min_rows=0)
+    if data.shape[0] < min_rows:
+        raise ValueError(f"X has {data.shape[0]} row(s); at least {min_rows} are needed")
+    for start in range(0, data.shape[0], CHECK_BLOCK_ROWS):
+        check_matrix(data[start : start + CHECK_BLOCK_ROWS], row_offset=start)
+    return data if data.is_floating_point() else data.to(torch.get_default_dtype())
+
+
+class _TrainingState:
+    """Where training stands: the epoch and the step within it to run next, the epoch's loss sum
+    so far and the finished epochs' mean losses."""
+
+    def __init__(self, epoch: int = 0, step: int = 0, total: float = 0.0, losses: list[float] | None = None,
+                 finished: bool = False):
+        self.epoch, self.step, self.total, self.losses = epoch, step, total, list(losses or [])
+        self.finished = finished
+
+
+def _save_checkpoint(path: Path, identity: dict, flow, optimizer, generator_state: torch.Tensor,
+                     state: _TrainingState, on_epoch) -> None:
+    """Flow weights and buffers, Adam's moments and step counts, the generator's state at the
+    start of the current epoch (its shuffle is redrawn on resume) and the `on_epoch` callback's
+    state, as one safetensors file."""
+    from safetensors.torch import save
+
+    tensors = {f"flow.{name}": value.detach().cpu().contiguous() for name, value in flow.state_dict().items()}
+    names = {id(p): name for name, p in flow.named_parameters()}
+    for parameter, values in optimizer.state.items():
+        for key, value in values.items():
+            tensors[f"adam.{names[id(parameter)]}.{key}"] = value.detach().cpu().contiguous()
+    tensors["generator.epoch_start"] = generator_state.clone()
+    callback = None
+    if hasattr(on_epoch, "checkpoint_state"):
+        callback_tensors, callback = on_epoch.checkpoint_state()
+        tensors.update({f"callback.{name}": value.detach().cpu().contiguous()
+                        for name, value in callback_tensors.items()})
+    header = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "job": identity,
+              "epoch": state.epoch, "step": state.step, "total": state.total, "losses": state.losses,
+              "finished": state.finished, "callback": callback}
+    payload = save(tensors, metadata={"flowcore": json.dumps(header)})
+    atomic_write(path, lambda stream: stream.write(payload))
+
+
+def _load_checkpoint(path: Path, identity: dict, flow, optimizer, generator, on_epoch) -> _TrainingState:
+    """Restore what `_save_checkpoint` wrote into `flow`, `optimizer` and `generator`; refuse a
+    checkpoint of another run."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as reader:
+            header = json.loads((reader.metadata() or {})["flowcore"])
+            tensors = {name: reader.get_tensor(name) for name in reader.keys()}
+        if header.get("format") != CHECKPOINT_FORMAT or header.get("version") != CHECKPOINT_VERSION:
+            raise ValueError("not a flowcore training checkpoint")
+    except (OSError, ValueError, KeyError, SafetensorError) as error:
+        raise CheckpointMismatchError(f"{path}: unreadable training checkpoint ({error}); "
+                                      "delete it to start over") from None
+    if header["job"] != identity:
+        changed = [f"{key} was {header['job'].get(key)!r}, now {value!r}" for key, value in identity.items()
+                   if header["job"].get(key) != value]
+        raise CheckpointMismatchError(f"{path} is a checkpoint of another training run ({'; '.join(changed)}); "
+                                      "rerun the original command to finish it, or delete it to start over")
+    flow.load_state_dict({name[5:]: value for name, value in tensors.items() if name.startswith("flow.")})
+    for name, parameter in flow.named_parameters():
+        values = {key.rpartition(".")[2]: value for key, value in tensors.items()
+                  if key.startswith(f"adam.{name}.") and key.count(".") == name.count(".") + 2}
+        if values:
+            optimizer.state[parameter] = {key: value.to(parameter.device) if key != "step" else value
+                                          for key, value in values.items()}
+    generator.set_state(tensors["generator.epoch_start"])  # the current epoch's shuffle is drawn again
+    if hasattr(on_epoch, "restore_checkpoint_state") and header.get("callback") is not None:
+        on_epoch.restore_checkpoint_state({name[9:]: value for name, value in tensors.items()
+                                           if name.startswith("callback.")}, header["callback"])
+    return _TrainingState(header["epoch"], header["step"], header["total"], header["losses"], header["finished"])

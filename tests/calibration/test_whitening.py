@@ -71,3 +71,32 @@ def test_bad_input_is_reported_clearly():
         Whitening().fit(X).transform(X[:, :5])
     with pytest.raises(ValueError, match="2-D"):
         Whitening().fit(X[0])
+
+
+def test_streaming_fit_equals_the_in_memory_fit():
+    """fit_chunks / from_moments: the same μ, Λ and W (up to column signs) from O(d²) statistics."""
+    from flowcore.calibration.moments import Moments
+
+    X = _anisotropic(rows=2000, dim=12).astype(np.float64) + 1e3
+    in_memory = Whitening(dim=8).fit(X)
+    streamed = Whitening(dim=8).fit_chunks(X[start:start + 300] for start in range(0, len(X), 300))
+    merged = Whitening.from_moments(Moments.of(X[:700]).merge(Moments.of(X[700:])), dim=8)
+    for fitted in (streamed, merged):
+        assert (fitted.rows, fitted.rank, fitted.output_dim) == (2000, 12, 8)
+        np.testing.assert_allclose(fitted.mean, in_memory.mean, rtol=1e-12)
+        np.testing.assert_allclose(fitted.eigenvalues, in_memory.eigenvalues, rtol=1e-10)
+        signs = np.sign((fitted.matrix * in_memory.matrix).sum(axis=0))
+        np.testing.assert_allclose(fitted.matrix * signs, in_memory.matrix, rtol=1e-7, atol=1e-12)
+
+
+def test_streaming_fit_reports_rank_and_refuses_bad_chunks():
+    X = np.random.default_rng(3).normal(size=(100, 6))
+    X[:, 4] = 2.0  # a constant coordinate: below the eigenvalue floor
+    fitted = Whitening().fit_chunks([X[:50], X[50:]])
+    assert fitted.rank == 5 and fitted.output_dim == 5
+    bad = X.copy()
+    bad[73, 0] = np.nan
+    with pytest.raises(ValueError, match="first bad row: 73"):
+        Whitening().fit_chunks([bad[:50], bad[50:]])
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        Whitening().fit_chunks([X[:1]])

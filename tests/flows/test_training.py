@@ -98,3 +98,95 @@ def test_actnorm_initialises_to_zero_mean_unit_variance():
     torch.testing.assert_close(y.mean(0), torch.zeros(6, dtype=torch.float64), atol=1e-12, rtol=0)
     torch.testing.assert_close(y.std(0, unbiased=False), torch.ones(6, dtype=torch.float64))
     assert bool(layer.initialized)
+
+
+class _Killed(Exception):
+    """Stands in for a kill -9 just after a checkpoint was written (the checkpoint is atomic, so a
+    kill anywhere else loses only the steps since it)."""
+
+
+def _tiny_glow(dim=8):
+    torch.manual_seed(3)
+    return flowcore.Glow(dim, levels=2, depth=2, width=8)
+
+
+def _state(glow):
+    return {name: value.clone() for name, value in glow.state_dict().items()}
+
+
+def test_killed_and_resumed_training_ends_with_the_same_weights_bit_for_bit(tmp_path):
+    X = anisotropic_gaussian(rows=256, dim=8)
+    options = dict(epochs=3, batch_size=32, lr=2e-3, seed=1, progress=False)  # 24 steps
+    reference = _tiny_glow()
+    expected_losses = flowcore.fit(reference, X, **options)
+
+    checkpoint = tmp_path / "fit.ckpt"
+    seen = []
+
+    def kill_at_step_13(done):
+        seen.append(done)
+        if done == 13:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        flowcore.fit(_tiny_glow(), X, checkpoint=checkpoint, checkpoint_every=13, on_checkpoint=kill_at_step_13,
+                     **options)
+    assert seen == [8, 13]  # after epoch 1 and at step 13 (mid-epoch 2)
+    resumed = _tiny_glow()
+    after_resume = []
+    losses = flowcore.fit(resumed, np.load(_saved(tmp_path, X), mmap_mode="r"), checkpoint=checkpoint,
+                          checkpoint_every=13, on_checkpoint=after_resume.append, **options)
+    assert after_resume == [16, 24]  # epoch 2's end, then the final checkpoint
+    assert losses == expected_losses
+    for name, value in _state(reference).items():
+        assert torch.equal(resumed.state_dict()[name], value), name
+    again = _tiny_glow()  # a finished checkpoint: nothing left to train
+    assert flowcore.fit(again, X, checkpoint=checkpoint, **options) == expected_losses
+    assert all(torch.equal(again.state_dict()[name], value) for name, value in _state(reference).items())
+
+
+def _saved(folder, X):
+    path = folder / "X.npy"
+    np.save(path, X)
+    return path
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    X = anisotropic_gaussian(rows=128, dim=8)
+    checkpoint = tmp_path / "fit.ckpt"
+    flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, checkpoint=checkpoint, progress=False)
+    with pytest.raises(flowcore.flows.train.CheckpointMismatchError, match=r"fit.ckpt is a checkpoint of another.*"
+                       r"lr was 0.001, now 0.002"):
+        flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, lr=2e-3, checkpoint=checkpoint, progress=False)
+    checkpoint.write_bytes(b"not a checkpoint")
+    with pytest.raises(flowcore.flows.train.CheckpointMismatchError, match="unreadable training checkpoint"):
+        flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, checkpoint=checkpoint, progress=False)
+
+
+def test_on_epoch_stops_training_and_its_state_is_checkpointed(tmp_path):
+    X = anisotropic_gaussian(rows=128, dim=8)
+
+    class StopAfterTwo:
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, epochs_done, loss):
+            self.calls.append(epochs_done)
+            return epochs_done == 2
+
+        def checkpoint_state(self):
+            return {"marker": torch.tensor([len(self.calls)])}, {"calls": self.calls}
+
+        def restore_checkpoint_state(self, tensors, info):
+            assert int(tensors["marker"]) == len(info["calls"])
+            self.calls = list(info["calls"])
+
+    first = StopAfterTwo()
+    checkpoint = tmp_path / "fit.ckpt"
+    losses = flowcore.fit(_tiny_glow(), X, epochs=5, batch_size=32, checkpoint=checkpoint, on_epoch=first,
+                          progress=False)
+    assert len(losses) == 2 and first.calls == [1, 2]
+    rerun = StopAfterTwo()
+    assert flowcore.fit(_tiny_glow(), X, epochs=5, batch_size=32, checkpoint=checkpoint, on_epoch=rerun,
+                        progress=False) == losses
+    assert rerun.calls == [1, 2]  # restored, not called again

@@ -1,0 +1,92 @@
+"""The Ray engine's overhead: `calibrate_ray` (what `flowcore calibrate --engine ray` runs) against
+the single-process job (`calibrate_file`) on the same input, flow, chunking and thread count, on
+a local Ray cluster of 2 CPUs. Goal: the Ray engine reaches >= 80 % of the single-process job's
+rows/s.
+
+Both sides are timed end to end inside one process that already runs Ray (a job connects to a
+running cluster; starting one is a fixed cost per cluster, not per job): loading the flow and
+the encoder, reading, encoding, calibrating and writing. Ray's time includes starting its actors
+(one model copy each), planning shards and joining the rejects. Two Ray figures: 1 worker (the
+single job's CPU count: pure overhead) and 2 workers (the cluster).
+
+Sizes: $FLOWCORE_BENCH_SENTENCES (default 8000) sentences of the default encoder, and
+$FLOWCORE_BENCH_ROWS (default 1,000,000) x 384 stored vectors.
+
+Run: `pytest bench/test_bench_ray.py -s`.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+
+from flowcore import Encoder, FlowCalibrator
+from flowcore.batch.job import calibrate_file
+from flowcore.ray import calibrate_ray
+
+SENTENCES = int(os.environ.get("FLOWCORE_BENCH_SENTENCES", 8000))
+ROWS = int(os.environ.get("FLOWCORE_BENCH_ROWS", 1_000_000))
+WORDS = ("the a one two people man woman child dog cat car house city road river tree sun rain day night "
+         "is are was walks runs sits plays eats reads writes looks big small old new red green quickly slowly "
+         "near over under in on at with from into by after before and but or because while").split()
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
+def _rates(run_single, run_ray, rows: int) -> dict:
+    started = time.perf_counter()
+    run_single()
+    single = rows / (time.perf_counter() - started)
+    rates = {"single": single}
+    for workers in (1, 2):
+        started = time.perf_counter()
+        run_ray(workers)
+        rates[f"ray_{workers}"] = rows / (time.perf_counter() - started)
+    return rates
+
+
+def _report(what: str, rates: dict) -> None:
+    single = rates["single"]
+    ray_1, ray_2 = rates["ray_1"], rates["ray_2"]
+    print(f"\n{what}: single-process {single:,.0f} rows/s; Ray 1 worker {ray_1:,.0f} rows/s ({ray_1 / single:.0%}); "
+          f"Ray 2 workers {ray_2:,.0f} rows/s ({ray_2 / single:.0%})")
+
+
+def test_text_engine_overhead(ray_session, tmp_path):
+    rng = np.random.default_rng(0)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(" ".join(rng.choice(WORDS, size=rng.integers(6, 20))) + "\n" for _ in range(SENTENCES)))
+    encoder = Encoder(pooling="first-last-avg", threads=1)
+    calibrator = FlowCalibrator(epochs=1, batch_size=256, seed=0)
+    calibrator.fit(encoder.encode(corpus.read_text().splitlines()[:2048]), progress=False, encoder=encoder)
+    calibrator.save(tmp_path / "text.flow")
+    options = dict(input=corpus, threads=1, progress=False)
+    rates = _rates(lambda: calibrate_file(tmp_path / "text.flow", tmp_path / "single.parquet", **options),
+                   lambda workers: calibrate_ray(tmp_path / "text.flow", tmp_path / f"ray{workers}",
+                                                 num_workers=workers, **options), SENTENCES)
+    _report(f"text, {SENTENCES:,} sentences, default encoder", rates)
+    assert rates["ray_2"] >= 0.8 * rates["single"]
+
+
+def test_embeddings_engine_overhead(ray_session, tmp_path):
+    rng = np.random.default_rng(1)
+    matrix = np.lib.format.open_memmap(tmp_path / "emb.npy", mode="w+", dtype=np.float32, shape=(ROWS, 384))
+    for start in range(0, ROWS, 262144):
+        matrix[start:start + 262144] = rng.standard_normal((min(ROWS, start + 262144) - start, 384), dtype=np.float32)
+    matrix.flush()
+    FlowCalibrator(epochs=1, batch_size=256, seed=0).fit(np.array(matrix[:4096]), progress=False).save(
+        tmp_path / "emb.flow")
+    del matrix
+    options = dict(embeddings=tmp_path / "emb.npy", threads=1, progress=False)
+    rates = _rates(lambda: calibrate_file(tmp_path / "emb.flow", tmp_path / "single.parquet", **options),
+                   lambda workers: calibrate_ray(tmp_path / "emb.flow", tmp_path / f"ray{workers}",
+                                                 num_workers=workers, **options), ROWS)
+    _report(f"stored vectors, {ROWS:,} x 384", rates)
+    assert rates["ray_2"] >= 0.8 * rates["single"]

@@ -1,0 +1,172 @@
+"""`flowcore calibrate --engine ray` on a local 2-CPU Ray cluster: the single-process job's rows
+and vectors, bad rows kept, a worker killed mid-job, reruns that skip finished shards."""
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from flowcore import Encoder, FlowCalibrator
+from flowcore.batch.job import calibrate_file
+from flowcore.batch.text_sources import TextCorpus
+from flowcore.cli import main
+from flowcore.ray import ShardsFailedError, calibrate_ray, shard_starts
+
+from helpers.tiny_models import save_tiny_bert
+
+DIM = 8
+WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree".split()
+
+
+@pytest.fixture(scope="module")
+def vector_flow(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("flow") / "model.flow"
+    FlowCalibrator(seed=0, epochs=1).fit(rng.normal(size=(256, DIM)).astype(np.float32), progress=False).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def text_flow(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("text-flow")
+    encoder = Encoder(model=save_tiny_bert(folder / "bert", WORDS, hidden_size=16, num_layers=2), pooling="mean")
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 10))) for _ in range(256)]
+    FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), progress=False, encoder=encoder).save(
+        folder / "text.flow")
+    return folder / "text.flow"
+
+
+def _vectors(folder: Path, name: str):
+    shards = sorted((folder / "shards").glob("part-*.parquet"))
+    table = pq.read_table(shards[0]) if len(shards) == 1 else __import__("pyarrow").concat_tables(
+        [pq.read_table(shard) for shard in shards])
+    return table
+
+
+def _as_matrix(column):
+    values = column.combine_chunks()
+    dim = values.type.list_size
+    matrix = np.full((len(values), dim), np.nan, dtype=np.float32)
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    matrix[valid] = values.filter(values.is_valid()).flatten().to_numpy().reshape(-1, dim)
+    return matrix
+
+
+def fail_at_shard(at_shard: int):
+    """An `on_shard` hook whose worker fails (as a full disk would) on one shard."""
+    def hook(stage: str, shard: int) -> None:
+        if shard == at_shard:
+            raise OSError(28, "No space left on device")
+    return hook
+
+
+def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_run(ray_session, vector_flow,
+                                                                                   tmp_path, capsys):
+    """A folder of two .npy files: a run fails at shard 5 and keeps what it wrote; the rerun (the
+    CLI) writes only the rest; the result is the single-process job's, byte for byte."""
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    rng = np.random.default_rng(1)
+    parts, out = tmp_path / "parts", tmp_path / "out"
+    parts.mkdir()
+    matrices = [rng.normal(size=(rows, DIM)).astype(np.float32) for rows in (300, 150)]
+    matrices[0][7, 3] = np.nan
+    matrices[1][20] = np.inf
+    for index, matrix in enumerate(matrices):
+        np.save(parts / f"part{index}.npy", matrix)
+    with pytest.raises(ShardsFailedError, match=r"shard 5 \(.*part1.npy rows 0-63\): OSError: .*No space left "
+                       r"on device; the shards already written are kept: rerun the same command"):
+        calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, num_workers=2,
+                      progress=False, on_shard=fail_at_shard(5))
+    done = sorted(p.name for p in (out / "shards").glob("part-*.parquet"))
+    assert "part-00000005.parquet" not in done and 0 < len(done) < 8
+    command = ["calibrate", "--engine", "ray", "--flow", str(vector_flow), "--embeddings", str(parts), "--out",
+               str(out), "--chunk-rows", "64", "--threads", "1", "--num-workers", "1", "--no-progress"]
+    assert main(command) == 0
+    printed = capsys.readouterr().out
+    assert f"{8 - len(done)} of 8 shards written by this run" in printed
+    assert "calibrated 450 rows: 448 ok, 2 rejected (2 NaN/Inf)" in printed
+    table = _vectors(out, "embedding")
+    assert table.column("id").to_pylist() == list(range(450))  # the files' rows in sorted order
+    ray_vectors = _as_matrix(table.column("embedding"))
+    for index, offset in ((0, 0), (1, 300)):
+        single = tmp_path / f"single{index}.npy"
+        calibrate_file(vector_flow, single, embeddings=parts / f"part{index}.npy", chunk_rows=64, threads=1,
+                       progress=False)
+        expected = np.load(single)
+        assert ray_vectors[offset:offset + len(expected)].tobytes() == expected.tobytes()  # NaN rows included
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["row"], r["reason"], Path(r["file"]).name) for r in rejects] == [
+        (7, "NaN/Inf", "part0.npy"), (320, "NaN/Inf", "part1.npy")]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["rows"], manifest["rejected"], len(manifest["shards"]), manifest["dim"]) == (450, 2, 8, DIM)
+
+    again = calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, progress=False)
+    assert again.shards_written == 0 and again.rows == 450  # a finished job: nothing to redo
+    with pytest.raises(ValueError, match="records another job .*chunk_rows"):
+        calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=32, progress=False)
+    os.utime(parts / "part1.npy", ns=(1, 1))  # an input rewritten since: its shards would mix two contents
+    with pytest.raises(ValueError, match=r"records another job \(different input_files\)"):
+        calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, progress=False)
+    assert main([*command[:-3], "--num-workers", "0"]) == 2
+    assert "--num-workers must be at least 1" in capsys.readouterr().err
+    assert main(command[:1] + command[3:]) == 2  # --num-workers without --engine ray
+    assert "need --engine ray" in capsys.readouterr().err
+
+
+def kill_own_worker_once(marker: str, at_shard: int):
+    """An `on_shard` hook that SIGKILLs the worker process the first time it is about to write
+    shard `at_shard` (the marker file makes it happen once across restarts)."""
+    def hook(stage: str, shard: int) -> None:
+        if shard == at_shard and not os.path.exists(marker):
+            Path(marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
+def test_text_with_a_worker_killed_mid_job_ends_like_the_single_process_job(ray_session, text_flow, tmp_path):
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    rng = np.random.default_rng(2)
+    lines = [json.dumps({"id": f"s{i}", "text": " ".join(rng.choice(WORDS, size=rng.integers(1, 10))),
+                         "lang": "en"}) for i in range(200)]
+    lines[13] = '{"id": "broken", "text": '
+    lines[77] = json.dumps({"id": "e", "text": "   "})
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    options = dict(input=corpus, id_field="id", keep_columns=("lang",), chunk_rows=25, threads=1, progress=False)
+    # one worker (the text job's CPU count): it is killed before writing shard 3, restarted, and redoes it
+    single = tmp_path / "single.parquet"
+    calibrate_file(text_flow, single, **options)
+    marker = tmp_path / "killed"
+    summary = calibrate_ray(text_flow, tmp_path / "out", num_workers=1,
+                            on_shard=kill_own_worker_once(str(marker), at_shard=3), **options)
+    assert marker.exists()  # a worker really died mid-job; Ray restarted it and redid its shard
+    assert (summary.rows, summary.shards, summary.rejects) == (200, 8, {"broken JSON": 1, "empty text": 1})
+    expected, got = pq.read_table(single), _vectors(tmp_path / "out", "embedding")
+    assert got.column("id").to_pylist() == expected.column("id").to_pylist()
+    assert got.column("lang").to_pylist() == expected.column("lang").to_pylist()
+    a, b = _as_matrix(got.column("embedding")), _as_matrix(expected.column("embedding"))
+    ok = ~np.isnan(b).any(axis=1)
+    assert np.array_equal(np.isnan(a).any(axis=1), ~ok)
+    cosine = (a[ok] * b[ok]).sum(1) / np.linalg.norm(a[ok], axis=1) / np.linalg.norm(b[ok], axis=1)
+    assert cosine.min() > 0.99999
+    assert a.tobytes() == b.tobytes()  # in fact bit-equal: the same chunks, encoder batches and thread count
+    expected_rejects = [json.loads(line) for line in Path(f"{single}.rejects.jsonl").read_text().splitlines()]
+    got_rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k != "file"} for r in got_rejects] == expected_rejects
+
+
+def test_shard_starts_are_the_single_process_reader_chunk_boundaries(tmp_path):
+    rows = [json.dumps({"text": f"row {i}", "n": i}) for i in range(103)]
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + "\n".join(rows).encode())  # BOM, no final newline
+    (tmp_path / "a.txt").write_text("".join(f"line {i}\r\n" for i in range(40)))
+    (tmp_path / "a.csv").write_text("text,n\n" + "".join(f'"multi\nline {i}",{i}\n' for i in range(30)))
+    for name in ("a.jsonl", "a.txt", "a.csv"):
+        source = TextCorpus(tmp_path / name)
+        expected = [chunk.end for chunk in source.chunks(10)][:-1]
+        starts = shard_starts(source, 10)
+        assert starts[1:] == expected and starts[0].row == 0, name
