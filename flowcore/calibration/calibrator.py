@@ -8,7 +8,9 @@ import numpy as np
 import torch
 
 from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow, save_flow
+from flowcore.calibration.recipes import DEFAULT_RECIPE, FlowRecipe, recipe_named
 from flowcore.calibration.standardize import Standardizer
+from flowcore.calibration.whitening import Whitening
 from flowcore.flows.glow import CONFIGS, Glow
 from flowcore.flows.train import fit
 from flowcore.validation import check_matrix
@@ -22,26 +24,34 @@ CHUNK_ROWS = 65536
 class FlowCalibrator:
     r"""Unsupervised BERT-flow calibration of embeddings.
 
-    `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood; `transform(X)` returns
-    the latent z as float32 numpy. With `standardize=True` (the default) each coordinate is first
-    standardised over the whole of X and coordinates that never vary bypass the flow (see
-    `flowcore.calibration.standardize`); `standardize=False` feeds the raw vectors, as the paper's
-    code does.
+    `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood following a fit
+    recipe (`flowcore.calibration.recipes`); `transform(X)` returns the latent z as float32 numpy.
+    Unless the recipe's input is "raw", each coordinate is first standardised over the whole of X
+    and coordinates that never vary bypass the flow (see `flowcore.calibration.standardize`). The
+    default recipe, "whitened", starts the flow at BERT-whitening and keeps the epoch with the best
+    held-out likelihood, so that it does not end below whitening; "paper" is the paper's code.
 
     Args:
         config: a Glow configuration name from `flowcore.CONFIGS`, e.g. "l2_d3_w32".
-        epochs: training epochs over X.
-        batch_size: training batch size (the paper's 32).
-        lr: Adam's learning rate (the paper's 1e-3).
-        seed: seeds the flow's initialisation and the batch order (same seed, same model).
+        recipe: a name from `flowcore.calibration.recipes.RECIPES` ("whitened", "standardized", "paper").
+        epochs: training epochs over X (the most tried, with a held-out share); None: the recipe's.
+        batch_size: training batch size; None: the recipe's.
+        lr: Adam's learning rate; None: the recipe's.
+        seed: seeds the flow's initialisation, the held-out rows and the batch order (same seed, same model).
         device: torch device to train and calibrate on (default: where the flow is built, CPU).
-        standardize: standardise coordinates before the flow (see above).
+        standardize: False feeds the raw vectors (input "raw"), True the standardised ones with
+            ActNorm's data-dependent start (input "standardize"); None: the recipe's input.
+        holdout: the share of X held out to choose the epoch; None: the recipe's.
 
     Attributes:
+        recipe: the `FlowRecipe` followed (saved in the flow file).
         provenance: the `EncoderProvenance` (encoder and pooling) the vectors came from, saved
             in the flow file and checked by `flowcore calibrate`; None for vectors of unknown origin.
         metadata: a dict of JSON-able values of your own, saved with the model.
         losses: the per-epoch training losses (bits per dimension).
+        heldout_bits_per_dim: held-out bits/dim at the start (None unless the start is linear) and
+            after each epoch trained; empty without a held-out share.
+        selected_epoch: the epoch kept (0: the linear start); None without a held-out share.
 
     Example:
         >>> calibrator = FlowCalibrator("l2_d3_w32").fit(X, encoder=encoder)
@@ -50,19 +60,44 @@ class FlowCalibrator:
         >>> calibrator = FlowCalibrator.load("model.flow")
     """
 
-    def __init__(self, config: str = "l2_d3_w32", epochs: int = 1, batch_size: int = 32,
-                 lr: float = 1e-3, seed: int = 0, device=None, standardize: bool = True):
+    def __init__(self, config: str = "l2_d3_w32", recipe: str = DEFAULT_RECIPE, epochs: int | None = None,
+                 batch_size: int | None = None, lr: float | None = None, seed: int = 0, device=None,
+                 standardize: bool | None = None, holdout: float | None = None):
         if config not in CONFIGS:
             raise ValueError(f"unknown flow config {config!r}; choose one of {', '.join(CONFIGS)}")
         self.config = config
-        self.epochs, self.batch_size, self.lr, self.seed = epochs, batch_size, lr, seed
-        self.standardize = standardize
+        input = None if standardize is None else ("standardize" if standardize else "raw")
+        self.recipe: FlowRecipe = recipe_named(recipe, input=input, epochs=epochs, batch_size=batch_size,
+                                               lr=lr, holdout=holdout)
+        self.seed = seed
         self.device = torch.device(device) if device is not None else None
         self.flow: Glow | None = None
         self.standardizer: Standardizer | None = None
         self.losses: list[float] = []
+        self.heldout_bits_per_dim: list[float | None] = []
+        self.selected_epoch: int | None = None
         self.metadata: dict = {}
         self.provenance: EncoderProvenance | None = None
+
+    @property
+    def epochs(self) -> int:
+        """The recipe's (most) training epochs."""
+        return self.recipe.epochs
+
+    @property
+    def batch_size(self) -> int:
+        """The recipe's training batch size."""
+        return self.recipe.batch_size
+
+    @property
+    def lr(self) -> float:
+        """The recipe's learning rate."""
+        return self.recipe.lr
+
+    @property
+    def standardize(self) -> bool:
+        """Whether coordinates are standardised before the flow (every input but "raw")."""
+        return self.recipe.input != "raw"
 
     @property
     def dim(self) -> int:
@@ -75,7 +110,8 @@ class FlowCalibrator:
             raise RuntimeError("this FlowCalibrator is not fitted yet; call .fit(X) or FlowCalibrator.load(path)")
         return self.flow
 
-    def fit(self, X, progress: bool = True, encoder=None) -> "FlowCalibrator":
+    def fit(self, X, progress: bool = True, encoder=None, checkpoint=None,
+            checkpoint_every: int = 1000) -> "FlowCalibrator":
         """Train on the rows of `X` (numpy array or tensor, at least 2 rows).
 
         Args:
@@ -83,6 +119,9 @@ class FlowCalibrator:
             progress: show a progress bar.
             encoder: the `Encoder` (or an `EncoderProvenance`) that produced X, recorded as
                 `provenance`; None keeps the current one.
+            checkpoint: a training checkpoint file (`flowcore.flows.train.fit`): written every
+                `checkpoint_every` steps, and resumed from when it exists, to the same model.
+            checkpoint_every: optimizer steps between checkpoints.
 
         Returns:
             self, fitted.
@@ -90,20 +129,29 @@ class FlowCalibrator:
         provenance = self.provenance
         if encoder is not None:
             provenance = encoder if isinstance(encoder, EncoderProvenance) else EncoderProvenance.of(encoder)
+        recipe = self.recipe
         data = check_matrix(X, min_rows=2)
         standardizer = None
-        if self.standardize:
+        if recipe.input != "raw":
             standardizer = Standardizer(data.shape[1]).fit(data)
             data = standardizer(data)[:, standardizer.varying]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             flow = Glow.from_config(self.config, data.shape[1])
+            if recipe.input == "whiten":
+                flow.start_linear(*_whitening_start(data))
         if self.device is not None:
             flow.to(self.device)
             if standardizer is not None:
                 standardizer.to(self.device)
-        self.losses = fit(flow, data, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                          seed=self.seed, progress=progress)
+        train, heldout = _split_holdout(data, recipe.holdout, self.seed)
+        selection = _HeldoutSelection(flow, heldout, linear_start=recipe.input == "whiten")
+        self.losses = fit(flow, train, epochs=recipe.epochs, batch_size=recipe.batch_size, lr=recipe.lr,
+                          seed=self.seed, progress=progress, on_epoch=selection if heldout is not None else None,
+                          checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+        if heldout is not None:
+            selection.restore_best()
+        self.heldout_bits_per_dim, self.selected_epoch = selection.scores, selection.best_epoch
         self.flow, self.standardizer, self.provenance = flow.eval(), standardizer, provenance
         return self
 
@@ -172,7 +220,9 @@ class FlowCalibrator:
             "standardize": self.standardizer is not None,
             "dtype": str(next(flow.parameters()).dtype).removeprefix("torch."),
             "training": {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
-                         "seed": self.seed, "losses": self.losses},
+                         "seed": self.seed, "losses": self.losses, "recipe": self.recipe.to_json(),
+                         "heldout_bits_per_dim": self.heldout_bits_per_dim,
+                         "selected_epoch": self.selected_epoch},
             "encoder": self.provenance.to_json() if self.provenance is not None else None,
             "metadata": self.metadata,
         }
@@ -187,9 +237,13 @@ class FlowCalibrator:
         tensors, info = load_flow(path)
         try:
             training = info["training"]
-            calibrator = cls(config=info["config"], epochs=training["epochs"], batch_size=training["batch_size"],
-                             lr=training["lr"], seed=training["seed"], device=device,
-                             standardize=info["standardize"])
+            recipe = training.get("recipe")  # absent in files written before recipes: the settings alone
+            calibrator = cls(config=info["config"], seed=training["seed"], device=device)
+            calibrator.recipe = FlowRecipe(**recipe) if recipe is not None else FlowRecipe(
+                "custom", input="standardize" if info["standardize"] else "raw", lr=training["lr"],
+                batch_size=training["batch_size"], epochs=training["epochs"])
+            if calibrator.standardize != info["standardize"]:
+                raise ValueError(f"recipe input {calibrator.recipe.input!r} with standardize={info['standardize']}")
             # fresh (aligned) copies: results must not depend on where the file put the bytes
             parts = {"flow": {}, "input": {}}
             for name, value in tensors.items():
@@ -215,5 +269,82 @@ class FlowCalibrator:
                 calibrator.standardizer.to(device)
         calibrator.flow = flow.eval()
         calibrator.losses = training.get("losses", [])
+        calibrator.heldout_bits_per_dim = training.get("heldout_bits_per_dim", [])
+        calibrator.selected_epoch = training.get("selected_epoch")
         calibrator.metadata = info.get("metadata", {})
         return calibrator
+
+
+def _whitening_start(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, loc) of `Glow.start_linear` that whiten `data` (float64 BERT-whitening,
+    `flowcore.calibration.whitening`); directions without variance, which whitening drops, pass
+    unscaled (they stay near zero), so that the map stays invertible and cosines equal whitening's."""
+    whitening = Whitening().fit(data.detach().cpu().double().numpy())
+    kept = whitening.matrix * np.sqrt(whitening.eigenvalues)  # orthonormal directions U_k
+    rows = [whitening.matrix.T]
+    if kept.shape[1] < kept.shape[0]:
+        values, vectors = np.linalg.eigh(np.eye(kept.shape[0]) - kept @ kept.T)
+        rows.append(vectors[:, values > 0.5].T)
+    return torch.from_numpy(np.concatenate(rows)), -torch.from_numpy(whitening.mean)
+
+
+def _split_holdout(data: torch.Tensor, share: float, seed: int):
+    """(training rows, held-out rows or None): a seeded random `share` of the rows held out,
+    at least 1 of them and at least 2 rows left to train on."""
+    rows = data.shape[0]
+    count = min(rows - 2, max(1, round(share * rows))) if share > 0 else 0
+    if count < 1:
+        return data, None
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed)).to(data.device)
+    return data[order[count:]], data[order[:count]]
+
+
+class _HeldoutSelection:
+    """`fit`'s `on_epoch`: scores the held-out rows (bits/dim) after each epoch, keeps a copy of
+    the best weights, and stops at the first epoch that does not improve; with a linear start the
+    start is scored too and can be the one kept (epoch 0)."""
+
+    def __init__(self, flow: Glow, heldout: torch.Tensor | None, linear_start: bool):
+        self.flow, self.heldout = flow, heldout
+        self.scores: list[float | None] = []
+        self.best_epoch: int | None = None
+        self.best_score, self.best_state = float("inf"), None
+        if heldout is not None:
+            if linear_start:
+                self._keep(0, self._score())
+            else:
+                self.scores.append(None)
+
+    @torch.no_grad()
+    def _score(self) -> float:
+        self.flow.eval()
+        heldout = self.heldout.to(dtype=next(self.flow.parameters()).dtype)
+        chunks = heldout.split(CHUNK_ROWS)
+        return sum(float(self.flow.bits_per_dim(chunk)) * len(chunk) for chunk in chunks) / len(heldout)
+
+    def _keep(self, epoch: int, score: float) -> bool:
+        self.scores.append(score)
+        if score < self.best_score:
+            self.best_epoch, self.best_score = epoch, score
+            self.best_state = {name: value.clone() for name, value in self.flow.state_dict().items()}
+            return True
+        return False
+
+    def __call__(self, epoch: int, loss: float) -> bool:
+        return not self._keep(epoch, self._score())
+
+    def checkpoint_state(self) -> tuple[dict, dict]:
+        """What a training checkpoint keeps of the selection, so that a resumed fit keeps the same epoch."""
+        return dict(self.best_state or {}), {"scores": self.scores, "best_epoch": self.best_epoch,
+                                             "best_score": self.best_score}
+
+    def restore_checkpoint_state(self, tensors: dict, info: dict) -> None:
+        """Undo `checkpoint_state`."""
+        self.scores, self.best_epoch, self.best_score = list(info["scores"]), info["best_epoch"], info["best_score"]
+        self.best_state = tensors or None
+
+    def restore_best(self) -> None:
+        """Load the best weights kept (those of the last epoch if no score was finite)."""
+        if self.best_state is not None:
+            self.flow.load_state_dict(self.best_state)
+            self.flow.train(False)

@@ -1,4 +1,10 @@
-"""`flowcore fit`: train a flow on embeddings (.npy) or on a text corpus, save it as one file."""
+"""`flowcore fit`: train a flow on embeddings (.npy) or on a text corpus, save it as one file.
+
+A whole text corpus is encoded once into a memory-mapped cache (`OUT.cache.npy`, written by the
+resumable batch job), and the flow trains on it epoch after epoch with a checkpoint
+(`OUT.checkpoint`) every `--checkpoint-every` steps: killed at any moment, the same command
+finishes the cache, resumes training from the last checkpoint and writes the same model as an
+uninterrupted run. `--max-rows` fits on a reproducible in-memory sample instead."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
+from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
 from flowcore.flows.glow import CONFIGS
 
@@ -22,15 +29,24 @@ def register(subparsers) -> None:
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")
     parser.add_argument("--out", type=Path, required=True, help="where to write the flow file")
     parser.add_argument("--config", default="l2_d3_w32", choices=sorted(CONFIGS), help="Glow levels/depth/width")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--recipe", default="whitened", choices=RECIPES,
+                        help="fit recipe: 'whitened' (start at whitening, keep the epoch with the best held-out "
+                        "likelihood), 'standardized', or 'paper' (raw input, lr 1e-3, batch 32, 1 epoch)")
+    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: the recipe's)")
+    parser.add_argument("--batch-size", type=int, default=None, help="training batch size (default: the recipe's)")
+    parser.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default: the recipe's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-rows", type=int, help="fit on a reproducible random sample of this many rows")
     parser.add_argument("--model", default="default", help="encoder for --input (Hugging Face name or folder)")
     parser.add_argument("--pooling", default="first-last-avg", help="pooling for --input")
     parser.add_argument("--text-field", default="text", help="text column/field for .jsonl/.csv/.parquet input")
     parser.add_argument("--device", help="torch device, e.g. cuda")
+    parser.add_argument("--checkpoint-every", type=int, default=1000, metavar="K",
+                        help="write a training checkpoint (OUT.checkpoint) every K steps; a rerun resumes from it")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="where --input's vectors are cached (.npy, memory-mapped; default OUT.cache.npy; kept)")
+    parser.add_argument("--restart", action="store_true",
+                        help="ignore an earlier run's checkpoint and unfinished cache, and start over")
     parser.set_defaults(func=run)
 
 
@@ -56,7 +72,7 @@ def _load_embeddings(args) -> np.ndarray:
 
 
 def _encode_corpus(args):
-    """The vectors of (a `--max-rows` sample of) the corpus and the `Encoder` that made them, and
+    """The vectors of a `--max-rows` sample of the corpus and the `Encoder` that made them, and
     the number of distinct sentences among them."""
     from flowcore.batch.rows import count_reasons
     from flowcore.batch.text_sources import sample_texts
@@ -71,6 +87,49 @@ def _encode_corpus(args):
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {len(texts)}")
     encoder = Encoder(args.model, pooling=args.pooling, device=args.device)
     return (encoder.encode(texts), encoder), len(set(texts))
+
+
+def _cached_corpus(args):
+    """The whole corpus's vectors as a memory map of the cache (only its good rows), the `Encoder`,
+    and the number of distinct sentences. The cache is the batch job's .npy output (rejected rows
+    NaN, listed in CACHE.rejects.jsonl), resumable; a finished cache of the same corpus and
+    encoder is reused."""
+    import json
+
+    from flowcore.batch.job import CalibrationJob
+    from flowcore.batch.pipeline import encode_with
+    from flowcore.batch.text_sources import TextCorpus
+    from flowcore.batch.vector_sources import NpyMatrix
+    from flowcore.text.encoder import Encoder
+
+    cache = args.cache or args.out.with_name(args.out.name + ".cache.npy")
+    source = TextCorpus(args.input, text_field=args.text_field)
+    encoder = Encoder(args.model, pooling=args.pooling, device=args.device, threads=1)
+    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": 64}}
+    job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, 64),
+                         identity=identity, restart=args.restart, progress=False, threads=1, description=identity)
+    finished = None
+    if cache.exists() and job.manifest_path.exists() and not args.restart:
+        finished = json.loads(job.manifest_path.read_text(encoding="utf-8"))
+        if finished.get("input") != {"kind": "text", **source.identity()} or finished.get("encoder") != identity[
+                "encoder"]:
+            finished = None  # another corpus or encoder: encoded again
+    if finished is None:
+        job.run()
+        finished = json.loads(job.manifest_path.read_text(encoding="utf-8"))
+    rejected, rejects = finished["rejected"], finished["rejects"]
+    if rejected:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in rejects.items())
+        print(f"{args.input}: skipped {rejected} unusable row(s) ({reasons}); listed in {job.rejects_path}")
+    vectors = NpyMatrix(cache).read()
+    if rejected:  # the good rows only (a copy: a corpus with rejects is held in memory once)
+        good = np.ones(len(vectors), dtype=bool)
+        with open(job.rejects_path, encoding="utf-8") as lines:
+            good[[json.loads(line)["row"] for line in lines]] = False
+        vectors = vectors[good]
+    if len(vectors) < 2:
+        raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {len(vectors)}")
+    return vectors, encoder, _distinct_rows(vectors, MIN_ROWS_PER_DIM * vectors.shape[1])
 
 
 def _distinct_rows(data: np.ndarray, enough: int) -> int:
@@ -90,11 +149,15 @@ def run(args) -> int:
 
     check_device(args.device)
     started = time.perf_counter()
+    if args.checkpoint_every < 1:
+        raise CLIError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
         distinct = _distinct_rows(data, MIN_ROWS_PER_DIM * data.shape[1]) if data.ndim == 2 else len(data)
-    else:
+    elif args.max_rows is not None:
         (data, encoder), distinct = _encode_corpus(args)
+    else:
+        data, encoder, distinct = _cached_corpus(args)
     if args.embeddings is not None:
         option = "a larger --max-rows" if args.max_rows is not None else "--embeddings of more sentences"
         warning = small_corpus_warning(distinct, data.shape[1], option, unit="vectors") if data.ndim == 2 else None
@@ -103,10 +166,19 @@ def run(args) -> int:
         warning = small_corpus_warning(distinct, data.shape[1], option)
     if warning is not None:
         print(f"flowcore fit: warning: {warning}", file=sys.stderr)
-    calibrator = FlowCalibrator(config=args.config, epochs=args.epochs, batch_size=args.batch_size,
+    calibrator = FlowCalibrator(config=args.config, recipe=args.recipe, epochs=args.epochs, batch_size=args.batch_size,
                                 lr=args.lr, seed=args.seed, device=args.device)
-    calibrator.fit(data, encoder=encoder)  # records the encoder and pooling (None: raw embeddings)
+    checkpoint = args.out.with_name(args.out.name + ".checkpoint")
+    if args.restart:
+        checkpoint.unlink(missing_ok=True)
+    # records the encoder and pooling (None: raw embeddings)
+    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, checkpoint_every=args.checkpoint_every)
     calibrator.save(args.out)
-    print(f"fitted {args.config} on {len(data)} x {data.shape[1]} in {time.perf_counter() - started:.1f}s; "
-          f"final loss {calibrator.losses[-1]:.4f} bits/dim; wrote {args.out}")
+    checkpoint.unlink(missing_ok=True)
+    kept = "" if calibrator.selected_epoch is None else (
+        f"; kept epoch {calibrator.selected_epoch} (0: the whitening start), held-out "
+        f"{calibrator.heldout_bits_per_dim[calibrator.selected_epoch]:.4f} bits/dim")
+    print(f"fitted {args.config} on {len(data)} x {data.shape[1]} ({calibrator.recipe.name} recipe) in "
+          f"{time.perf_counter() - started:.1f}s; final loss {calibrator.losses[-1]:.4f} bits/dim{kept}; "
+          f"wrote {args.out}")
     return 0

@@ -19,10 +19,14 @@ from flowcore._torch_compat import functorch_transforms_active, has_forward_hook
 from flowcore.flows.step import FlowStep
 from flowcore.kernels import squared_norm
 
-__all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "Glow"]
+__all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "LINEAR_START_SCALE", "Glow"]
 
 CPU_BLOCK_BYTES = 6 << 20
 """Rows per block of CPU inference: about this many bytes of activations (2048 rows at d = 768)."""
+
+LINEAR_START_SCALE = 0.999
+"""Initial scale of each level's last coupling in `Glow.start_linear` (1 would be the identity,
+which sigmoid cannot reach)."""
 
 CONFIGS = {
     "l2_d2_w32": dict(levels=2, depth=2, width=32),
@@ -81,6 +85,41 @@ class Glow(nn.Module):
         if dim is None:
             raise TypeError(f"Glow.from_config needs the embedding width, e.g. Glow.from_config({name!r}, dim=768)")
         return cls(dim, **{**CONFIGS[name], **overrides})
+
+    @torch.no_grad()
+    def start_linear(self, weight: torch.Tensor, loc: torch.Tensor | None = None) -> "Glow":
+        """Start training from the linear flow z = R @ weight @ (x + loc), R orthogonal.
+
+        The first step's ActNorm + 1x1 become x -> weight @ (x + loc); the other 1x1s keep their
+        random rotations; each later ActNorm undoes the previous coupling's initial scale (0.88 on
+        the second half), and the last coupling of each level, whose second half leaves the flow,
+        starts at scale `LINEAR_START_SCALE` (nearly the identity). With a whitening `weight` the
+        flow therefore starts at whitening (R keeps cosines) and training moves it from there.
+
+        Args:
+            weight: (dim, dim) invertible matrix, e.g. Λ^(-1/2) Uᵀ of the data's covariance.
+            loc: (dim,) shift added before `weight`, e.g. minus the data's mean; None: no shift.
+
+        Example:
+            >>> glow = Glow(384).start_linear(torch.eye(384))   # starts as a rotation
+        """
+        if weight.shape != (self.dim, self.dim):
+            raise ValueError(f"Glow({self.dim}).start_linear expects a ({self.dim}, {self.dim}) weight, "
+                             f"got {tuple(weight.shape)}")
+        for index, steps in enumerate(self.levels):
+            previous = None
+            for position, step in enumerate(steps):
+                if position + 1 == len(steps) and step.coupling.kind == "affine":
+                    step.coupling.start_scale(LINEAR_START_SCALE)
+                scale = None
+                if previous is not None:
+                    dim = self.level_dims[index]
+                    scale = torch.ones(dim, dtype=step.actnorm.logs.dtype)
+                    scale[previous.split:] = 1.0 / previous.initial_scale()
+                first = index == 0 and position == 0
+                step.start_linear(weight if first else None, loc if first else None, scale)
+                previous = step.coupling
+        return self
 
     def _check(self, x: torch.Tensor, what: str) -> None:
         if x.dim() != 2 or x.shape[1] != self.dim:

@@ -50,6 +50,32 @@ class FlowStep(nn.Module):
         self._fold_cache = None
         return super().train(mode)
 
+    @torch.no_grad()
+    def start_linear(self, weight: torch.Tensor | None = None, loc: torch.Tensor | None = None,
+                     scale: torch.Tensor | None = None) -> None:
+        """Make ActNorm + 1x1 the affine map y = weight @ ((x + loc) * scale) before training
+        (defaults: the current 1x1, no shift, scale 1); ActNorm then counts as initialised, so no
+        data-dependent initialisation follows. A `weight` needs the LU mixing and is stored as its
+        P L U factors (float64 LU)."""
+        self.actnorm.loc.copy_(loc if loc is not None else torch.zeros_like(self.actnorm.loc))
+        self.actnorm.logs.copy_(torch.log(scale) if scale is not None else torch.zeros_like(self.actnorm.logs))
+        self.actnorm.initialized.fill_(True)
+        self._fold_cache = None
+        if weight is None:
+            return
+        if not isinstance(self.mixing, LULinear):
+            raise ValueError("start_linear(weight=...) needs the LU mixing (permutation='lu')")
+        permutation, lower, upper = torch.linalg.lu(weight.to(torch.float64))
+        diagonal = torch.diagonal(upper)
+        if not bool((diagonal != 0).all()):
+            raise ValueError("start_linear needs an invertible weight")
+        mixing, dtype = self.mixing, self.mixing.lower.dtype
+        mixing.perm.copy_(permutation.argmax(dim=1))
+        mixing.sign.copy_(torch.sign(diagonal))
+        mixing.lower.copy_(torch.tril(lower, -1).to(dtype))
+        mixing.upper.copy_(torch.triu(upper, 1).to(dtype))
+        mixing.log_s.copy_(torch.log(diagonal.abs()).to(dtype))
+
     def forward(self, x: torch.Tensor):
         if isinstance(self.mixing, LULinear):
             weight, bias, logdet = self._folded(x)

@@ -16,7 +16,9 @@ def data():
 
 @pytest.fixture(scope="module")
 def calibrator(data):
-    return flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=3).fit(data, progress=False)
+    # two full epochs (no held-out selection), so that the losses of both are recorded
+    return flowcore.FlowCalibrator(config="l2_d2_w32", recipe="standardized", epochs=2, batch_size=64, lr=1e-3,
+                                   seed=3).fit(data, progress=False)
 
 
 def test_transform_inverse_and_types(calibrator, data):
@@ -37,8 +39,12 @@ def test_chunked_and_streaming_transform_match(calibrator, data):
 
 
 def test_same_seed_same_model(data, calibrator):
-    again = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=3).fit(data, progress=False)
+    again = flowcore.FlowCalibrator(config="l2_d2_w32", recipe="standardized", epochs=2, batch_size=64, lr=1e-3,
+                                    seed=3).fit(data, progress=False)
     np.testing.assert_array_equal(again.transform(data), calibrator.transform(data))
+    default = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=3)
+    np.testing.assert_array_equal(default.fit(data, progress=False).transform(data),
+                                  default.fit(data, progress=False).transform(data))
 
 
 def test_save_load_round_trip(calibrator, data, tmp_path):

@@ -95,3 +95,55 @@ def test_divergence_and_bad_devices_are_one_line_errors(embeddings, tmp_path, ca
     assert "--device 'bogus' is not a torch device" in capsys.readouterr().err
     assert main(["fit", "--embeddings", str(embeddings), "--out", out, "--device", "cuda"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+class _Killed(Exception):
+    """A kill -9 just after a checkpoint was written (checkpoints are atomic: a kill at any other
+    moment only loses the steps since the last one)."""
+
+
+def test_killed_fit_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monkeypatch):
+    import flowcore.flows.train as train
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i} of a corpus about {'cats' if i % 3 else 'rivers'}\n" for i in range(60))
+                      + "\n")  # 60 sentences and one empty line (a reject)
+    command = ["fit", "--input", str(corpus), "--pooling", "mean", "--config", "l2_d2_w32", "--epochs", "2",
+               "--batch-size", "8", "--checkpoint-every", "3"]
+    uninterrupted = tmp_path / "a" / "model.flow"
+    uninterrupted.parent.mkdir()
+    assert main([*command, "--out", str(uninterrupted)]) == 0
+
+    killed = tmp_path / "b" / "model.flow"
+    killed.parent.mkdir()
+    real_save, saves = train._save_checkpoint, []
+
+    def save_then_die(*args, **kwargs):
+        real_save(*args, **kwargs)
+        saves.append(1)
+        if len(saves) == 2:
+            raise _Killed
+
+    monkeypatch.setattr(train, "_save_checkpoint", save_then_die)
+    with pytest.raises(_Killed):
+        main([*command, "--out", str(killed)])
+    monkeypatch.setattr(train, "_save_checkpoint", real_save)
+    checkpoint = killed.with_name("model.flow.checkpoint")
+    assert checkpoint.exists() and not killed.exists()
+    encodes = []
+    monkeypatch.setattr(flowcore.Encoder, "encode", lambda self, *a, **k: encodes.append(1))
+    assert main([*command, "--out", str(killed)]) == 0
+    assert encodes == []  # the finished cache is reused, nothing is encoded again
+    assert not checkpoint.exists()
+    assert _flow_content(killed) == _flow_content(uninterrupted)  # every tensor byte and header value
+    cache = killed.with_name("model.flow.cache.npy")
+    assert np.load(cache).shape == (61, 384) and cache.with_name("model.flow.cache.npy.rejects.jsonl").exists()
+
+
+def _flow_content(path):
+    """A flow file's header metadata and tensor bytes (safetensors writes the metadata keys in no
+    fixed order, so the files themselves are compared by content)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as reader:
+        return reader.metadata(), {name: reader.get_tensor(name).tobytes() for name in reader.keys()}

@@ -1,0 +1,119 @@
+"""Fit recipes: the whitened start is exactly whitening, held-out likelihood chooses the epoch (the
+start included), the paper's recipe stays available, and the recipe is saved with the flow."""
+import numpy as np
+import pytest
+import torch
+
+import flowcore
+from flowcore.calibration.recipes import RECIPES, FlowRecipe, recipe_named
+from flowcore.sts.metrics import cosine_similarity
+
+torch.set_num_threads(1)
+
+
+def anisotropic(rows: int, dim: int = 8, seed: int = 0) -> np.ndarray:
+    """Gaussian rows with a strong common offset and very unequal variances (a narrow cone)."""
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(rows, dim)) @ np.diag(np.geomspace(5, 0.1, dim)) @ rng.normal(size=(dim, dim))
+            + 3).astype(np.float32)
+
+
+def pair_cosines(vectors: np.ndarray) -> np.ndarray:
+    return cosine_similarity(vectors[0::2], vectors[1::2])
+
+
+def test_recipes_by_name_with_overrides():
+    assert RECIPES["paper"] == FlowRecipe("paper", input="raw", lr=1e-3, batch_size=32, epochs=1)
+    assert recipe_named("whitened").input == "whiten" and recipe_named("whitened").holdout > 0
+    assert recipe_named("paper", epochs=2, lr=None).epochs == 2 and recipe_named("paper", lr=None).lr == 1e-3
+    with pytest.raises(ValueError, match="unknown flow recipe 'best'; choose one of whitened, standardized, paper"):
+        recipe_named("best")
+    with pytest.raises(ValueError, match="holdout must be in"):
+        recipe_named("whitened", holdout=1.0)
+    with pytest.raises(ValueError, match="unknown flow input 'sphere'"):
+        recipe_named("paper", input="sphere")
+
+
+@pytest.mark.parametrize("drop_direction", [False, True])
+def test_the_linear_start_is_whitening(drop_direction):
+    """Before training, the whitened start's cosines are BERT-whitening's (to the 1e-3 of each
+    level's last coupling scale, `LINEAR_START_SCALE`), also when a direction has no variance
+    (whitening drops it, the flow passes it near zero)."""
+    data = anisotropic(400)
+    if drop_direction:
+        data[:, -1] = data[:, 0] + data[:, 1]  # rank 7: one direction without variance
+    whitening = flowcore.Whitening().fit(data)
+    assert whitening.output_dim == (7 if drop_direction else 8)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=1, lr=1e-12, holdout=0.25).fit(data, progress=False)
+    Z = calibrator.transform(data)
+    np.testing.assert_allclose(pair_cosines(Z), pair_cosines(whitening.transform(data)), atol=2e-3)
+    assert np.abs(np.cov(Z, rowvar=False)[:7, :7] - np.eye(7)).max() < 0.05 or drop_direction
+    raw = flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized", epochs=1, lr=1e-12).fit(data, progress=False)
+    assert np.abs(pair_cosines(raw.transform(data)) - pair_cosines(whitening.transform(data))).max() > 0.05
+
+
+def test_glow_start_linear_is_the_given_map_up_to_a_rotation():
+    torch.manual_seed(0)
+    glow = flowcore.Glow(6, levels=2, depth=2, width=8)
+    weight, loc = torch.randn(6, 6, dtype=torch.float64) + 3 * torch.eye(6, dtype=torch.float64), torch.randn(6)
+    glow.start_linear(weight, loc).eval()
+    x = torch.randn(50, 6)
+    with torch.no_grad():
+        z, logdet = glow(x)
+    linear = ((x.double() + loc.double()) @ weight.T).float()
+    np.testing.assert_allclose(pair_cosines(z.numpy()), pair_cosines(linear.numpy()), atol=2e-3)
+    np.testing.assert_allclose(z.norm(dim=1).numpy(), linear.norm(dim=1).numpy(), rtol=2e-3)
+    assert all(bool(m.initialized) for m in glow.modules() if hasattr(m, "initialized"))
+    with pytest.raises(ValueError, match=r"expects a \(6, 6\) weight"):
+        glow.start_linear(torch.eye(5))
+
+
+def test_heldout_likelihood_keeps_the_start_when_training_does_not_help():
+    """On Gaussian rows whitening is already the maximum-likelihood flow: training cannot beat it
+    on held-out rows, so the start (epoch 0) is kept and the result is whitening."""
+    data = anisotropic(600, seed=1)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=3, lr=3e-2, batch_size=16).fit(data, progress=False)
+    scores = calibrator.heldout_bits_per_dim
+    assert calibrator.selected_epoch == 0 and len(scores) == 2 and scores[1] > scores[0]
+    whitening = flowcore.Whitening().fit(data)
+    np.testing.assert_allclose(pair_cosines(calibrator.transform(data)), pair_cosines(whitening.transform(data)),
+                               atol=2e-3)
+
+
+def test_heldout_likelihood_keeps_training_while_it_improves(tmp_path):
+    """On rows on a curved manifold the flow beats whitening's held-out likelihood: an epoch
+    after the start is kept, and the scores and the recipe are saved with the flow."""
+    rng = np.random.default_rng(2)
+    t = rng.uniform(-2, 2, size=(1500, 4))
+    data = np.concatenate([t, t ** 2 + 0.05 * rng.normal(size=t.shape)], axis=1).astype(np.float32)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=2, lr=3e-3, batch_size=32).fit(data, progress=False)
+    scores = calibrator.heldout_bits_per_dim
+    assert calibrator.selected_epoch >= 1 and scores[calibrator.selected_epoch] < scores[0] - 0.05
+    calibrator.save(tmp_path / "m.flow")
+    loaded = flowcore.FlowCalibrator.load(tmp_path / "m.flow")
+    assert loaded.recipe == calibrator.recipe and loaded.recipe.name == "whitened"
+    assert loaded.heldout_bits_per_dim == scores and loaded.selected_epoch == calibrator.selected_epoch
+    np.testing.assert_array_equal(loaded.transform(data), calibrator.transform(data))
+
+
+def test_the_papers_recipe_is_raw_input_without_selection(tmp_path):
+    data = anisotropic(300)
+    paper = flowcore.FlowCalibrator("l2_d2_w32", recipe="paper").fit(data, progress=False)
+    assert paper.standardizer is None and paper.heldout_bits_per_dim == [] and paper.selected_epoch is None
+    assert (paper.epochs, paper.batch_size, paper.lr, paper.standardize) == (1, 32, 1e-3, False)
+    paper.save(tmp_path / "paper.flow")
+    assert flowcore.FlowCalibrator.load(tmp_path / "paper.flow").recipe == RECIPES["paper"]
+
+
+def test_files_from_before_recipes_load_with_their_settings(tmp_path):
+    from flowcore.calibration.flow_file import load_flow, save_flow
+
+    data = anisotropic(300)
+    flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized").fit(data, progress=False).save(tmp_path / "new.flow")
+    tensors, info = load_flow(tmp_path / "new.flow")
+    for key in ("recipe", "heldout_bits_per_dim", "selected_epoch"):
+        del info["training"][key]
+    save_flow(tmp_path / "old.flow", tensors, info)
+    old = flowcore.FlowCalibrator.load(tmp_path / "old.flow")
+    assert old.recipe == FlowRecipe("custom", input="standardize", lr=3e-4, batch_size=32, epochs=1)
+    assert old.selected_epoch is None and old.heldout_bits_per_dim == []
