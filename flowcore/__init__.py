@@ -29,6 +29,11 @@ _EXPORTS = {
     "use_backend": "flowcore.backend",
     "BackendUnavailableError": "flowcore.backend",
     "EncoderProvenance": "flowcore.calibration.flow_file",
+    "MeanCentering": "flowcore.calibration.postprocess",
+    "AllButTheTop": "flowcore.calibration.postprocess",
+    "PCAWhitening": "flowcore.calibration.postprocess",
+    "ZCAWhitening": "flowcore.calibration.postprocess",
+    "load_calibrator": "flowcore.calibration.postprocess",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

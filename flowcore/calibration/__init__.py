@@ -1,2 +1,3 @@
 """Calibrators fitted on sentence vectors without labels: the flow (`FlowCalibrator`), its input
-standardisation, BERT-whitening, and the flow file they are saved in."""
+standardisation, BERT-whitening, the linear baselines (`postprocess`: mean-centring,
+all-but-the-top, PCA/ZCA whitening), and the flow file they are all saved in."""

@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("fit", "encode", "calibrate", "sts", "export")
+SUBCOMMANDS = ("fit", "encode", "calibrate", "sts", "export", "analyze")
 
 
 class CLIError(Exception):

@@ -1,5 +1,5 @@
 """`flowcore sts`: the BERT-flow experiment on the seven STS benchmarks (or on your own labelled
-pairs, `--pairs`) — frozen encoder → calibration (none | whitening | flow, fitted without labels,
+pairs, `--pairs`) — frozen encoder → calibration (none | whitening | flow | center | abtt | zca, fitted without labels,
 or a flow file, `--flow`) → cosine → Spearman ×100 — printed as a paper-style markdown table,
 optionally saved as JSON records."""
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
@@ -98,7 +99,9 @@ def register(subparsers) -> None:
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
     parser.add_argument("--calibration", default=None, type=lambda t: _names(t, CALIBRATIONS, "calibration"),
-                        help=f"comma-separated calibrations (default: {DEFAULT_CALIBRATIONS}; with --flow: "
+                        help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (center: mean-centring, "
+                        "abtt: all-but-the-top, zca: ZCA whitening; default: "
+                        f"{DEFAULT_CALIBRATIONS}; with --flow: "
                         f"{','.join(FLOW_FILE_CALIBRATIONS)}, the only ones allowed then)")
     parser.add_argument("--datasets", default=None, type=lambda t: _names(t, DATASETS, "dataset"),
                         help=f"comma-separated built-in datasets (default: all of {','.join(DATASETS)})")
@@ -139,17 +142,23 @@ def register(subparsers) -> None:
                         "SBERT, SimCSE and MTEB report), 'wmean' (size-weighted mean over subsets, as the "
                         "BERT-flow and BERT-whitening papers report), 'mean'; the JSON holds all three")
     parser.add_argument("--flow-config", default="l2_d3_w32", help="Glow configuration of the flow")
-    parser.add_argument("--flow-epochs", type=int, default=1, help="flow training epochs")
-    parser.add_argument("--flow-lr", type=float, default=3e-4,
-                        help="flow learning rate (Adam); the paper's 1e-3 reaches a worse likelihood on "
-                        "standardized inputs and trails whitening on anisotropic poolings")
-    parser.add_argument("--flow-batch-size", type=int, default=32, help="flow training batch size")
-    parser.add_argument("--flow-input", default="standardize", choices=("standardize", "whiten", "raw"),
-                        help="what the flow is fitted on: coordinates standardized over the fit corpus (constant "
-                        "ones dropped), whitened vectors, or the raw vectors (the engine alone; diverges on "
+    parser.add_argument("--flow-recipe", default="whitened", choices=RECIPES,
+                        help="the flow's fit recipe: 'whitened' (start at whitening, keep the epoch with the best "
+                        "held-out likelihood), 'standardized' (the earlier default), 'paper' (the paper's code: "
+                        "raw input, lr 1e-3, batch 32, 1 epoch); the --flow-* options below override its values")
+    parser.add_argument("--flow-epochs", type=int, default=None, help="flow training epochs (default: the recipe's)")
+    parser.add_argument("--flow-lr", type=float, default=None, help="flow learning rate (Adam; default: the recipe's)")
+    parser.add_argument("--flow-batch-size", type=int, default=None,
+                        help="flow training batch size (default: the recipe's)")
+    parser.add_argument("--flow-input", default=None, choices=("standardize", "whiten", "raw"),
+                        help="override what the flow is fitted on: coordinates standardized over the fit corpus "
+                        "(constant ones dropped), vectors whitened first, or the raw vectors (diverges on "
                         "poolings with constant coordinates, e.g. mean pooling of the default model)")
     parser.add_argument("--whitening-dim", type=int, default=None,
                         help="keep only the k largest-variance whitened directions; all when not given")
+    parser.add_argument("--abtt-k", type=int, default=None,
+                        help="principal directions removed by --calibration abtt (all-but-the-top); when not "
+                        "given, round(dim / 100), the authors' rule")
     parser.add_argument("--seed", type=int, default=0, help="seed of the flow's initialisation and batch order")
     parser.add_argument("--json", default=None, metavar="OUT.json", help="also write the result records here")
     parser.add_argument("--cache-dir", default=None,
@@ -197,14 +206,16 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError("--fit-corpus does not apply with --flow (the flow file is already fitted)")
     for option, value in (("--flow-epochs", args.flow_epochs), ("--flow-batch-size", args.flow_batch_size),
                           ("--batch-size", args.batch_size)):
-        if value < 1:
+        if value is not None and value < 1:
             raise CLIError(f"{option} must be at least 1, got {value}")
-    if not args.flow_lr > 0:
+    if args.flow_lr is not None and not args.flow_lr > 0:
         raise CLIError(f"--flow-lr must be positive, got {args.flow_lr}")
     if args.whitening_dim is not None and args.whitening_dim < 1:
         raise CLIError(f"--whitening-dim must be at least 1, got {args.whitening_dim}")
-    settings = CalibrationSettings(whitening_dim=args.whitening_dim, flow_config=args.flow_config,
-                                   flow_epochs=args.flow_epochs, flow_lr=args.flow_lr,
+    if args.abtt_k is not None and args.abtt_k < 1:
+        raise CLIError(f"--abtt-k must be at least 1, got {args.abtt_k}")
+    settings = CalibrationSettings(whitening_dim=args.whitening_dim, abtt_k=args.abtt_k, flow_config=args.flow_config,
+                                   flow_recipe=args.flow_recipe, flow_epochs=args.flow_epochs, flow_lr=args.flow_lr,
                                    flow_batch_size=args.flow_batch_size, flow_input=args.flow_input, seed=args.seed,
                                    device=args.device)
     cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))

@@ -31,6 +31,8 @@ def row_label(record: dict) -> str:
     detail = record["calibration"]
     if record["calibration"] == "whitening" and record.get("whitening_dim"):
         detail += f"-{record['whitening_dim']}"
+    if record["calibration"] == "abtt" and record.get("abtt_k"):
+        detail += f"-{record['abtt_k']}"
     if record["calibration"] == "flow" and record.get("flow_input", "standardize") != "standardize":
         detail += f" on {record['flow_input']} input"
     return f"{label} + {detail} ({corpus})"

@@ -37,7 +37,7 @@ def test_whitening_lifts_an_anisotropic_representation():
 
 def test_build_calibrator_and_settings_record():
     settings = CalibrationSettings(whitening_dim=4, flow_input="whiten", flow_epochs=2, seed=7)
-    assert CALIBRATIONS == ("none", "whitening", "flow")
+    assert CALIBRATIONS == ("none", "whitening", "flow", "center", "abtt", "zca")
     none = build_calibrator("none", settings)
     assert isinstance(none, NoCalibration) and none.fit([[1.0]]) is none
     assert none.transform([[1, 2]]).dtype == np.float32
@@ -52,5 +52,6 @@ def test_build_calibrator_and_settings_record():
         FlowBaseline(lambda standardize: None, input="sphere")
     assert settings_record("none", settings) == {}
     assert settings_record("whitening", settings) == {"whitening_dim": 4}
-    assert settings_record("flow", settings) == {"flow_config": "l2_d3_w32", "flow_epochs": 2, "flow_lr": 3e-4,
-                                                 "flow_batch_size": 32, "flow_input": "whiten", "seed": 7}
+    assert settings_record("flow", settings) == {"flow_config": "l2_d3_w32", "flow_recipe": "whitened",
+                                                 "flow_epochs": 2, "flow_lr": 1e-3, "flow_batch_size": 32,
+                                                 "flow_input": "whiten", "seed": 7, "flow_holdout": 0.1}

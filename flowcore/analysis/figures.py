@@ -1,0 +1,124 @@
+"""The analysis figures as small PNG files, drawn headless (matplotlib's Agg backend): the
+random-pair cosine histograms before and after each calibration, token-embedding norm and k-NN
+distance by frequency bucket, and the lexical-overlap bias per similarity."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["DPI", "cosine_histogram_figure", "frequency_figure", "lexical_figure"]
+
+DPI = 100
+"""Figures are 6.4 × 4 inches at this resolution (640 × 400 pixels, a few tens of KB)."""
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)  # headless: never opens a window, works without a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)
+    _pyplot().close(figure)
+    return path
+
+
+def cosine_histogram_figure(histograms: dict[str, list[int]], thresholds: dict[str, dict], path, title: str) -> Path:
+    """Overlaid random-pair cosine histograms (densities over [-1, 1]), one per calibration, with
+    each one's 99th-percentile threshold as a dashed line.
+
+    Args:
+        histograms: {calibration: counts in equal bins over [-1, 1]} (`Isotropy.histogram`).
+        thresholds: {calibration: `Isotropy.thresholds`}.
+        path: the PNG written.
+        title: the figure's title.
+
+    Example:
+        >>> cosine_histogram_figure({"none": iso.histogram}, {"none": iso.thresholds}, "cosines.png", "STS-B")
+    """
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(6.4, 4))
+    for index, (name, counts) in enumerate(histograms.items()):
+        counts = np.asarray(counts, dtype=np.float64)
+        edges = np.linspace(-1.0, 1.0, len(counts) + 1)
+        density = counts / max(counts.sum(), 1) / np.diff(edges)
+        color = f"C{index}"
+        axes.stairs(density, edges, label=name, color=color, linewidth=1.4)
+        if "p99" in thresholds.get(name, {}):
+            axes.axvline(thresholds[name]["p99"], color=color, linestyle="--", linewidth=0.8)
+    axes.set_xlabel("cosine of a random pair (dashed: 99th percentile, a suggested threshold)")
+    axes.set_ylabel("density")
+    axes.set_xlim(-1, 1)
+    axes.set_title(title)
+    axes.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def frequency_figure(buckets: dict[str, list[dict]], path, title: str, k: str = "3") -> Path:
+    """Mean ℓ2 norm and mean k-NN distance of token embeddings by frequency-rank bucket, one line
+    per frequency source.
+
+    Args:
+        buckets: {source: [`FrequencyBucket.to_json()`, ...]}, e.g. {"wordfreq": [...]}.
+        path: the PNG written.
+        title: the figure's title.
+        k: which k-NN distance to draw.
+
+    Example:
+        >>> frequency_figure({"wordfreq": [b.to_json() for b in stats]}, "frequency.png", "all-MiniLM-L6-v2")
+    """
+    plt = _pyplot()
+    figure, (left, right) = plt.subplots(1, 2, figsize=(6.4, 3.4))
+    for index, (source, rows) in enumerate(buckets.items()):
+        labels = [_bucket_label(row) for row in rows]
+        positions = np.arange(len(rows))
+        left.plot(positions, [row["mean_norm"] for row in rows], marker="o", color=f"C{index}", label=source)
+        right.plot(positions, [row["knn_distance"][k] for row in rows], marker="o", color=f"C{index}", label=source)
+        for axes in (left, right):
+            axes.set_xticks(positions, labels, fontsize="small")
+    left.set_ylabel("mean ℓ2 norm")
+    right.set_ylabel(f"mean {k}-NN ℓ2 distance")
+    for axes in (left, right):
+        axes.set_xlabel("frequency rank")
+        axes.legend(fontsize="small")
+    figure.suptitle(title)
+    return _save(figure, path)
+
+
+def lexical_figure(bias: dict[str, float], path, title: str) -> Path:
+    """Spearman ×100 of each similarity with edit distance, as bars (gold, the human reference, in grey).
+
+    Args:
+        bias: {name: Spearman ×100} (`lexical_bias`).
+        path: the PNG written.
+        title: the figure's title.
+
+    Example:
+        >>> lexical_figure({"gold": -24.6, "none": -50.5}, "lexical.png", "STS-B")
+    """
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(6.4, 3.4))
+    names = list(bias)
+    values = [bias[name] for name in names]
+    colors = ["0.6" if name == "gold" else f"C{index}" for index, name in enumerate(names)]
+    bars = axes.bar(names, values, color=colors)
+    axes.bar_label(bars, fmt="%.1f", fontsize="small")
+    axes.axhline(0, color="black", linewidth=0.6)
+    axes.set_ylabel("Spearman x100 with edit distance")
+    axes.set_title(title)
+    return _save(figure, path)
+
+
+def _bucket_label(row: dict) -> str:
+    def short(value: int) -> str:
+        return f"{value // 1000}K" if value >= 1000 and value % 1000 == 0 else str(value)
+
+    return f"{short(row['start'])}–{short(row['stop'])}"

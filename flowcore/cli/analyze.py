@@ -1,0 +1,164 @@
+"""`flowcore analyze`: the BERT-flow paper's analyses and "does calibration help here?" on an
+encoder and a corpus (a sentence file, stored vectors or an STS dataset): isotropy before and
+after each calibration, token-embedding norms and k-NN distances by word frequency, the
+lexical-overlap bias and, with labelled pairs, the calibration to use. Writes analysis.json,
+summary.md and PNG figures to --out and prints the summary."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from flowcore.cli import CLIError, check_device
+from flowcore.cli.sts import _files, _HelpFormatter, _names, _pair_columns
+from flowcore.sts.baselines import CALIBRATIONS
+from flowcore.sts.data import DATA_ENV, DATASETS
+
+__all__ = ["register", "run"]
+
+DEFAULT_CALIBRATIONS = "none,center,abtt,whitening,zca,flow"
+FREQUENCY_CHOICES = ("wordfreq", "corpus", "none")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "analyze",
+        help="isotropy, word-frequency and lexical-overlap analyses, and whether calibration helps your encoder",
+        description="Analyse an encoder on a corpus (--corpus, --embeddings or --sts-dataset): isotropy before and "
+        "after each calibration fitted on the corpus without labels (mean random-pair cosine, IsoScore, effective "
+        "rank, top principal-component variance, the random-pair cosine histogram and suggested thresholds), the "
+        "encoder's token-embedding norms and k-NN distances by word-frequency rank, and on labelled pairs "
+        "(--sts-dataset's test split, --pairs) each calibration's Spearman, its correlation with edit distance and a "
+        "recommendation. Writes analysis.json, summary.md and PNG figures to --out; prints the summary.",
+        formatter_class=_HelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", default=None, metavar="FILE", help="a text file, one sentence per line")
+    source.add_argument("--embeddings", default=None, metavar="FILE.npy",
+                        help="stored (n, d) vectors; without --model only their isotropy is analysed, with it the "
+                        "vectors must come from that --model and --pooling")
+    source.add_argument("--sts-dataset", default=None, choices=DATASETS,
+                        help="an STS dataset from --data-dir: its sentences (all splits) are the corpus, its test "
+                        "pairs the labelled pairs")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json, summary.md, *.png")
+    parser.add_argument("--model", default=None,
+                        help="'default' (all-MiniLM-L6-v2, used when not given except with --embeddings), a local "
+                        "model folder, or a Hugging Face model name already in the local cache")
+    parser.add_argument("--pooling", default="first-last-avg",
+                        help="cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J")
+    parser.add_argument("--pairs", default=None, action="extend", type=_files, metavar="FILE[,FILE...]",
+                        help="labelled dev pairs (.tsv/.csv/.jsonl or SentEval files, as 'flowcore sts --pairs'): "
+                        "each calibration's Spearman on them decides the recommendation")
+    parser.add_argument("--pairs-columns", default=None, type=_pair_columns, metavar="S1,S2,SCORE",
+                        help="the sentence and score columns of --pairs files (see 'flowcore sts --help')")
+    parser.add_argument("--skip-bad", action="store_true", help="skip and count bad lines of --pairs files")
+    parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
+                        help=f"the STS data folder for --sts-dataset; default from ${DATA_ENV}")
+    parser.add_argument("--calibration", default=DEFAULT_CALIBRATIONS,
+                        type=lambda t: _names(t, CALIBRATIONS, "calibration"),
+                        help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)}, each fitted on the corpus")
+    parser.add_argument("--frequency", default="wordfreq", type=lambda t: _names(t, FREQUENCY_CHOICES, "frequency"),
+                        help="token frequencies for the frequency analyses: wordfreq (English word frequencies), "
+                        "corpus (counted on the corpus with the encoder's tokenizer), both, or none")
+    parser.add_argument("--edit-unit", default="word", choices=("word", "char"),
+                        help="edit distance in words or characters for the lexical-overlap bias")
+    parser.add_argument("--random-pairs", type=int, default=10_000, help="random pairs for the cosine statistics")
+    parser.add_argument("--whitening-dim", type=int, default=None, help="whitening-k: keep the k top directions")
+    parser.add_argument("--abtt-k", type=int, default=None,
+                        help="directions removed by abtt; when not given, round(dim / 100)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random pairs and the flow")
+    parser.add_argument("--cache-dir", default=None,
+                        help="where encoded sentence vectors are cached (shared with 'flowcore sts'); if not given, "
+                        "$FLOWCORE_CACHE or ~/.cache/flowcore/embeddings")
+    parser.add_argument("--no-cache", action="store_true", help="encode everything, keep nothing on disk")
+    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
+    parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_device(args.device)
+    for option, value in (("--random-pairs", args.random_pairs), ("--batch-size", args.batch_size),
+                          ("--whitening-dim", args.whitening_dim), ("--abtt-k", args.abtt_k)):
+        if value is not None and value < 1:
+            raise CLIError(f"{option} must be at least 1, got {value}")
+    frequency = [] if "none" in args.frequency else args.frequency
+    if "none" in args.frequency and len(args.frequency) > 1:
+        raise CLIError("--frequency none cannot be combined with other sources")
+    if "corpus" in frequency and args.corpus is None and args.sts_dataset is None:
+        raise CLIError("--frequency corpus counts tokens in sentences: use --corpus or --sts-dataset")
+    if args.pairs is None and (args.pairs_columns or args.skip_bad):
+        raise CLIError("--pairs-columns and --skip-bad apply to --pairs files only")
+    for option, path in (("--corpus", args.corpus), ("--embeddings", args.embeddings)):
+        if path is not None and not os.path.isfile(path):
+            raise CLIError(f"{option} {path}: no such file")
+    if args.sts_dataset is not None:
+        if not args.data_dir:
+            raise CLIError(f"--sts-dataset needs the STS data: pass --data-dir DIR or set {DATA_ENV}")
+        if not os.path.isdir(args.data_dir):
+            raise CLIError(f"STS data folder not found: {args.data_dir}")
+    # Deferred: these import torch, which the CLI's start-up does without.
+    from flowcore.analysis.analyze import analyze
+    from flowcore.analysis.report import write_report
+    from flowcore.sts.baselines import CalibrationSettings
+    from flowcore.sts.cache import EmbeddingCache, default_cache_dir
+    from flowcore.sts.data import fit_corpus_sentences, load_test, read_sentence_file
+    from flowcore.sts.pairs import load_pairs_files
+
+    with_encoder = args.model is not None or args.embeddings is None
+    if not with_encoder:
+        if args.pairs:
+            raise CLIError("--pairs needs an encoder to embed them: add --model (the one that made --embeddings)")
+        if args.frequency != ["wordfreq"]:
+            raise CLIError("--frequency analyses the encoder's token embeddings: add --model")
+        frequency = []
+    encoder = None
+    if with_encoder:
+        from flowcore.text.encoder import Encoder
+
+        encoder = Encoder(args.model or "default", pooling=args.pooling, max_length=args.max_length,
+                          device=args.device)
+    vectors = sentences = None
+    pairs = load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad) if args.pairs else []
+    if args.corpus is not None:
+        sentences, name = read_sentence_file(args.corpus), os.path.basename(args.corpus)
+    elif args.embeddings is not None:
+        vectors, name = _load_vectors(args.embeddings), os.path.basename(args.embeddings)
+        if encoder is not None and vectors.shape[1] != encoder.dim:
+            raise CLIError(f"--embeddings {args.embeddings} holds {vectors.shape[1]}-wide vectors but "
+                           f"{encoder.model_id} gives {encoder.dim}: use the --model that made them")
+    else:
+        _, sentences = fit_corpus_sentences(args.data_dir, args.sts_dataset, "target")
+        name = f"{args.sts_dataset} (all splits)"
+        pairs = [load_test(args.data_dir, args.sts_dataset), *pairs]
+    settings = CalibrationSettings(whitening_dim=args.whitening_dim, abtt_k=args.abtt_k, seed=args.seed,
+                                   device=args.device)
+    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
+    result = analyze(vectors, encoder=encoder, sentences=sentences, corpus_name=name, pairs=pairs,
+                     calibrations=args.calibration, settings=settings, frequency_sources=frequency,
+                     edit_unit=args.edit_unit, random_pairs=args.random_pairs, seed=args.seed, cache=cache,
+                     batch_size=args.batch_size, progress=progress)
+    paths = write_report(result, args.out)
+    print(paths["summary"].read_text(encoding="utf-8"), end="")
+    print(f"wrote {', '.join(str(path) for path in paths.values())}", file=sys.stderr)
+    failed = [name for name, entry in result["calibrations"].items() if "error" in entry]
+    if failed:
+        print(f"flowcore analyze: {', '.join(failed)} failed (see summary.md)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _load_vectors(path):
+    """Stored vectors, memory-mapped; a file numpy cannot read is a one-line error."""
+    import numpy as np
+
+    try:
+        vectors = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise CLIError(f"--embeddings {path}: not a readable .npy file ({error})") from None
+    if vectors.ndim != 2:
+        raise CLIError(f"--embeddings {path}: expected a 2-D (rows, dim) array, got shape {vectors.shape}")
+    return vectors
