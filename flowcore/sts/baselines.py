@@ -48,6 +48,14 @@ class FlowBaseline:
     def losses(self) -> list[float]:
         return self.flow.losses
 
+    @property
+    def heldout_bits_per_dim(self) -> list[float | None]:
+        return self.flow.heldout_bits_per_dim
+
+    @property
+    def selected_epoch(self) -> int | None:
+        return self.flow.selected_epoch
+
     def _prepared(self, X):
         return self.whitening.transform(X) if self.whitening is not None else X
 

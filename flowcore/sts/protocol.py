@@ -69,7 +69,8 @@ def evaluate(
         One record (a JSON-ready dict) per dataset × calibration: dataset, calibration, pooling,
         model, split, the correlations of `score_pairs` (Spearman/Pearson ×100, subsets and
         aggregations for STS12–16), seconds; for fitted calibrations also fit_corpus,
-        fit_sentences, fit_distinct_sentences and their settings, `flow_losses` for the flow, and
+        fit_sentences, fit_distinct_sentences and their settings, `flow_losses` for the flow (and,
+        with a held-out share, `flow_heldout_bits_per_dim` per epoch and `flow_selected_epoch`), and
         `warning` when the fit corpus is too small (`small_corpus_warning`, also logged: once per
         fitted corpus, so once for a file corpus, in every record); for
         `pairs` also pairs_file and skipped_lines; for `fitted` ones fit_corpus (the source) and
@@ -145,6 +146,9 @@ def evaluate(
                         fitted_on_file[name] = calibrator
                 if getattr(calibrator, "losses", None):
                     record["flow_losses"] = [float(loss) for loss in calibrator.losses]
+                if getattr(calibrator, "heldout_bits_per_dim", None):  # the recipe's unsupervised epoch choice
+                    record["flow_heldout_bits_per_dim"] = list(calibrator.heldout_bits_per_dim)
+                    record["flow_selected_epoch"] = calibrator.selected_epoch
                 a, b = calibrator.transform(left), calibrator.transform(right)
                 if not (np.isfinite(a).all() and np.isfinite(b).all()):
                     raise FloatingPointError("the calibrated vectors contain NaN or Inf")

@@ -176,8 +176,11 @@ def test_flow_lifts_an_anisotropic_pooling_as_much_as_whitening(sts_data_dir, en
                                      calibrations=["none", "whitening", "flow"], data_dir=sts_data_dir,
                                      cache=encode_cache, progress=False)
     assert flow["spearman"] > none["spearman"] + 8
-    assert flow["spearman"] > whitening["spearman"] - 1
+    assert flow["spearman"] >= whitening["spearman"] - 0.3  # the default recipe never ends below whitening
     assert np.isfinite(flow["flow_losses"]).all()
+    heldout = flow["flow_heldout_bits_per_dim"]  # the whitening start, then each epoch trained
+    assert np.isfinite(heldout).all() and 2 <= len(heldout) <= 4
+    assert heldout[flow["flow_selected_epoch"]] == min(heldout)
 
 
 def test_flow_defaults_survive_constant_coordinates_of_mean_pooling(sts_data_dir, encode_cache):
