@@ -10,7 +10,7 @@ import os
 import sys
 
 from flowcore.cli import CLIError, check_device
-from flowcore.cli.sts import _files, _HelpFormatter, _names, _pair_columns
+from flowcore.cli.arguments import HelpFormatter, comma_files, comma_names, pair_columns
 from flowcore.sts.baselines import CALIBRATIONS
 from flowcore.sts.data import DATA_ENV, DATASETS
 
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
         "encoder's token-embedding norms and k-NN distances by word-frequency rank, and on labelled pairs "
         "(--sts-dataset's test split, --pairs) each calibration's Spearman, its correlation with edit distance and a "
         "recommendation. Writes analysis.json, summary.md and PNG figures to --out; prints the summary.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", default=None, metavar="FILE", help="a text file, one sentence per line")
@@ -46,18 +46,19 @@ def register(subparsers) -> None:
                         "model folder, or a Hugging Face model name already in the local cache")
     parser.add_argument("--pooling", default="first-last-avg",
                         help="cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J")
-    parser.add_argument("--pairs", default=None, action="extend", type=_files, metavar="FILE[,FILE...]",
+    parser.add_argument("--pairs", default=None, action="extend", type=comma_files, metavar="FILE[,FILE...]",
                         help="labelled dev pairs (.tsv/.csv/.jsonl or SentEval files, as 'flowcore sts --pairs'): "
                         "each calibration's Spearman on them decides the recommendation")
-    parser.add_argument("--pairs-columns", default=None, type=_pair_columns, metavar="S1,S2,SCORE",
+    parser.add_argument("--pairs-columns", default=None, type=pair_columns, metavar="S1,S2,SCORE",
                         help="the sentence and score columns of --pairs files (see 'flowcore sts --help')")
     parser.add_argument("--skip-bad", action="store_true", help="skip and count bad lines of --pairs files")
     parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
                         help=f"the STS data folder for --sts-dataset; default from ${DATA_ENV}")
     parser.add_argument("--calibration", default=DEFAULT_CALIBRATIONS,
-                        type=lambda t: _names(t, CALIBRATIONS, "calibration"),
+                        type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
                         help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)}, each fitted on the corpus")
-    parser.add_argument("--frequency", default="wordfreq", type=lambda t: _names(t, FREQUENCY_CHOICES, "frequency"),
+    parser.add_argument("--frequency", default="wordfreq",
+                        type=lambda t: comma_names(t, FREQUENCY_CHOICES, "frequency"),
                         help="token frequencies for the frequency analyses: wordfreq (English word frequencies), "
                         "corpus (counted on the corpus with the encoder's tokenizer), both, or none")
     parser.add_argument("--edit-unit", default="word", choices=("word", "char"),

