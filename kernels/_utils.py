@@ -114,6 +114,20 @@ def gemm_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]
     return 128, 128, 64, {"num_warps": 8, "num_stages": 3}
 
 
+def dx_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    """Tiles of the folded-linear dx GEMM, whose BLOCK_N is the reduction chunk and BLOCK_K the
+    output width: a 128 x 128 output tile over a short reduction chunk keeps 3 stages of operands
+    at 98,304 B of shared memory (the forward's tiles would need 245,760 B in fp32/TF32, over
+    Hopper's 232,448 B)."""
+    if INTERPRETED:
+        return interpreter_gemm_tiles(B, D)
+    if dtype == torch.float64:
+        return 64, 32, 64, {"num_warps": 4, "num_stages": 2}
+    if dtype == torch.float32:
+        return 128, 32, 128, {"num_warps": 8, "num_stages": 3}
+    return 128, 64, 128, {"num_warps": 8, "num_stages": 3}
+
+
 def dw_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
     """Tiles of the split-batch dW GEMM."""
     if INTERPRETED:

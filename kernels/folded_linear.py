@@ -130,7 +130,7 @@ def _linear_bwd_dx(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor) -> t
     B, K = x.shape
     N = weight.shape[0]
     dx = torch.empty((B, K), dtype=x.dtype, device=x.device)
-    block_b, block_n, block_k, options = _utils.gemm_tiles(x.dtype, B, max(N, K))
+    block_b, block_n, block_k, options = _utils.dx_tiles(x.dtype, B, max(N, K))
     _utils.record_launch("folded_linear_backward_dx")
     wrap_triton(_linear_bwd_dx_kernel)[(triton.cdiv(B, block_b) * triton.cdiv(K, block_k),)](
         dz, weight, dx, B, N, K, dz.stride(0), dz.stride(1), weight.stride(0), weight.stride(1),

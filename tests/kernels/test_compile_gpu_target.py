@@ -1,8 +1,8 @@
 """Every Triton kernel variant the launchers use (float32 and bfloat16, with the launchers' own
 tile choices) compiles, through Triton's real GPU compiler, to a cubin for an H100/H200
-(sm_90) -- no GPU needed, so CI catches kernels that only work in
-the interpreter. Runs in a subprocess because the kernels must be imported with
-TRITON_INTERPRET=0."""
+(sm_90) within Hopper's shared memory, its GEMMs on tensor cores (wgmma) -- no GPU needed, so
+CI catches kernels that only work in the interpreter or would not launch on the card. Runs in a
+subprocess because the kernels must be imported with TRITON_INTERPRET=0."""
 import os
 import subprocess
 import sys
@@ -16,6 +16,7 @@ COMPILE_ALL = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    HOPPER_SHARED_BYTES = 232448
     TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
     actnorm = importlib.import_module("flowcore.kernels.actnorm")
     linear = importlib.import_module("flowcore.kernels.folded_linear")
@@ -39,8 +40,8 @@ COMPILE_ALL = textwrap.dedent(
         (kernel, {"INVERSE": inverse}, lambda dtype: tiles(utils.actnorm_tiles(768)))
         for kernel in (actnorm._actnorm_fwd_kernel, actnorm._actnorm_bwd_kernel) for inverse in (False, True)
     ] + [
-        (kernel, {}, lambda dtype: gemm(utils.gemm_tiles(dtype, 65536, 768)))
-        for kernel in (linear._linear_fwd_kernel, linear._linear_bwd_dx_kernel)
+        (linear._linear_fwd_kernel, {}, lambda dtype: gemm(utils.gemm_tiles(dtype, 65536, 768))),
+        (linear._linear_bwd_dx_kernel, {}, lambda dtype: gemm(utils.dx_tiles(dtype, 65536, 768))),
     ] + [
         (linear._linear_bwd_dw_kernel, {}, lambda dtype: gemm(utils.dw_tiles(dtype, 65536, 768))),
     ] + [
@@ -73,6 +74,10 @@ COMPILE_ALL = textwrap.dedent(
         compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=indexed),
                                   target=GPUTarget("cuda", 90, 32), options=options)
         assert compiled.asm["cubin"], kernel
+        # Hopper's opt-in shared memory per block: a launch needing more raises OutOfResources
+        assert compiled.metadata.shared <= HOPPER_SHARED_BYTES, (kernel.fn.__name__, dtype, compiled.metadata.shared)
+        if "BLOCK_K" in block_constexprs and not fp64:  # the GEMMs run on tensor cores (bf16, and fp32 as TF32)
+            assert "wgmma" in compiled.asm["ptx"], (kernel.fn.__name__, dtype)
 
     count = 0
     for kernel, flags, blocks in KERNELS:
