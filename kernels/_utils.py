@@ -150,6 +150,14 @@ def fused_step_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int,
 
 
 @triton.jit
+def row_block(block, BLOCK_B: tl.constexpr):
+    """Rows block * BLOCK_B + [0, BLOCK_B) as int64, so that row x stride offsets stay right past
+    2**31 elements (2.8 M rows at d = 768); 32-bit offsets would wrap. (Row numbers themselves
+    stay below 2**31.)"""
+    return block * BLOCK_B + tl.arange(0, BLOCK_B).to(tl.int64)
+
+
+@triton.jit
 def load_shift_logit(
     h_ptr, rows, col_start, B, D2, stride_hb, stride_hd,
     offset: tl.constexpr, compute: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,

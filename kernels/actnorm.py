@@ -20,6 +20,7 @@ from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
+from flowcore.kernels._utils import row_block
 
 
 def actnorm_ref(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor) -> torch.Tensor:
@@ -37,7 +38,7 @@ def _actnorm_fwd_kernel(
     INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     compute = tl.float64 if FP64 else tl.float32
-    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = row_block(tl.program_id(0), BLOCK_B)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_ok = cols < D
     mask = (rows[:, None] < B) & col_ok[None, :]
@@ -72,7 +73,7 @@ def _actnorm_bwd_kernel(
     acc_loc = tl.zeros((BLOCK_B, BLOCK_D), dtype=compute)
     acc_logs = tl.zeros((BLOCK_B, BLOCK_D), dtype=compute)
     for block in range(split, tl.cdiv(B, BLOCK_B), splits):
-        rows = block * BLOCK_B + tl.arange(0, BLOCK_B)
+        rows = row_block(block, BLOCK_B)
         mask = (rows[:, None] < B) & col_ok[None, :]
         g = tl.load(grad_ptr + rows[:, None] * stride_gb + cols[None, :] * stride_gd, mask=mask, other=0.0)
         inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0)

@@ -24,7 +24,7 @@ from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
-from flowcore.kernels._utils import load_shift_logit, log_sigmoid
+from flowcore.kernels._utils import load_shift_logit, log_sigmoid, row_block
 
 SCALE_OFFSET = 2.0
 """The affine coupling's scale is sigmoid(h[:, 1::2] + SCALE_OFFSET), as in the Glow code (0.88 while
@@ -71,7 +71,7 @@ def _affine_fwd_kernel(
 ):
     """One program per row block: walks the columns, writes z2 (or x2) and the row log-dets."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = row_block(tl.program_id(0), BLOCK_B)
     logdet = tl.zeros((BLOCK_B, BLOCK_D), dtype=compute)
     for d0 in range(0, D2, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
@@ -101,7 +101,7 @@ def _affine_bwd_kernel(
     forward  z = (x + shift) s : dx = dshift = g s,  dlogit = (1 - s)(g z + gl);
     inverse  x = z / s - shift : dz = g / s, dshift = -g, dlogit = (1 - s)(gl - g z / s)."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = row_block(tl.program_id(0), BLOCK_B)
     col_start = tl.program_id(1) * BLOCK_D
     cols = col_start + tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < B) & (cols[None, :] < D2)
@@ -132,7 +132,7 @@ def _additive_kernel(
     SUBTRACT: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = row_block(tl.program_id(0), BLOCK_B)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < B) & (cols[None, :] < D2)
     inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)

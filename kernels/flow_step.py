@@ -25,7 +25,7 @@ from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
-from flowcore.kernels._utils import linear_tile, load_shift_logit, log_sigmoid
+from flowcore.kernels._utils import linear_tile, load_shift_logit, log_sigmoid, row_block
 from flowcore.kernels.coupling import SCALE_OFFSET, affine_coupling, affine_coupling_ref
 from flowcore.kernels.folded_linear import folded_linear, folded_linear_ref
 from flowcore.kernels.torch_step import torch_affine_step
@@ -51,7 +51,7 @@ def _folded_gemm_kernel(
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
     col_blocks = tl.cdiv(N, BLOCK_N)
     col_block = tl.program_id(0) % col_blocks
-    rows = (tl.program_id(0) // col_blocks) * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = row_block(tl.program_id(0) // col_blocks, BLOCK_B)
     ns = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = linear_tile(x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk,
                       stride_bias, compute, TF32, BLOCK_B, BLOCK_N, BLOCK_K)

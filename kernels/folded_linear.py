@@ -19,7 +19,7 @@ from torch.library import triton_op, wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
-from flowcore.kernels._utils import linear_tile
+from flowcore.kernels._utils import linear_tile, row_block
 
 
 def folded_linear_ref(x, weight, bias):
@@ -37,7 +37,7 @@ def _linear_fwd_kernel(
     neighbouring programs, so each x tile is read from DRAM once."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
     col_blocks = tl.cdiv(N, BLOCK_N)
-    rows = (tl.program_id(0) // col_blocks) * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = row_block(tl.program_id(0) // col_blocks, BLOCK_B)
     ns = (tl.program_id(0) % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = linear_tile(x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk,
                       stride_bias, compute, TF32, BLOCK_B, BLOCK_N, BLOCK_K)
@@ -56,8 +56,7 @@ def _linear_bwd_dx_kernel(
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
     operand: tl.constexpr = dz_ptr.dtype.element_ty
     k_blocks = tl.cdiv(K, BLOCK_K)
-    row_block = tl.program_id(0) // k_blocks
-    rows = row_block * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = row_block(tl.program_id(0) // k_blocks, BLOCK_B)
     ks = (tl.program_id(0) % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
     k_ok = ks < K
     acc = tl.zeros((BLOCK_B, BLOCK_K), dtype=compute)
@@ -94,7 +93,7 @@ def _linear_bwd_dw_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=compute)
     acc_db = tl.zeros((BLOCK_N, BLOCK_B), dtype=compute)
     for block in range(split, tl.cdiv(B, BLOCK_B), splits):
-        rows = block * BLOCK_B + tl.arange(0, BLOCK_B)
+        rows = row_block(block, BLOCK_B)
         dz_t = tl.load(dz_ptr + ns[:, None] * stride_dn + rows[None, :] * stride_db,
                        mask=(ns[:, None] < N) & (rows[None, :] < B), other=0.0)
         a = tl.load(x_ptr + rows[:, None] * stride_xb + ks[None, :] * stride_xk,
