@@ -5,7 +5,7 @@ import argparse
 
 from flowcore.sts.pairs import PairColumns
 
-__all__ = ["HelpFormatter", "comma_files", "comma_names", "pair_columns"]
+__all__ = ["HelpFormatter", "add_encoding_arguments", "comma_files", "comma_names", "pair_columns"]
 
 
 def comma_names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
@@ -43,3 +43,16 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is False:
             return action.help
         return super()._get_help_string(action)
+
+
+def add_encoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of subcommands that encode sentences through the embedding cache (`sts`,
+    `analyze`): --cache-dir, --no-cache, --batch-size, --max-length, --device, --quiet."""
+    parser.add_argument("--cache-dir", default=None,
+                        help="where encoded sentence vectors are cached (shared by 'flowcore sts' and 'flowcore "
+                        "analyze'); if not given, $FLOWCORE_CACHE or ~/.cache/flowcore/embeddings")
+    parser.add_argument("--no-cache", action="store_true", help="encode everything, keep nothing on disk")
+    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
+    parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")

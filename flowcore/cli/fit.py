@@ -90,10 +90,10 @@ def _encode_corpus(args):
 
 
 def _cached_corpus(args):
-    """The whole corpus's vectors as a memory map of the cache (only its good rows), the `Encoder`,
-    and the number of distinct sentences. The cache is the batch job's .npy output (rejected rows
-    NaN, listed in CACHE.rejects.jsonl), resumable; a finished cache of the same corpus and
-    encoder is reused."""
+    """The whole corpus's vectors as a memory map of the cache, the row numbers of its good rows
+    (None: all are good), the `Encoder`, and the number of distinct sentences. The cache is the
+    batch job's .npy output (rejected rows NaN, listed in CACHE.rejects.jsonl), resumable; a
+    finished cache of the same corpus and encoder is reused."""
     import json
 
     from flowcore.batch.job import CalibrationJob
@@ -121,23 +121,26 @@ def _cached_corpus(args):
     if rejected:
         reasons = ", ".join(f"{count} {reason}" for reason, count in rejects.items())
         print(f"{args.input}: skipped {rejected} unusable row(s) ({reasons}); listed in {job.rejects_path}")
-    vectors = NpyMatrix(cache).read()
-    if rejected:  # the good rows only (a copy: a corpus with rejects is held in memory once)
-        good = np.ones(len(vectors), dtype=bool)
+    vectors, good = NpyMatrix(cache).read(), None
+    if rejected:  # the good rows' numbers (8 bytes a row), never a copy of their vectors
+        keep = np.ones(len(vectors), dtype=bool)
         with open(job.rejects_path, encoding="utf-8") as lines:
-            good[[json.loads(line)["row"] for line in lines]] = False
-        vectors = vectors[good]
-    if len(vectors) < 2:
-        raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {len(vectors)}")
-    return vectors, encoder, _distinct_rows(vectors, MIN_ROWS_PER_DIM * vectors.shape[1])
+            keep[[json.loads(line)["row"] for line in lines]] = False
+        good = np.flatnonzero(keep)
+    usable = len(vectors) if good is None else len(good)
+    if usable < 2:
+        raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {usable}")
+    return vectors, good, encoder, _distinct_rows(vectors, MIN_ROWS_PER_DIM * vectors.shape[1], good)
 
 
-def _distinct_rows(data: np.ndarray, enough: int) -> int:
-    """The number of distinct rows of `data`, counted up to `enough` (all that the warning needs);
-    reads the rows in blocks, so a memory-mapped file is never loaded whole."""
+def _distinct_rows(data: np.ndarray, enough: int, rows: np.ndarray | None = None) -> int:
+    """The number of distinct rows of `data` (of its `rows`, if given), counted up to `enough`
+    (all that the warning needs); reads the rows in blocks, so a memory-mapped file is never
+    loaded whole."""
     seen: set[bytes] = set()
-    for start in range(0, len(data), 4096):
-        for row in np.ascontiguousarray(data[start:start + 4096]):
+    for start in range(0, len(data) if rows is None else len(rows), 4096):
+        block = data[start:start + 4096] if rows is None else data[rows[start:start + 4096]]
+        for row in np.ascontiguousarray(block):
             seen.add(hashlib.blake2b(row.tobytes(), digest_size=16).digest())
         if len(seen) >= enough:
             break
@@ -151,13 +154,14 @@ def run(args) -> int:
     started = time.perf_counter()
     if args.checkpoint_every < 1:
         raise CLIError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    rows = None  # the rows of data to fit on: all, unless the cache holds rejected rows
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
         distinct = _distinct_rows(data, MIN_ROWS_PER_DIM * data.shape[1]) if data.ndim == 2 else len(data)
     elif args.max_rows is not None:
         (data, encoder), distinct = _encode_corpus(args)
     else:
-        data, encoder, distinct = _cached_corpus(args)
+        data, rows, encoder, distinct = _cached_corpus(args)
     if args.embeddings is not None:
         option = "a larger --max-rows" if args.max_rows is not None else "--embeddings of more sentences"
         warning = small_corpus_warning(distinct, data.shape[1], option, unit="vectors") if data.ndim == 2 else None
@@ -172,13 +176,14 @@ def run(args) -> int:
     if args.restart:
         checkpoint.unlink(missing_ok=True)
     # records the encoder and pooling (None: raw embeddings)
-    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, checkpoint_every=args.checkpoint_every)
+    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, rows=rows)
     calibrator.save(args.out)
     checkpoint.unlink(missing_ok=True)
     kept = "" if calibrator.selected_epoch is None else (
         f"; kept epoch {calibrator.selected_epoch} (0: the whitening start), held-out "
         f"{calibrator.heldout_bits_per_dim[calibrator.selected_epoch]:.4f} bits/dim")
-    print(f"fitted {args.config} on {len(data)} x {data.shape[1]} ({calibrator.recipe.name} recipe) in "
+    fitted_rows = len(data) if rows is None else len(rows)
+    print(f"fitted {args.config} on {fitted_rows} x {data.shape[1]} ({calibrator.recipe.name} recipe) in "
           f"{time.perf_counter() - started:.1f}s; final loss {calibrator.losses[-1]:.4f} bits/dim{kept}; "
           f"wrote {args.out}")
     return 0

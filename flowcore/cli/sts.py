@@ -13,7 +13,7 @@ import time
 
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
-from flowcore.cli.arguments import HelpFormatter, comma_files, comma_names, pair_columns
+from flowcore.cli.arguments import HelpFormatter, add_encoding_arguments, comma_files, comma_names, pair_columns
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV, DATASETS
@@ -127,14 +127,7 @@ def register(subparsers) -> None:
                         "given, round(dim / 100), the authors' rule")
     parser.add_argument("--seed", type=int, default=0, help="seed of the flow's initialisation and batch order")
     parser.add_argument("--json", default=None, metavar="OUT.json", help="also write the result records here")
-    parser.add_argument("--cache-dir", default=None,
-                        help="where encoded sentence vectors are cached; if not given, $FLOWCORE_CACHE or "
-                        "~/.cache/flowcore/embeddings")
-    parser.add_argument("--no-cache", action="store_true", help="encode everything, keep nothing on disk")
-    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
-    parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_encoding_arguments(parser)
     parser.set_defaults(func=run)
 
 
