@@ -1,7 +1,10 @@
 """Flat memory, measured: peak RSS of `flowcore calibrate` on 1 M and 8 M x 384 float32 .npy
-inputs (goal: the 8 M peak within 10 % of the 1 M peak), and of a streaming whitening fit over
+inputs (goal: the 8 M peak within 10 % of the 1 M peak), of a streaming whitening fit over
 2 M x 768 vectors read block by block from a memory-mapped .npy (goal: < 1 GB above the
-interpreter's own baseline with the same imports).
+interpreter's own baseline with the same imports), and of `flowcore fit --embeddings` on 1 M and
+4 M x 384 (one epoch, batch 4096; the fit's own memory is O(d² + batch·d), so what grows is the
+memory map's file pages that training touched, which the kernel can drop at any time: the
+figure printed beside each peak is what an in-memory copy of the input would add).
 
 Peaks are `/usr/bin/time -v`'s "Maximum resident set size" of a child process (or the child's
 `resource.getrusage` peak where /usr/bin/time is missing). Inputs are written in chunks to
@@ -17,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -102,3 +106,51 @@ def test_streaming_whitening_fit_stays_under_a_gigabyte_above_baseline(folder):
     print(f"\nstreaming whitening fit over {rows:,} x {dim} ({rows * dim * 4 / 2**30:.1f} GiB): peak "
           f"{peak / 1024:.0f} MiB, interpreter baseline {baseline / 1024:.0f} MiB, {above:.0f} MiB above it")
     assert above < 1024
+
+
+def peak_rss_and_anonymous_kib(command: list[str], interval: float = 0.2) -> tuple[int, int, str]:
+    """(`/usr/bin/time -v`'s peak RSS, the peak of RssAnon sampled every `interval` s, stdout), in
+    KiB, of `command`: RSS counts the pages of a memory-mapped input that were read (file pages the
+    kernel may drop at any time), RssAnon only the process's own memory."""
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen([TIME, "-v", *command], stdout=subprocess.PIPE, stderr=errors, text=True)
+        anonymous = 0
+        while process.poll() is None:
+            try:
+                with open(f"/proc/{process.pid}/task/{process.pid}/children") as children:
+                    for child in children.read().split():
+                        with open(f"/proc/{child}/status") as status:
+                            for line in status:
+                                if line.startswith("RssAnon:"):
+                                    anonymous = max(anonymous, int(line.split()[1]))
+            except OSError:  # the child is starting or has just ended
+                pass
+            time.sleep(interval)
+        stdout = process.stdout.read()
+        errors.seek(0)
+        stderr = errors.read()
+    if process.returncode != 0:
+        raise AssertionError(f"{command} failed ({process.returncode}): {stderr[-2000:]}")
+    peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr).group(1))
+    return peak, anonymous, stdout
+
+
+@pytest.mark.skipif(TIME is None or not os.path.exists("/proc/self/status"), reason="needs /usr/bin/time and /proc")
+def test_fit_peak_rss_on_a_memory_mapped_corpus(folder):
+    dim, small, large = 384, 1_000_000 // SCALE, 4_000_000 // SCALE
+    peaks = {}
+    for rows in (small, large):
+        source = write_npy(folder / f"fit-{rows}.npy", rows, dim, seed=3)
+        out = folder / f"fit-{rows}.flow"
+        *peaks[rows], printed = peak_rss_and_anonymous_kib(
+            [sys.executable, "-m", "flowcore", "fit", "--embeddings", str(source), "--out", str(out),
+             "--config", "l2_d2_w32", "--epochs", "1", "--batch-size", "4096"])
+        assert f"on {rows} x {dim}" in printed and out.exists()
+        source.unlink()
+        out.unlink()
+        print(f"\nfit on {rows:,} x {dim} (memory-mapped, {rows * dim * 4 / 2**20:.0f} MiB): peak RSS "
+              f"{peaks[rows][0] / 1024:.0f} MiB, peak RssAnon {peaks[rows][1] / 1024:.0f} MiB")
+    growth = (peaks[large][1] - peaks[small][1]) * 1024
+    extra = (large - small) * dim * 4
+    print(f"RssAnon growth {growth / 2**20:.0f} MiB for {extra / 2**20:.0f} MiB more input")
+    assert growth < extra  # one in-memory copy of the extra rows would add at least that

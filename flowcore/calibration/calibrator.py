@@ -8,11 +8,12 @@ import numpy as np
 import torch
 
 from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow, save_flow
+from flowcore.calibration.moments import MomentsAccumulator
 from flowcore.calibration.recipes import DEFAULT_RECIPE, FlowRecipe, recipe_named
-from flowcore.calibration.standardize import Standardizer
+from flowcore.calibration.standardize import STAT_BLOCK_ROWS, Standardizer
 from flowcore.calibration.whitening import Whitening
 from flowcore.flows.glow import CONFIGS, Glow
-from flowcore.flows.train import fit
+from flowcore.flows.train import fit, row_index, training_matrix
 from flowcore.validation import check_matrix
 
 __all__ = ["CHUNK_ROWS", "FlowCalibrator"]
@@ -111,46 +112,59 @@ class FlowCalibrator:
         return self.flow
 
     def fit(self, X, progress: bool = True, encoder=None, checkpoint=None,
-            checkpoint_every: int = 1000) -> "FlowCalibrator":
-        """Train on the rows of `X` (numpy array or tensor, at least 2 rows).
+            checkpoint_every: int = 1000, rows=None) -> "FlowCalibrator":
+        """Train on the rows of `X` (numpy array, memory map or tensor, at least 2 rows).
+
+        Memory stays O(d² + batch·d) whatever the number of rows: X is never copied, the input
+        statistics and the whitening start are float64 sums over blocks of rows, training reads
+        one batch at a time and standardises it there, and held-out rows are scored in blocks.
 
         Args:
-            X: (n, d) sentence vectors.
+            X: (n, d) sentence vectors, e.g. `np.load("corpus.npy", mmap_mode="r")`.
             progress: show a progress bar.
             encoder: the `Encoder` (or an `EncoderProvenance`) that produced X, recorded as
                 `provenance`; None keeps the current one.
             checkpoint: a training checkpoint file (`flowcore.flows.train.fit`): written every
                 `checkpoint_every` steps, and resumed from when it exists, to the same model.
             checkpoint_every: optimizer steps between checkpoints.
+            rows: the row numbers of X to fit on (e.g. those that are not rejects); None: all rows.
 
         Returns:
             self, fitted.
+
+        Example:
+            >>> FlowCalibrator().fit(np.load("corpus.npy", mmap_mode="r"), rows=np.flatnonzero(good))
         """
         provenance = self.provenance
         if encoder is not None:
             provenance = encoder if isinstance(encoder, EncoderProvenance) else EncoderProvenance.of(encoder)
         recipe = self.recipe
-        data = check_matrix(X, min_rows=2)
-        standardizer = None
+        data = training_matrix(X, min_rows=2, rows=rows)  # a view of X (a memory map stays one), checked
+        selected = None if rows is None else row_index(rows, data.shape[0])
+        standardizer, prepare, width = None, None, data.shape[1]
         if recipe.input != "raw":
-            standardizer = Standardizer(data.shape[1]).fit(data)
-            data = standardizer(data)[:, standardizer.varying]
+            standardizer = Standardizer(width).fit(data, rows=selected)
+            prepare, width = standardizer.flow_input, standardizer.flow_dim
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            flow = Glow.from_config(self.config, data.shape[1])
+            flow = Glow.from_config(self.config, width)
             if recipe.input == "whiten":
-                flow.start_linear(*_whitening_start(data))
+                flow.start_linear(*_whitening_start(data, selected, prepare))
         if self.device is not None:
             flow.to(self.device)
-            if standardizer is not None:
-                standardizer.to(self.device)
-        train, heldout = _split_holdout(data, recipe.holdout, self.seed)
-        selection = _HeldoutSelection(flow, heldout, linear_start=recipe.input == "whiten")
-        self.losses = fit(flow, train, epochs=recipe.epochs, batch_size=recipe.batch_size, lr=recipe.lr,
+        train, heldout = _split_holdout(data.shape[0] if selected is None else len(selected), recipe.holdout,
+                                        self.seed)
+        if selected is not None:  # positions among the selected rows -> row numbers of X
+            train = selected if train is None else selected[train]
+            heldout = None if heldout is None else selected[heldout]
+        selection = _HeldoutSelection(flow, data, heldout, prepare, linear_start=recipe.input == "whiten")
+        self.losses = fit(flow, data, epochs=recipe.epochs, batch_size=recipe.batch_size, lr=recipe.lr,
                           seed=self.seed, progress=progress, on_epoch=selection if heldout is not None else None,
-                          checkpoint=checkpoint, checkpoint_every=checkpoint_every)
+                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, rows=train, prepare=prepare)
         if heldout is not None:
             selection.restore_best()
+        if self.device is not None and standardizer is not None:
+            standardizer.to(self.device)  # only now: training standardised its CPU batches
         self.heldout_bits_per_dim, self.selected_epoch = selection.scores, selection.best_epoch
         self.flow, self.standardizer, self.provenance = flow.eval(), standardizer, provenance
         return self
@@ -275,11 +289,20 @@ class FlowCalibrator:
         return calibrator
 
 
-def _whitening_start(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight, loc) of `Glow.start_linear` that whiten `data` (float64 BERT-whitening,
-    `flowcore.calibration.whitening`); directions without variance, which whitening drops, pass
-    unscaled (they stay near zero), so that the map stays invertible and cosines equal whitening's."""
-    whitening = Whitening().fit(data.detach().cpu().double().numpy())
+def _whitening_start(data: torch.Tensor, rows: torch.Tensor | None, prepare) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, loc) of `Glow.start_linear` that whiten the flow's input (the `rows` of `data`, all
+    if None, through `prepare`): float64 BERT-whitening from moments summed over blocks of rows
+    (`Whitening.fit_moments`, O(d²) memory); directions without variance, which whitening drops,
+    pass unscaled (they stay near zero), so that the map stays invertible and cosines equal whitening's."""
+    accumulator = MomentsAccumulator()
+    count = data.shape[0] if rows is None else len(rows)
+    for start in range(0, count, STAT_BLOCK_ROWS):
+        stop = start + STAT_BLOCK_ROWS
+        block = data[start:stop] if rows is None else data[rows[start:stop]]
+        if prepare is not None:
+            block = prepare(block)
+        accumulator.add(block.detach().cpu().double().numpy())
+    whitening = Whitening().fit_moments(accumulator.total())
     kept = whitening.matrix * np.sqrt(whitening.eigenvalues)  # orthonormal directions U_k
     rows = [whitening.matrix.T]
     if kept.shape[1] < kept.shape[0]:
@@ -288,24 +311,25 @@ def _whitening_start(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.concatenate(rows)), -torch.from_numpy(whitening.mean)
 
 
-def _split_holdout(data: torch.Tensor, share: float, seed: int):
-    """(training rows, held-out rows or None): a seeded random `share` of the rows held out,
-    at least 1 of them and at least 2 rows left to train on."""
-    rows = data.shape[0]
+def _split_holdout(rows: int, share: float, seed: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(training positions, held-out positions), int64 indices into the `rows` rows fitted on: a
+    seeded random `share` of them held out, at least 1 and at least 2 rows left to train on;
+    (None, None) without a held-out share (train on every row)."""
     count = min(rows - 2, max(1, round(share * rows))) if share > 0 else 0
     if count < 1:
-        return data, None
-    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed)).to(data.device)
-    return data[order[count:]], data[order[:count]]
+        return None, None
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))
+    return order[count:], order[:count]
 
 
 class _HeldoutSelection:
-    """`fit`'s `on_epoch`: scores the held-out rows (bits/dim) after each epoch, keeps a copy of
-    the best weights, and stops at the first epoch that does not improve; with a linear start the
-    start is scored too and can be the one kept (epoch 0)."""
+    """`fit`'s `on_epoch`: scores the held-out rows (bits/dim, the `heldout` rows of `data`
+    through `prepare`, `CHUNK_ROWS` at a time) after each epoch, keeps a copy of the best weights,
+    and stops at the first epoch that does not improve; with a linear start the start is scored
+    too and can be the one kept (epoch 0)."""
 
-    def __init__(self, flow: Glow, heldout: torch.Tensor | None, linear_start: bool):
-        self.flow, self.heldout = flow, heldout
+    def __init__(self, flow: Glow, data: torch.Tensor, heldout: torch.Tensor | None, prepare, linear_start: bool):
+        self.flow, self.data, self.heldout, self.prepare = flow, data, heldout, prepare
         self.scores: list[float | None] = []
         self.best_epoch: int | None = None
         self.best_score, self.best_state = float("inf"), None
@@ -318,9 +342,14 @@ class _HeldoutSelection:
     @torch.no_grad()
     def _score(self) -> float:
         self.flow.eval()
-        heldout = self.heldout.to(dtype=next(self.flow.parameters()).dtype)
-        chunks = heldout.split(CHUNK_ROWS)
-        return sum(float(self.flow.bits_per_dim(chunk)) * len(chunk) for chunk in chunks) / len(heldout)
+        parameter = next(self.flow.parameters())
+        total = 0.0
+        for rows in self.heldout.split(CHUNK_ROWS):
+            chunk = self.data[rows]
+            if self.prepare is not None:
+                chunk = self.prepare(chunk)
+            total += float(self.flow.bits_per_dim(chunk.to(device=parameter.device, dtype=parameter.dtype))) * len(rows)
+        return total / len(self.heldout)
 
     def _keep(self, epoch: int, score: float) -> bool:
         self.scores.append(score)

@@ -13,7 +13,8 @@ from torch import nn
 __all__ = ["CONSTANT_TOLERANCE", "Standardizer"]
 
 CONSTANT_TOLERANCE = 1e-4  # a coordinate whose std is below this fraction of the largest is constant
-STAT_CHUNK_ROWS = 65536
+STAT_BLOCK_ROWS = 8192
+"""Rows read at a time for the statistics (a float64 block of 8192 x d: 25 MB at d = 384)."""
 
 
 class Standardizer(nn.Module):
@@ -42,18 +43,34 @@ class Standardizer(nn.Module):
         return int(self.varying.sum())
 
     @torch.no_grad()
-    def fit(self, X: torch.Tensor) -> "Standardizer":
-        """Mean and std per coordinate in float64, two passes over chunks (no float64 copy of X)."""
-        rows = X.shape[0]
+    def fit(self, X: torch.Tensor, rows: torch.Tensor | None = None) -> "Standardizer":
+        """Mean and std per coordinate in float64, two passes over blocks of rows, so that memory
+        stays O(block × d) for any number of rows (X can be a tensor over a memory map).
+
+        Args:
+            X: (n, dim) tensor.
+            rows: 1-D int64 tensor of the row numbers of X to fit on (`flowcore.flows.train.row_index`);
+                None: all rows.
+
+        Example:
+            >>> standardizer = Standardizer(384).fit(torch.from_numpy(np.load("big.npy", mmap_mode="r")))
+        """
+        count = X.shape[0] if rows is None else len(rows)
+
+        def blocks():
+            for start in range(0, count, STAT_BLOCK_ROWS):
+                stop = start + STAT_BLOCK_ROWS
+                yield (X[start:stop] if rows is None else X[rows[start:stop]]).double()
+
         self.to(X.device)
         total = torch.zeros(X.shape[1], dtype=torch.float64, device=X.device)
-        for start in range(0, rows, STAT_CHUNK_ROWS):
-            total += X[start : start + STAT_CHUNK_ROWS].double().sum(0)
-        mean = total / rows
+        for block in blocks():
+            total += block.sum(0)
+        mean = total / count
         squares = torch.zeros_like(mean)
-        for start in range(0, rows, STAT_CHUNK_ROWS):
-            squares += ((X[start : start + STAT_CHUNK_ROWS].double() - mean) ** 2).sum(0)
-        std = torch.sqrt(squares / rows)
+        for block in blocks():
+            squares += ((block - mean) ** 2).sum(0)
+        std = torch.sqrt(squares / count)
         varying = std > CONSTANT_TOLERANCE * std.max()
         if not bool(varying.any()):
             raise ValueError("no coordinate of the data varies: there is nothing for a flow to fit")
@@ -65,6 +82,11 @@ class Standardizer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(x - mean) / std on the varying coordinates, the full width centred."""
         return (x - self.mean.to(x.dtype)) / self.scale.to(x.dtype)
+
+    def flow_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the flow sees of rows x: `forward(x)` at the varying coordinates only (flow_dim wide),
+        computed per batch in training (`flowcore.flows.train.fit(prepare=...)`)."""
+        return self(x)[:, self.varying]
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
         """x from `forward`'s output."""

@@ -17,12 +17,15 @@ from tqdm.auto import tqdm
 from flowcore._fs import atomic_write
 from flowcore.validation import check_matrix
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointMismatchError", "TrainingDivergedError", "fit", "training_matrix"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointMismatchError", "TrainingDivergedError", "fit", "row_index",
+           "training_matrix"]
 
 CHECKPOINT_FORMAT = "flowcore-training-checkpoint"
 CHECKPOINT_VERSION = 1
 CHECK_BLOCK_ROWS = 65536
 """Rows checked for NaN/Inf at a time, so a memory-mapped corpus is never loaded whole."""
+GATHER_BLOCK_ROWS = 8192
+"""Chosen rows (`rows=`) checked at a time: they are gathered, so a smaller block than a slice's."""
 
 
 class TrainingDivergedError(FloatingPointError, ValueError):
@@ -36,7 +39,8 @@ class CheckpointMismatchError(ValueError):
 def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
         device=None, progress: bool = True, init_rows: int = 1024,
         on_epoch: Callable[[int, float], bool | None] | None = None, *, checkpoint: str | os.PathLike | None = None,
-        checkpoint_every: int = 1000, on_checkpoint: Callable[[int], None] | None = None) -> list[float]:
+        checkpoint_every: int = 1000, on_checkpoint: Callable[[int], None] | None = None, rows=None,
+        prepare: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[float]:
     """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
     Works in the flow's dtype (float64 included). Before the first step, every ActNorm is
@@ -46,8 +50,10 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     non-finite loss or gradient stops training with `TrainingDivergedError` before any weight is
     touched. The flow is left in eval mode.
 
-    `X` is read one batch at a time (rows gathered, then converted), so a memory-mapped .npy of
-    any size trains in memory bounded by the batch, the flow and the shuffled order (8 bytes a row).
+    `X` is read one batch at a time (rows gathered, `prepare`d, then converted), so a memory-mapped
+    .npy of any size trains in memory bounded by the batch, the flow and the shuffled order (8 bytes
+    a row); `rows` trains on some rows of X and `prepare` transforms each batch, so that a subset
+    or a standardised copy of X is never made (`FlowCalibrator.fit`).
     With `checkpoint`, the flow, Adam's state, the shuffle's position and the state of an
     `on_epoch` that has `checkpoint_state`/`restore_checkpoint_state` are written there
     (safetensors, atomically) every `checkpoint_every` steps, after each epoch and at the end;
@@ -71,6 +77,10 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         checkpoint_every: optimizer steps between checkpoints.
         on_checkpoint: called with the number of steps done after each checkpoint is written
             (a hook for progress reports or fault injection).
+        rows: the row numbers of X to train on, in this order (the shuffle permutes them); None: all.
+        prepare: applied to each batch of X's rows before it reaches the flow (e.g. standardisation
+            keeping some coordinates); it must map rows independently, so that results do not depend
+            on how rows are batched. None: the rows as they are.
 
     Returns:
         The mean loss (bits per dimension) of each epoch.
@@ -79,6 +89,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         >>> glow = flowcore.Glow(384, levels=2, depth=3, width=32)
         >>> losses = flowcore.fit(glow, X, epochs=1, batch_size=32, lr=1e-3, seed=0)
         >>> flowcore.fit(glow, np.load("big.npy", mmap_mode="r"), checkpoint="fit.ckpt", checkpoint_every=500)
+        >>> flowcore.fit(glow, X, rows=np.arange(0, len(X), 2), prepare=lambda batch: batch[:, :384] * 2)
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or checkpoint_every < 1:
         raise ValueError(f"epochs, batch_size and checkpoint_every must be >= 1 and lr > 0 (got {epochs}, "
@@ -86,17 +97,23 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     if device is not None:
         flow.to(device)
     parameter = next(flow.parameters())
-    data = training_matrix(X, dim=getattr(flow, "dim", None))
-    count = data.shape[0]
+    flow_dim = getattr(flow, "dim", None)
+    data = training_matrix(X, dim=flow_dim if prepare is None else None, rows=rows)
+    index = None if rows is None else row_index(rows, data.shape[0])
+    count = data.shape[0] if index is None else len(index)
 
-    def batch_of(index: torch.Tensor) -> torch.Tensor:
-        return data[index].to(device=parameter.device, dtype=parameter.dtype)
+    def batch_of(positions: torch.Tensor) -> torch.Tensor:
+        batch = data[positions if index is None else index[positions]]
+        if prepare is not None:
+            batch = prepare(batch)
+        return batch.to(device=parameter.device, dtype=parameter.dtype)
 
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(flow.parameters(), lr=lr, foreach=True)
     steps_per_epoch = math.ceil(count / batch_size)
     identity = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed, "init_rows": init_rows,
-                "rows": count, "dim": int(data.shape[1]), "dtype": str(parameter.dtype).removeprefix("torch."),
+                "rows": count, "dim": int(flow_dim or data.shape[1]),
+                "dtype": str(parameter.dtype).removeprefix("torch."),
                 "parameters": {name: list(p.shape) for name, p in flow.named_parameters()},
                 "torch_threads": torch.get_num_threads()}
     state = _TrainingState()
@@ -160,14 +177,15 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     return list(state.losses)
 
 
-def training_matrix(X, dim: int | None = None, min_rows: int = 2) -> torch.Tensor:
+def training_matrix(X, dim: int | None = None, min_rows: int = 2, rows=None) -> torch.Tensor:
     """X as a tensor without a copy (a memory map stays a map), after checking its shape, width
     and finiteness a block of rows at a time (so a corpus larger than memory is never loaded).
 
     Args:
         X: (n, d) numpy array, memory map or tensor.
         dim: the width required, or None.
-        min_rows: the fewest rows accepted.
+        min_rows: the fewest rows accepted (of `rows`, when given).
+        rows: row numbers of X (`row_index`): only these are checked and counted; None: all rows.
 
     Example:
         >>> data = training_matrix(np.load("big.npy", mmap_mode="r"), dim=384)
@@ -182,11 +200,44 @@ def training_matrix(X, dim: int | None = None, min_rows: int = 2) -> torch.Tenso
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             data = torch.from_numpy(array)
     check_matrix(data[:0] if data.dim() == 2 else data, dim=dim, min_rows=0)
-    if data.shape[0] < min_rows:
-        raise ValueError(f"X has {data.shape[0]} row(s); at least {min_rows} are needed")
-    for start in range(0, data.shape[0], CHECK_BLOCK_ROWS):
-        check_matrix(data[start : start + CHECK_BLOCK_ROWS], row_offset=start)
+    if rows is None:
+        if data.shape[0] < min_rows:
+            raise ValueError(f"X has {data.shape[0]} row(s); at least {min_rows} are needed")
+        for start in range(0, data.shape[0], CHECK_BLOCK_ROWS):
+            check_matrix(data[start : start + CHECK_BLOCK_ROWS], row_offset=start)
+    else:
+        index = row_index(rows, data.shape[0])
+        if len(index) < min_rows:
+            raise ValueError(f"rows selects {len(index)} row(s) of X; at least {min_rows} are needed")
+        for start in range(0, len(index), GATHER_BLOCK_ROWS):
+            chosen = index[start : start + GATHER_BLOCK_ROWS]
+            finite = torch.isfinite(data[chosen]).all(dim=1)
+            if not bool(finite.all()):
+                bad = ", ".join(str(int(row)) for row in chosen[~finite][:5])
+                raise ValueError(f"X has NaN or Inf values in row(s) {bad} (0-based)")
     return data if data.is_floating_point() else data.to(torch.get_default_dtype())
+
+
+def row_index(rows, count: int) -> torch.Tensor:
+    """`rows` (a sequence, numpy array or tensor of row numbers of a `count`-row matrix) as a
+    1-D int64 tensor, after checking that each is in range.
+
+    Args:
+        rows: row numbers, in the order they are to be used.
+        count: rows of the matrix they index.
+
+    Example:
+        >>> row_index(np.flatnonzero(good), len(X))
+    """
+    index = torch.as_tensor(np.asarray(rows) if not isinstance(rows, torch.Tensor) else rows)
+    if index.dim() != 1 or (index.numel() and (index.is_floating_point() or index.dtype == torch.bool)):
+        raise ValueError(f"rows must be a 1-D array of row numbers, got shape {tuple(index.shape)} "
+                         f"of {str(index.dtype).removeprefix('torch.')}")
+    index = index.to(device="cpu", dtype=torch.long)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= count):
+        outside = int(index.min()) if int(index.min()) < 0 else int(index.max())
+        raise ValueError(f"rows holds row number {outside}, outside X's {count} row(s)")
+    return index
 
 
 class _TrainingState:
