@@ -6,7 +6,20 @@ import warnings
 import numpy as np
 import torch
 
-__all__ = ["check_matrix"]
+__all__ = ["as_tensor", "check_matrix"]
+
+
+def as_tensor(X, name: str = "X") -> torch.Tensor:
+    """`X` (tensor, numpy array or memory map) as a tensor sharing its memory: a memory map stays
+    one. Raises ValueError when X is not numeric."""
+    if isinstance(X, torch.Tensor):
+        return X
+    array = np.asarray(X)
+    if array.dtype == object or not np.issubdtype(array.dtype, np.number):
+        raise ValueError(f"{name} must be a numeric array, got dtype {array.dtype}")
+    with warnings.catch_warnings():  # read-only (memory-mapped) input is only ever read
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X",
@@ -16,15 +29,7 @@ def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X
     Raises ValueError naming the problem: not 2-D, wrong width, too few rows, or the rows
     holding NaN/Inf (numbered from `row_offset`, for callers that check a chunk at a time).
     """
-    if isinstance(X, torch.Tensor):
-        tensor = X
-    else:
-        array = np.asarray(X)
-        if array.dtype == object or not np.issubdtype(array.dtype, np.number):
-            raise ValueError(f"{name} must be a numeric array, got dtype {array.dtype}")
-        with warnings.catch_warnings():  # read-only (memory-mapped) input is only ever read
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            tensor = torch.from_numpy(array)
+    tensor = as_tensor(X, name)
     if tensor.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows x features), got shape {tuple(tensor.shape)}")
     if not (tensor.is_floating_point()):

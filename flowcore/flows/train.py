@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowcore._fs import atomic_write
-from flowcore.validation import check_matrix
+from flowcore.validation import as_tensor, check_matrix
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointMismatchError", "TrainingDivergedError", "fit", "row_index",
            "training_matrix"]
@@ -190,15 +189,7 @@ def training_matrix(X, dim: int | None = None, min_rows: int = 2, rows=None) -> 
     Example:
         >>> data = training_matrix(np.load("big.npy", mmap_mode="r"), dim=384)
     """
-    if isinstance(X, torch.Tensor):
-        data = X
-    else:
-        array = np.asarray(X)
-        if array.dtype == object or not np.issubdtype(array.dtype, np.number):
-            raise ValueError(f"X must be a numeric array, got dtype {array.dtype}")
-        with warnings.catch_warnings():  # read-only (memory-mapped) input is only ever read
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            data = torch.from_numpy(array)
+    data = as_tensor(X)
     check_matrix(data[:0] if data.dim() == 2 else data, dim=dim, min_rows=0)
     if rows is None:
         if data.shape[0] < min_rows:
