@@ -104,7 +104,7 @@ BOUNDED_FIT = """
     torch.set_num_threads(1)
     path, margin = sys.argv[1], int(sys.argv[2])
     X = np.load(path, mmap_mode="r")
-    options = dict(config="l2_d2_w32", epochs=1, batch_size=8192, seed=0, holdout=0.02)
+    options = dict(config="l2_d2_w32", epochs=1, batch_size=2048, seed=0, holdout=0.02)  # working memory << margin
     flowcore.FlowCalibrator(**options).fit(np.array(X[:4000]), progress=False)  # warm up every code path
     with open("/proc/self/status") as status:
         data_kib = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
