@@ -8,7 +8,8 @@ Imported as `flowcore.kernels` (never as a top-level `kernels`). Files:
 - `flow_step.py`: the fused Triton step (folded GEMM with the coupling in its epilogue),
   `folded_affine_step_ref` and the `folded_affine_step` dispatcher;
 - `torch_step.py`: the same step on PyTorch ops, with a hand-written training backward;
-- `triangular.py`: the blocked L @ U product of `LULinear` (`lu_product`, `lu_factors`);
+- `triangular.py`: the LU ops of `LULinear`: the blocked L @ U product (`lu_product`, `lu_factors`)
+  and the factor-by-factor ActNorm + LU linear of small-batch training (`factored_linear`);
 - `squared_norm.py`: row sums of squares with a one-pass backward;
 - `_utils.py`: helpers shared by the files above (launch counter, checks, tile tables,
   `@triton.jit` helpers).
@@ -36,7 +37,7 @@ from flowcore.kernels.coupling import (
 from flowcore.kernels.flow_step import folded_affine_step, folded_affine_step_ref
 from flowcore.kernels.folded_linear import folded_linear, folded_linear_ref
 from flowcore.kernels.squared_norm import squared_norm, squared_norm_ref
-from flowcore.kernels.triangular import lu_factors, lu_product, lu_product_ref
+from flowcore.kernels.triangular import factored_linear, factored_linear_ref, lu_factors, lu_product, lu_product_ref
 
 __all__ = [
     "SCALE_OFFSET",
@@ -52,6 +53,8 @@ __all__ = [
     "affine_coupling_inverse",
     "affine_coupling_inverse_ref",
     "affine_coupling_ref",
+    "factored_linear",
+    "factored_linear_ref",
     "folded_affine_step",
     "folded_affine_step_ref",
     "folded_linear",

@@ -7,6 +7,8 @@ corrupted file is caught, not silently used.
 
 Version 2 records the encoder as `info["encoder"] = {"model", "pooling"}`. Version 1 files kept
 it as `info["metadata"]["encoder"/"pooling"] strings; they are read and migrated on load.
+Version 3 stores each LU layer's factors as one `lu` tensor (`LULinear`); the separate `lower`
+and `upper` tensors of earlier files are packed on load.
 
 A flow file may come from anyone, so `load_flow` checks the safetensors header itself before
 safetensors reads a byte of tensor data (`check_layout`): a pickle or `torch.save` file, random
@@ -33,8 +35,8 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "MAX_HEADER_BYTES", "EncoderProvenance", 
            "check_layout", "load_flow", "save_flow"]
 
 FORMAT = "flowcore-flow"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = ("1", "2")
+FORMAT_VERSION = 3
+READABLE_VERSIONS = ("1", "2", "3")
 MAX_HEADER_BYTES = 16 << 20
 """The largest safetensors JSON header accepted; flowcore's own are a few kB."""
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,

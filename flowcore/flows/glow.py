@@ -91,7 +91,7 @@ class Glow(nn.Module):
         """Start training from the linear flow z = R @ weight @ (x + loc), R orthogonal.
 
         The first step's ActNorm + 1x1 become x -> weight @ (x + loc); the other 1x1s keep their
-        random rotations; each later ActNorm undoes the previous coupling's initial scale (0.88 on
+        random permutations; each later ActNorm undoes the previous coupling's initial scale (0.88 on
         the second half), and the last coupling of each level, whose second half leaves the flow,
         starts at scale `LINEAR_START_SCALE` (nearly the identity). With a whitening `weight` the
         flow therefore starts at whitening (R keeps cosines) and training moves it from there.
@@ -101,7 +101,7 @@ class Glow(nn.Module):
             loc: (dim,) shift added before `weight`, e.g. minus the data's mean; None: no shift.
 
         Example:
-            >>> glow = Glow(384).start_linear(torch.eye(384))   # starts as a rotation
+            >>> glow = Glow(384).start_linear(torch.eye(384))   # starts as a permutation
         """
         if weight.shape != (self.dim, self.dim):
             raise ValueError(f"Glow({self.dim}).start_linear expects a ({self.dim}, {self.dim}) weight, "

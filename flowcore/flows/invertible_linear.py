@@ -1,13 +1,20 @@
 """Invertible linear maps ("1x1 convolutions" on a 1x1 image): z = x @ W.T.
 
 - `LULinear`: W = P @ L @ (U + diag(sign * exp(log_s))), with P and sign fixed, L unit lower-
-  triangular and U strictly upper-triangular learnable; initialised from the LU factors of a
-  random rotation, so log|det W| = sum(log_s). Inverted with two triangular solves.
+  triangular and U strictly upper-triangular learnable, so log|det W| = sum(log_s). L and U are
+  one (d, d) parameter `lu` (L below the diagonal, U above it, the diagonal unused), so the
+  optimizer updates d^2 - d numbers, not two d x d matrices of which half stay zero. Initialised
+  as a random permutation (L = U = I), as nflows/normflows do; inverted with two triangular solves.
 - `ReversePermutation`: the fixed reversal of the features (log-det 0).
 
 `LULinear.weight()` lets a flow step fold its ActNorm into one GEMM; the reversal stays a flip.
-It is rebuilt at every training step by `kernels.lu_product`, whose L @ U and gradients skip the
-zero blocks.
+In training the step either rebuilds W at every step (`kernels.lu_product`) or, for batches much
+smaller than d, applies the factors to the batch (`kernels.factored_linear`); see `FlowStep`.
+
+Why not the LU factors of a random rotation (Glow's start): at d = 768 they have condition
+number ~1500 (141 at d = 96), so Adam's equal-sized steps on their entries change W by far more
+than the learning rate suggests, and a batch-32 fit at lr 1e-3 jumped to ~1000 bits/dim before
+recovering; from a permutation the same fit descends smoothly (docs/design.md, lab notes).
 """
 from __future__ import annotations
 
@@ -29,27 +36,30 @@ class LULinear(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         self.dim = dim
-        rotation, _ = torch.linalg.qr(torch.randn(dim, dim, dtype=torch.float64))
-        permutation, lower, upper = torch.linalg.lu(rotation)
-        diagonal = torch.diagonal(upper)
         dtype = torch.get_default_dtype()
         # W[i] = (L U)[perm[i]]  <=>  W = P L U with P[i, perm[i]] = 1.
-        self.register_buffer("perm", permutation.argmax(dim=1))
-        self.register_buffer("sign", torch.sign(diagonal).to(dtype))
-        self.lower = nn.Parameter(torch.tril(lower, -1).to(dtype))
-        self.upper = nn.Parameter(torch.triu(upper, 1).to(dtype))
-        self.log_s = nn.Parameter(torch.log(diagonal.abs()).to(dtype))
+        self.register_buffer("perm", torch.randperm(dim))
+        self.register_buffer("sign", torch.ones(dim, dtype=dtype))
+        self.lu = nn.Parameter(torch.zeros(dim, dim, dtype=dtype))
+        self.log_s = nn.Parameter(torch.zeros(dim, dtype=dtype))
+        self._register_load_state_dict_pre_hook(_pack_lower_upper)
 
-    def _diagonal(self) -> torch.Tensor:
+    @torch.no_grad()
+    def set_factors(self, lower: torch.Tensor, upper: torch.Tensor) -> None:
+        """Store tril(lower, -1) as L's and triu(upper, 1) as U's strict triangles."""
+        self.lu.copy_(torch.tril(lower, -1) + torch.triu(upper, 1))
+
+    def diagonal(self) -> torch.Tensor:
+        """U's diagonal, sign * exp(log_s)."""
         return self.sign * torch.exp(self.log_s)
 
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(L, U) with unit diagonal on L and sign * exp(log_s) on the diagonal of U."""
-        return kernels.lu_factors(self.lower, self.upper, self._diagonal())
+        return kernels.lu_factors(self.lu, self.lu, self.diagonal())
 
     def weight(self) -> torch.Tensor:
         """W = P L U, assembled (differentiably) from the factors."""
-        return kernels.lu_product(self.lower, self.upper, self._diagonal())[self.perm]
+        return kernels.lu_product(self.lu, self.lu, self.diagonal())[self.perm]
 
     def logdet(self) -> torch.Tensor:
         """log|det W| = sum(log_s), the same for every row."""
@@ -66,6 +76,13 @@ class LULinear(nn.Module):
         y = torch.linalg.solve_triangular(lower.T, y, upper=True, left=False, unitriangular=True)
         x = torch.linalg.solve_triangular(upper.T, y, upper=False, left=False)
         return x, (-self.logdet()).expand(z.shape[0])
+
+
+def _pack_lower_upper(state_dict, prefix, *args) -> None:
+    """Read flows saved before L and U were packed (separate `lower` and `upper` parameters)."""
+    if prefix + "lower" in state_dict and prefix + "upper" in state_dict and prefix + "lu" not in state_dict:
+        lower, upper = state_dict.pop(prefix + "lower"), state_dict.pop(prefix + "upper")
+        state_dict[prefix + "lu"] = torch.tril(lower, -1) + torch.triu(upper, 1)
 
 
 class ReversePermutation(nn.Module):

@@ -1,7 +1,10 @@
 """One Glow step, data -> latent: ActNorm -> invertible linear -> coupling.
 
 What runs depends on the step's variant, and `FlowStep.forward` shows it:
-- LU mixing (the default): ActNorm is folded into the assembled LU weight, W' = W diag(exp(logs)),
+- LU mixing (the default), training on a batch of fewer than `FACTORED_ROWS_PER_FEATURE` x d rows
+  on the PyTorch backend (the paper's batch 32): W is never assembled; `kernels.factored_linear`
+  applies ActNorm, U, L and P to the batch, then `Coupling.forward` runs.
+- LU mixing otherwise: ActNorm is folded into the assembled LU weight, W' = W diag(exp(logs)),
   b = W' loc, so ActNorm + 1x1 cost one GEMM + bias and no pass over the batch of their own. With
   the affine coupling (the default) the GEMM and the coupling run fused in
   `kernels.folded_affine_step`, in training and in inference; with the additive coupling the GEMM
@@ -20,13 +23,19 @@ from torch import nn
 
 from flowcore import kernels
 from flowcore._torch_compat import version_key
+from flowcore.backend import resolve
 from flowcore.flows.actnorm import ActNorm
 from flowcore.flows.coupling import Coupling
 from flowcore.flows.invertible_linear import LULinear, ReversePermutation
 
-__all__ = ["PERMUTATIONS", "FlowStep"]
+__all__ = ["FACTORED_ROWS_PER_FEATURE", "PERMUTATIONS", "FlowStep"]
 
 PERMUTATIONS = ("lu", "reverse")
+
+FACTORED_ROWS_PER_FEATURE = 0.5
+"""Training batches of fewer than this many rows per feature apply the LU factors to the batch
+(12 B d^2 flops a step) instead of assembling W (about 4 d^3 with the gradient); measured by
+`bench/test_bench_fit.py`."""
 
 
 class FlowStep(nn.Module):
@@ -69,14 +78,20 @@ class FlowStep(nn.Module):
         diagonal = torch.diagonal(upper)
         if not bool((diagonal != 0).all()):
             raise ValueError("start_linear needs an invertible weight")
-        mixing, dtype = self.mixing, self.mixing.lower.dtype
+        mixing = self.mixing
         mixing.perm.copy_(permutation.argmax(dim=1))
         mixing.sign.copy_(torch.sign(diagonal))
-        mixing.lower.copy_(torch.tril(lower, -1).to(dtype))
-        mixing.upper.copy_(torch.triu(upper, 1).to(dtype))
-        mixing.log_s.copy_(torch.log(diagonal.abs()).to(dtype))
+        mixing.set_factors(lower, upper)
+        mixing.log_s.copy_(torch.log(diagonal.abs()))
 
     def forward(self, x: torch.Tensor):
+        if isinstance(self.mixing, LULinear) and self._factored(x):
+            self.actnorm.maybe_initialize(x)
+            mixing = self.mixing
+            y = kernels.factored_linear(x, self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.diagonal(),
+                                        mixing.perm)
+            z, coupling_logdet = self.coupling(y)
+            return z, coupling_logdet + (self.actnorm.logdet() + mixing.logdet())
         if isinstance(self.mixing, LULinear):
             weight, bias, logdet = self._folded(x)
             if self.coupling.kind == "affine":
@@ -96,6 +111,11 @@ class FlowStep(nn.Module):
         y, mixing_logdet = self.mixing.inverse(y)
         x, actnorm_logdet = self.actnorm.inverse(y)
         return x, logdet + mixing_logdet + actnorm_logdet
+
+    def _factored(self, x: torch.Tensor) -> bool:
+        """Apply the LU factors to the batch rather than fold W (see the module docstring)?"""
+        return (self.training and torch.is_grad_enabled() and x.shape[0] < FACTORED_ROWS_PER_FEATURE * x.shape[1]
+                and resolve(x) == "torch")
 
     def _folded(self, x: torch.Tensor):
         """(W', b, logdet) of ActNorm + LU linear for input `x`: the cached fold in inference;

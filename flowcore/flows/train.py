@@ -14,10 +14,14 @@ import torch
 from tqdm.auto import tqdm
 
 from flowcore._fs import atomic_write
+from flowcore._threads import available_cpus, check_threads, pinned_threads
 from flowcore.validation import as_tensor, check_matrix
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointMismatchError", "TrainingDivergedError", "fit", "row_index",
-           "training_matrix"]
+__all__ = ["CHECKPOINT_FORMAT", "SMALL_BATCH_ROWS", "CheckpointMismatchError", "TrainingDivergedError", "fit",
+           "row_index", "training_matrix", "training_threads"]
+
+SMALL_BATCH_ROWS = 256
+"""CPU training with batches of fewer rows runs on one torch thread by default (`training_threads`)."""
 
 CHECKPOINT_FORMAT = "flowcore-training-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -39,7 +43,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         device=None, progress: bool = True, init_rows: int = 1024,
         on_epoch: Callable[[int, float], bool | None] | None = None, *, checkpoint: str | os.PathLike | None = None,
         checkpoint_every: int = 1000, on_checkpoint: Callable[[int], None] | None = None, rows=None,
-        prepare: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[float]:
+        prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int | None = None) -> list[float]:
     """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
     Works in the flow's dtype (float64 included). Before the first step, every ActNorm is
@@ -80,6 +84,8 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         prepare: applied to each batch of X's rows before it reaches the flow (e.g. standardisation
             keeping some coordinates); it must map rows independently, so that results do not depend
             on how rows are batched. None: the rows as they are.
+        threads: torch CPU threads while training; None: `training_threads(batch_size)` (one for
+            small batches). Results depend on the count, never on the machine's load.
 
     Returns:
         The mean loss (bits per dimension) of each epoch.
@@ -96,6 +102,33 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     if device is not None:
         flow.to(device)
     parameter = next(flow.parameters())
+    threads = check_threads(threads)
+    if threads is None and parameter.device.type == "cpu":
+        threads = training_threads(batch_size)
+    with pinned_threads(threads):
+        return _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, checkpoint,
+                    checkpoint_every, on_checkpoint, rows, prepare, parameter)
+
+
+def training_threads(batch_size: int) -> int:
+    """torch threads for CPU training: 1 below `SMALL_BATCH_ROWS` rows a batch, else torch's count
+    capped at the CPUs this process may use.
+
+    A small batch makes every op small: a second thread saves little, and each op waits at a
+    barrier for the slowest thread, so one busy core elsewhere slowed a 2-thread batch-32 fit 20- to
+    50-fold (docs/design.md). The choice depends on the batch only, so results are reproducible.
+
+    Example:
+        >>> training_threads(32)
+        1
+    """
+    if batch_size < SMALL_BATCH_ROWS:
+        return 1
+    return max(1, min(torch.get_num_threads(), available_cpus()))
+
+
+def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, checkpoint, checkpoint_every,
+         on_checkpoint, rows, prepare, parameter) -> list[float]:
     flow_dim = getattr(flow, "dim", None)
     data = training_matrix(X, dim=flow_dim if prepare is None else None, rows=rows)
     index = None if rows is None else row_index(rows, data.shape[0])
@@ -108,7 +141,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         return batch.to(device=parameter.device, dtype=parameter.dtype)
 
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(flow.parameters(), lr=lr, foreach=True)
+    optimizer = torch.optim.Adam(flow.parameters(), lr=lr, fused=True)  # one pass per tensor
     steps_per_epoch = math.ceil(count / batch_size)
     identity = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed, "init_rows": init_rows,
                 "rows": count, "dim": int(flow_dim or data.shape[1]),
@@ -148,7 +181,8 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 gradients = [p.grad for p in flow.parameters() if p.grad is not None]
-                if not bool(torch.isfinite(torch.stack([g.abs().max() for g in gradients])).all()):
+                largest = torch.stack([torch.linalg.vector_norm(g, math.inf) for g in gradients])  # no copies
+                if not bool(torch.isfinite(largest).all()):
                     raise TrainingDivergedError(
                         f"the gradients became non-finite at {where}; the weights are kept from the "
                         f"previous step. Try a lower learning rate (now {lr}) or standardising the inputs"

@@ -24,7 +24,7 @@ from flowcore.batch.job import (
 )
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
-from flowcore.calibration.flow_file import EncoderProvenance
+from flowcore.calibration.flow_file import FORMAT_VERSION, EncoderProvenance
 
 from helpers.tiny_models import save_tiny_bert
 
@@ -269,7 +269,8 @@ def test_the_manifest_describes_a_text_job(tmp_path, text_flow):
     assert manifest["input"]["kind"] == "text" and manifest["input"]["keep_columns"] == ["lang"]
     assert manifest["threads"] == 1 and manifest["chunk_rows"] == 16
     assert manifest["format_versions"] == {"manifest": MANIFEST_VERSION, "progress": PROGRESS_VERSION,
-                                           "flow_file": "2", "parquet": pq.ParquetFile(out).metadata.format_version}
+                                           "flow_file": str(FORMAT_VERSION),
+                                           "parquet": pq.ParquetFile(out).metadata.format_version}
 
 
 def test_the_manifest_of_npy_output_and_of_the_default_model(tmp_path, flow):

@@ -81,7 +81,7 @@ def test_eval_cache_follows_parameter_changes():
         cached = step._fold_cache[1]
         glow(x)
         assert step._fold_cache[1] is cached, "the folded weight must be reused while parameters are unchanged"
-        step.mixing.upper.add_(0.05)  # an in-place update, as an optimizer makes
+        step.mixing.lu.add_(0.05)  # an in-place update, as an optimizer makes
         z_after, _ = glow(x)
     assert step._fold_cache[1] is not cached
     with torch.enable_grad():
@@ -107,10 +107,28 @@ def test_lu_weight_and_logdet():
     torch.testing.assert_close(weight, (lower @ upper)[layer.perm])
 
 
-def test_lu_initialisation_is_a_rotation():
+def test_lu_initialisation_is_a_random_permutation():
+    """L = U = I and P a random permutation: W is a permutation matrix (well conditioned for Adam)."""
     from flowcore.flows.invertible_linear import LULinear
-    weight = LULinear(12).double().weight()
-    torch.testing.assert_close(weight @ weight.T, torch.eye(12, dtype=torch.float64), rtol=1e-6, atol=1e-6)
+    torch.manual_seed(0)
+    layer = LULinear(12).double()
+    weight = layer.weight()
+    assert torch.equal(weight, torch.eye(12, dtype=torch.float64)[layer.perm])
+    assert not torch.equal(layer.perm, torch.arange(12))
+    assert torch.equal(layer.lu, torch.zeros(12, 12, dtype=torch.float64)) and layer.logdet() == 0
+
+
+def test_lu_layer_saved_with_separate_lower_and_upper_still_loads():
+    """Flows saved before L and U were packed into `lu` (parameters `lower` and `upper`) load to the
+    same weight."""
+    from flowcore.flows.invertible_linear import LULinear
+    layer = randomize(LULinear(9).double(), std=0.3)
+    state = {key: value for key, value in layer.state_dict().items() if key != "lu"}
+    state["lower"] = layer.lu.detach() + torch.triu(torch.randn(9, 9, dtype=torch.float64))  # upper part unused
+    state["upper"] = layer.lu.detach() + torch.tril(torch.randn(9, 9, dtype=torch.float64))  # lower part unused
+    loaded = LULinear(9).double()
+    loaded.load_state_dict(state)
+    torch.testing.assert_close(loaded.weight(), layer.weight(), rtol=1e-12, atol=1e-12)
 
 
 def test_cache_built_in_inference_mode_still_serves_gradients_to_inputs():
@@ -184,6 +202,35 @@ def test_fused_training_step_equals_the_composed_layers(dtype):
     for grad, grad_ref in zip(grads, grads_ref):
         scale = grad_ref.abs().max().item()
         torch.testing.assert_close(grad, grad_ref, rtol=tolerance["rtol"], atol=tolerance["atol"] * max(scale, 1.0))
+
+
+@pytest.mark.parametrize("coupling", ["affine", "additive"])
+@pytest.mark.parametrize("dim", [3, 7, 40])
+def test_small_batch_training_applies_the_factors_and_equals_the_folded_step(coupling, dim):
+    """A training batch smaller than FACTORED_ROWS_PER_FEATURE x d applies the LU factors to the
+    batch (`factored_linear`) instead of folding W; value and every gradient equal the folded
+    step's, in float64."""
+    from flowcore.flows import step as step_module
+    torch.manual_seed(dim)
+    step = randomize(step_module.FlowStep(dim, width=8, coupling=coupling), std=0.3).double()
+    step.actnorm.initialize(torch.randn(50, dim, dtype=torch.float64) * 2 + 1)
+    x = torch.randn(max(1, dim // 4), dim, dtype=torch.float64) * 2 + 1
+    assert x.shape[0] < step_module.FACTORED_ROWS_PER_FEATURE * dim
+    results = []
+    for factored in (True, False):
+        step._factored = lambda batch, factored=factored: factored
+        z, logdet = step(x)
+        grads = torch.autograd.grad(z.square().sum() + logdet.sum(), list(step.parameters()))
+        results.append((z, logdet, grads, z.grad_fn))
+    (z, logdet, grads, _), (z_ref, logdet_ref, grads_ref, _) = results
+    torch.testing.assert_close(z, z_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(logdet, logdet_ref, rtol=1e-10, atol=1e-10)
+    for grad, grad_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-9, atol=1e-9)
+    del step._factored
+    assert step._factored(x) and not step._factored(torch.randn(dim, dim, dtype=torch.float64))
+    with torch.no_grad():
+        assert not step._factored(x)
 
 
 def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
