@@ -1,33 +1,85 @@
-"""Shared benchmark plumbing: suites record medians under a group name and a label, and the
-terminal summary prints each group's speed ratios side by side (also written to
-`bench-ratios.json` in the working directory, or $FLOWCORE_BENCH_JSON)."""
+"""Shared benchmark plumbing.
+
+- `record(group, label, **extra)` after a pytest-benchmark run stores its median time under a
+  group and a label; the terminal summary prints each group's times side by side.
+- `goal(name, measured, target, ...)` states a measured ratio (or fraction) against its goal; the
+  summary prints one table of every goal, met or not met.
+- `busy_core()` runs one busy-loop process on one core for the `with` block (the "loaded" case).
+
+Both are written to `bench-ratios.json` in the working directory (or $FLOWCORE_BENCH_JSON).
+"""
+import contextlib
 import json
+import multiprocessing
 import os
+import time
 from collections import defaultdict
 
 import pytest
 
 MEDIANS: dict[str, dict[str, float]] = defaultdict(dict)
 EXTRA: dict[str, dict[str, float]] = defaultdict(dict)
+GOALS: dict[str, dict] = {}
 
 
 @pytest.fixture
-def record(benchmark):
-    """`record(group, label)` after a benchmark run stores its median time for the summary."""
-    def _record(group: str, label: str, **extra) -> float:
-        median = benchmark.stats.stats.median
+def record(request):
+    """`record(group, label)` after a benchmark run stores its median time for the summary;
+    `record(group, label, median=seconds)` stores a time measured by hand."""
+    def _record(group: str, label: str, median: float | None = None, **extra) -> float:
+        benchmark = request.getfixturevalue("benchmark") if median is None else None
+        if median is None:
+            median = benchmark.stats.stats.median
         MEDIANS[group][label] = median
         EXTRA[group].update(extra)
-        benchmark.extra_info.update(extra)
+        if benchmark is not None:
+            benchmark.extra_info.update(extra)
         return median
     return _record
 
 
+def _spin(core: int) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy_core(core: int | None = None):
+    """One busy-loop process on one core (the last CPU this process may use unless `core` is
+    given) for the block: the "one busy core" load of the benchmarks."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    process = multiprocessing.get_context("spawn").Process(target=_spin, args=(cores[-1] if core is None else core,),
+                                                           daemon=True)
+    process.start()
+    time.sleep(0.5)  # let it reach its core
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.join()
+
+
+@pytest.fixture
+def goal():
+    """`goal(name, measured, target, at_most=False, how="")`: `measured` against `target` (met
+    when measured >= target, or <= target with `at_most`); `how` says what was divided by what."""
+    def _goal(name: str, measured: float, target: float, at_most: bool = False, how: str = "") -> bool:
+        met = measured <= target if at_most else measured >= target
+        GOALS[name] = {"measured": float(measured), "target": float(target),
+                       "goal": f"{'<=' if at_most else '>='} {target:g}", "met": bool(met), "how": how,
+                       "load_avg_1min": round(os.getloadavg()[0], 2)}
+        return met
+    return _goal
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not MEDIANS:
+    if not MEDIANS and not GOALS:
         return
-    terminalreporter.section("flowcore benchmark ratios (median times; ratio = other / fastest-first label)")
     summary = {}
+    if MEDIANS:
+        terminalreporter.section("flowcore benchmark times (medians; ratio = other / first label)")
     for group, medians in MEDIANS.items():
         first_label, first = next(iter(medians.items()))
         line = [f"{group}: {first_label} {first * 1e3:.2f} ms"]
@@ -37,6 +89,15 @@ def pytest_terminal_summary(terminalreporter):
             line.append(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}")
         terminalreporter.write_line("; ".join(line))
         summary[group] = {"median_s": medians, **EXTRA[group]}
+    if GOALS:
+        terminalreporter.section("flowcore goals")
+        width = max(len(name) for name in GOALS)
+        terminalreporter.write_line(f"{'goal':<{width}}  {'measured':>9}  {'target':>9}  result   load")
+        for name, row in GOALS.items():
+            terminalreporter.write_line(f"{name:<{width}}  {row['measured']:>9.3g}  {row['goal']:>9}  "
+                                        f"{'met    ' if row['met'] else 'NOT MET'}  {row['load_avg_1min']:.1f}"
+                                        + (f"   ({row['how']})" if row["how"] else ""))
+        summary["goals"] = GOALS
     path = os.environ.get("FLOWCORE_BENCH_JSON", "bench-ratios.json")
     with open(path, "w") as stream:
         json.dump(summary, stream, indent=2)

@@ -1,0 +1,115 @@
+"""The paper's training setting: batch 32, one epoch, Adam lr 1e-3, 20 000 rows, d = 384 and 768,
+flowcore's `fit` against the same Glow in normflows (`peers.NormflowsGlow`, trained by the loop its
+users write), interleaved in one process, on 2 torch threads and on 1, then with one busy core.
+
+Each library keeps its own thread policy under the machine's setting: `torch.set_num_threads(n)`
+is what a user sets; flowcore's `fit` then trains small batches on one thread
+(`flowcore.flows.train.training_threads`), and `threads=n` forces n (also timed, "forced").
+Step times are taken between consecutive loss evaluations, so min and median are per step.
+
+Goals: flowcore >= 3x normflows' fit time at each d and thread count; with one busy core,
+flowcore's fit <= 1.6x its idle time and faster than normflows under the same load.
+
+    pytest bench/test_bench_fit.py -s          # FLOWCORE_BENCH_FIT_ROWS=4000 for a quick look
+"""
+import os
+import statistics
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import busy_core
+from peers import NormflowsGlow, fit_normflows
+
+import flowcore
+
+ROWS = int(os.environ.get("FLOWCORE_BENCH_FIT_ROWS", "20000"))
+DIMS = (384, 768)
+IDLE: dict[int, float] = {}
+"""flowcore's idle fit time at 2 threads, per d (the loaded test's reference)."""
+
+
+def corpus(dim: int) -> torch.Tensor:
+    """Anisotropic, shifted Gaussian rows (what sentence vectors look like to the flow)."""
+    rng = np.random.default_rng(dim)
+    mixing = rng.normal(size=(dim, dim)) / dim**0.5 * np.linspace(0.2, 2.0, dim)
+    return torch.from_numpy((rng.normal(size=(ROWS, dim)) @ mixing + 0.5).astype(np.float32))
+
+
+def fit_flowcore(X: torch.Tensor, threads: int | None = None) -> tuple[float, list[float], float]:
+    torch.manual_seed(0)
+    glow = flowcore.Glow.from_config("l2_d3_w32", X.shape[1])
+    stamps = []
+    real = glow.bits_per_dim
+
+    def stamped(batch):
+        stamps.append(time.perf_counter())
+        return real(batch)
+
+    glow.bits_per_dim = stamped
+    began = time.perf_counter()
+    (loss,) = flowcore.fit(glow, X, batch_size=32, lr=1e-3, seed=0, progress=False, threads=threads)
+    total = time.perf_counter() - began
+    return total, list(np.diff(stamps)), loss
+
+
+def fit_peer(X: torch.Tensor) -> tuple[float, list[float], float]:
+    torch.manual_seed(0)
+    model = NormflowsGlow(X.shape[1])
+    steps = []
+    began = time.perf_counter()
+    loss = fit_normflows(model, X, batch_size=32, lr=1e-3, seed=0, step_times=steps)
+    return time.perf_counter() - began, steps, loss
+
+
+def _report(record, group, label, total, steps, loss):
+    record(group, label, median=total, **{f"{label} step min ms": round(min(steps) * 1e3, 2),
+                                          f"{label} step median ms": round(statistics.median(steps) * 1e3, 2),
+                                          f"{label} loss": round(loss, 4)})
+
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("threads", [2, 1])
+def test_paper_setting_fit(record, goal, dim, threads):
+    X = corpus(dim)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ours = fit_flowcore(X)
+        peer = fit_peer(X)
+        forced = fit_flowcore(X, threads=threads) if threads > 1 else None
+    finally:
+        torch.set_num_threads(before)
+    group = f"paper-fit-d{dim}-{threads}-threads"
+    _report(record, group, "flowcore", *ours)
+    _report(record, group, "normflows", *peer)
+    if forced is not None:
+        _report(record, group, f"flowcore forced {threads} threads", *forced)
+    if threads == 2:
+        IDLE[dim] = ours[0]
+    goal(f"paper fit d={dim} {threads} thread(s): normflows / flowcore", peer[0] / ours[0], 3.0,
+         how=f"{ROWS} rows, batch 32, 1 epoch; {peer[0]:.1f} s / {ours[0]:.1f} s")
+    assert abs(ours[2] - peer[2]) < 0.25, "the two fits should reach a similar loss"
+
+
+@pytest.mark.parametrize("dim", DIMS)
+def test_paper_setting_fit_with_one_busy_core(record, goal, dim):
+    X = corpus(dim)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        if dim not in IDLE:
+            IDLE[dim] = fit_flowcore(X)[0]
+        with busy_core():
+            ours = fit_flowcore(X)
+            peer = fit_peer(X)
+    finally:
+        torch.set_num_threads(before)
+    group = f"paper-fit-d{dim}-one-busy-core"
+    _report(record, group, "flowcore", *ours)
+    _report(record, group, "normflows", *peer)
+    goal(f"paper fit d={dim}, one busy core: loaded / idle flowcore time", ours[0] / IDLE[dim], 1.6,
+         at_most=True, how=f"{ours[0]:.1f} s loaded, {IDLE[dim]:.1f} s idle (2 threads)")
+    goal(f"paper fit d={dim}, one busy core: normflows / flowcore", peer[0] / ours[0], 1.0,
+         how=f"{peer[0]:.1f} s / {ours[0]:.1f} s")
