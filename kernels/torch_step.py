@@ -44,13 +44,16 @@ def torch_affine_step(x, weight, bias, split: int, conditioner: Callable, refere
 
 def _torch_step(x, weight, bias, split: int, shift_and_logit: Callable):
     """(z, logdet, scale) without autograd: y is computed into z and the coupling applied in
-    place on z's second half. `shift_and_logit(y1)` returns (h[:, 0::2], h[:, 1::2] + SCALE_OFFSET);
-    the scale is exp(log sigmoid(logit)), computed in place on the log sigmoid's buffer."""
+    place on z's second half. `shift_and_logit(y1)` returns (h[:, 0::2], h[:, 1::2] + SCALE_OFFSET).
+    The scale is sigmoid(logit) and the log-det the row sums of its log: two passes where log sigmoid
+    then exp took two slower ones (log sigmoid is the slowest op of the step after the GEMMs); a scale
+    that underflows to 0 (logit below about -88 in float32) falls back to log sigmoid."""
     z = torch.addmm(bias, x, weight.T)
     shift, logit = shift_and_logit(z[:, :split])
-    log_scale = F.logsigmoid(logit)
-    logdet = log_scale.sum(dim=1)
-    scale = log_scale.exp_()
+    scale = torch.sigmoid(logit)
+    logdet = torch.log(scale).sum(dim=1)
+    if not bool(torch.isfinite(logdet).all()):
+        logdet = F.logsigmoid(logit).sum(dim=1)
     z[:, split:].add_(shift).mul_(scale)
     return z, logdet, scale
 

@@ -122,6 +122,23 @@ def test_torch_step_without_gradients_matches_reference():
     torch.testing.assert_close(logdet, logdet_ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_torch_step_log_det_of_a_vanishing_scale_stays_exact(dtype):
+    """The log-det is the log of sigmoid's output; where that underflows to 0 (a logit of -200) it
+    falls back to log sigmoid, so the log-det stays finite and equal to the reference's."""
+    x, weight, bias = (t.to(dtype) for t in _inputs(5, 8, torch.float64))
+    net = _mlp(4, 8, dtype, depth=1)
+    with torch.no_grad():
+        net[0].weight.zero_()
+        net[0].bias.fill_(-200.0)
+    with use_backend("torch"), torch.no_grad():
+        z, logdet = folded_affine_step(x, weight, bias, 4, net)
+        z_ref, logdet_ref = folded_affine_step_ref(x, weight, bias, 4, net)
+    assert torch.isfinite(logdet).all()
+    torch.testing.assert_close(logdet, logdet_ref)
+    torch.testing.assert_close(z, z_ref)
+
+
 def test_torch_training_step_gives_exact_second_order_gradients():
     """With create_graph the backward runs autograd of the composed twin, so double backward
     (gradient penalties, Hessian-vector products) matches the reference."""
