@@ -112,7 +112,7 @@ class FlowCalibrator:
         return self.flow
 
     def fit(self, X, progress: bool = True, encoder=None, checkpoint=None,
-            checkpoint_every: int = 1000, rows=None) -> "FlowCalibrator":
+            checkpoint_every: int = 1000, rows=None, threads: int | None = None) -> "FlowCalibrator":
         """Train on the rows of `X` (numpy array, memory map or tensor, at least 2 rows).
 
         Memory stays O(d² + batch·d) whatever the number of rows: X is never copied, the input
@@ -128,6 +128,8 @@ class FlowCalibrator:
                 `checkpoint_every` steps, and resumed from when it exists, to the same model.
             checkpoint_every: optimizer steps between checkpoints.
             rows: the row numbers of X to fit on (e.g. those that are not rejects); None: all rows.
+            threads: torch CPU threads for training; None: `flowcore.flows.train.training_threads`
+                (one for batches under 256 rows).
 
         Returns:
             self, fitted.
@@ -160,7 +162,8 @@ class FlowCalibrator:
         selection = _HeldoutSelection(flow, data, heldout, prepare, linear_start=recipe.input == "whiten")
         self.losses = fit(flow, data, epochs=recipe.epochs, batch_size=recipe.batch_size, lr=recipe.lr,
                           seed=self.seed, progress=progress, on_epoch=selection if heldout is not None else None,
-                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, rows=train, prepare=prepare)
+                          checkpoint=checkpoint, checkpoint_every=checkpoint_every, rows=train, prepare=prepare,
+                          threads=threads)
         if heldout is not None:
             selection.restore_best()
         if self.device is not None and standardizer is not None:

@@ -47,6 +47,9 @@ def register(subparsers) -> None:
                         help="where --input's vectors are cached (.npy, memory-mapped; default OUT.cache.npy; kept)")
     parser.add_argument("--restart", action="store_true",
                         help="ignore an earlier run's checkpoint and unfinished cache, and start over")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for training (default: 1 for batches under 256 rows, where a "
+                        "second thread gains little and a busy core would stall every op; else all CPUs available)")
     parser.set_defaults(func=run)
 
 
@@ -176,7 +179,8 @@ def run(args) -> int:
     if args.restart:
         checkpoint.unlink(missing_ok=True)
     # records the encoder and pooling (None: raw embeddings)
-    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, rows=rows)
+    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, rows=rows,
+                   threads=args.threads)
     calibrator.save(args.out)
     checkpoint.unlink(missing_ok=True)
     kept = "" if calibrator.selected_epoch is None else (

@@ -152,3 +152,20 @@ def _flow_content(path):
 
     with safe_open(str(path), framework="np") as reader:
         return reader.metadata(), {name: reader.get_tensor(name).tobytes() for name in reader.keys()}
+
+
+def test_threads_option_trains_on_that_many_threads(embeddings, tmp_path, capsys, monkeypatch):
+    import flowcore.flows.train as train
+
+    seen = []
+    real = train._fit
+    monkeypatch.setattr(train, "_fit", lambda *args: seen.append(__import__("torch").get_num_threads()) or real(*args))
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "t.flow"), "--config", "l2_d2_w32",
+                 "--batch-size", "32", "--threads", "2"]) == 0
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "d.flow"), "--config", "l2_d2_w32",
+                 "--batch-size", "32"]) == 0
+    assert seen == [2, 1]
+    capsys.readouterr()
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "z.flow"), "--threads", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "threads must be a positive integer" in err and "Traceback" not in err
