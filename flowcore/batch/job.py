@@ -517,6 +517,8 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, inpu
             threads = default_threads(text=True)
         encoder = encoder_for(calibrator, model, pooling, encoder_factory, threads)
         identity["encoder"] = {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": batch_size}
+        if getattr(encoder, "quantize", None) is not None:  # int8 rows never resume a float32 run, nor the reverse
+            identity["encoder"]["quantize"] = encoder.quantize
     check_compatible(calibrator, source, encoder, requested_model)
     if threads is None:
         threads = default_threads(text=False)

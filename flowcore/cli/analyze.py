@@ -10,7 +10,14 @@ import os
 import sys
 
 from flowcore.cli import CLIError, check_device
-from flowcore.cli.arguments import HelpFormatter, add_encoding_arguments, comma_files, comma_names, pair_columns
+from flowcore.cli.arguments import (
+    HelpFormatter,
+    add_encoding_arguments,
+    comma_files,
+    comma_names,
+    pair_columns,
+    quantize_options,
+)
 from flowcore.sts.baselines import CALIBRATIONS
 from flowcore.sts.data import DATA_ENV, DATASETS
 
@@ -113,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         from flowcore.text.encoder import Encoder
 
         encoder = Encoder(args.model or "default", pooling=args.pooling, max_length=args.max_length,
-                          device=args.device)
+                          device=args.device, **quantize_options(args))
     vectors = sentences = None
     pairs = load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad) if args.pairs else []
     if args.corpus is not None:

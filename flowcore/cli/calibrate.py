@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from flowcore.cli.arguments import add_quantize_argument
+
 VECTOR_COLUMN = "embedding"  # = flowcore.batch.outputs.VECTOR_COLUMN (not imported here, so that --help stays light)
 
 
@@ -42,6 +44,7 @@ def register(subparsers) -> None:
                         help="scale calibrated vectors to unit length (for cosine / dot-product stores)")
     parser.add_argument("--model", default=None, help="encoder for text input (default: the one the flow records)")
     parser.add_argument("--pooling", default=None, help="pooling for text input (default: the one the flow records)")
+    add_quantize_argument(parser)
     parser.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     parser.add_argument("--chunk-rows", type=int, default=None,
                         help="rows per chunk (resume granularity); default: 1024 sentences, or ~8 MiB of vectors")
@@ -82,6 +85,8 @@ def job_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.quantize is not None and (args.engine == "ray" or args.embeddings is not None):
+        raise ValueError("--quantize applies to text input with --engine local")
     if args.engine == "ray":
         from flowcore.ray import calibrate_ray
 
@@ -92,5 +97,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--address, --num-workers and --gpus-per-worker need --engine ray")
     from flowcore.batch.job import calibrate_file
 
-    print(calibrate_file(args.flow, args.out, **job_options(args)))
+    factory = None
+    if args.quantize is not None:
+        import functools
+
+        from flowcore.text.encoder import Encoder
+
+        factory = functools.partial(Encoder, quantize=args.quantize)
+    print(calibrate_file(args.flow, args.out, encoder_factory=factory, **job_options(args)))
     return 0

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from flowcore.cli.arguments import add_quantize_argument, quantize_options
 from flowcore.text.pooling import NAMED_POOLINGS
 
 
@@ -28,6 +29,7 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="most sentences per batch")
     parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    add_quantize_argument(parser)
     parser.add_argument("--normalize", action="store_true",
                         help="scale each vector to unit length (for cosine / dot-product stores); NaN rows stay NaN")
     parser.set_defaults(func=run)
@@ -41,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from flowcore.text.encoder import Encoder
 
     sentences, undecodable = read_sentences(args.input)
-    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=check_device(args.device))
+    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=check_device(args.device),
+                      **quantize_options(args))
     embeddings = np.full((len(sentences), encoder.dim), np.nan, dtype=np.float32)
     good = [row for row, text in enumerate(sentences) if text is not None]
     if good:

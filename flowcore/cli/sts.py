@@ -13,7 +13,14 @@ import time
 
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
-from flowcore.cli.arguments import HelpFormatter, add_encoding_arguments, comma_files, comma_names, pair_columns
+from flowcore.cli.arguments import (
+    HelpFormatter,
+    add_encoding_arguments,
+    comma_files,
+    comma_names,
+    pair_columns,
+    quantize_options,
+)
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV, DATASETS
@@ -191,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
 
             fitted = {"flow": prefitted_flow(args.flow, device=args.device)}
         for pooling in args.pooling:
-            encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device)
+            encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device,
+                              **quantize_options(args))
             if fitted is not None:
                 _check_flow_fits(fitted["flow"].calibrator, encoder, args)
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,

@@ -31,7 +31,9 @@ def default_cache_dir() -> Path:
 
 class EmbeddingCache:
     """Sentence vectors stored per (model, pooling, sentence), so nothing is encoded twice.
-    The pooling key carries the encoder's `max_length` when it has one (truncation changes vectors).
+    The pooling key carries the encoder's `max_length` when it has one (truncation changes vectors)
+    and its `quantize` mode when set (int8 vectors never mix with float32 ones; float32 keys are
+    those of earlier versions, so their caches stay valid).
 
     On disk (when `directory` is given): `<directory>/<sha of model+pooling>/<sha of sentences>.npy`
     holds a float32 matrix and the `.json` beside it the model, pooling and the exact sentences of
@@ -83,7 +85,7 @@ class EmbeddingCache:
 
         Args:
             encoder: anything with `encode(sentences, batch_size=, show_progress_bar=)`, `model_id`,
-                `pooling`, `dim` and optionally `max_length` (e.g. `flowcore.text.encoder.Encoder`).
+                `pooling`, `dim` and optionally `max_length` and `quantize` (e.g. `flowcore.text.encoder.Encoder`).
             sentences: the sentences to embed, in order; repeats are encoded once.
             batch_size: the encoding batch size for the sentences not cached yet.
             progress: log what is encoded (INFO) and let the encoder show its progress bar.
@@ -94,6 +96,8 @@ class EmbeddingCache:
         model, pooling = _model_key(str(encoder.model_id)), str(encoder.pooling)
         if getattr(encoder, "max_length", None) is not None:
             pooling = f"{pooling}@max_length={encoder.max_length}"
+        if getattr(encoder, "quantize", None) is not None:
+            pooling = f"{pooling}@quantize={encoder.quantize}"
         known = self._known(model, pooling, int(encoder.dim))
         missing = [s for s in dict.fromkeys(sentences) if s not in known]
         if missing:

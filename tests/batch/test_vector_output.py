@@ -384,3 +384,26 @@ def test_an_earlier_flowcores_unfinished_run_is_refused_until_restart(tmp_path, 
     calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", restart=True, progress=False)
     assert read_manifest(out)["format"] == MANIFEST_FORMAT
     calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)  # a finished run's manifest is fine
+
+
+def test_an_unfinished_float32_text_job_is_not_resumed_in_int8(tmp_path, text_flow):
+    """The encoder's quantize mode is part of a text job's identity: int8 rows never continue a
+    float32 run (the manifest alone would not stop them mixing)."""
+    import functools
+
+    from flowcore import Encoder
+    from flowcore.batch.job import JobMismatchError
+
+    pytest.importorskip("onnxruntime")
+    flow_path, model = text_flow
+    (tmp_path / "c.txt").write_text("\n".join(" ".join(WORDS[i % 5:i % 5 + 4]) for i in range(40)) + "\n")
+
+    def stop_after_first_chunk(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, progress=False,
+                       on_chunk=stop_after_first_chunk)
+    with pytest.raises(JobMismatchError, match="quantize"):
+        calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, progress=False,
+                       encoder_factory=functools.partial(Encoder, quantize="int8"))

@@ -1,0 +1,170 @@
+"""The opt-in fast CPU mode of `Encoder` (`quantize="int8"`): the frozen encoder exported to ONNX
+with int8 dynamic quantisation of its MatMuls, run by ONNX Runtime.
+
+Why ONNX Runtime and not torch's `quantize_dynamic` (measured on a 2-core AMD EPYC, AVX2 without
+VNNI, shared with other jobs, all-MiniLM-L6-v2, STS-B test, mean pooling, flowcore's batching):
+torch int8 (`torch.ao.quantization.quantize_dynamic`, deprecated in torch 2.13 for torchao) ran
+424 sentences/s against 130 for float32 but cost 0.98 Spearman points (fbgemm on AVX2 quantises
+activations to 7 bits, so that VPMADDUBSW cannot saturate, and weights per tensor). ONNX Runtime
+int8 of every MatMul ran ~350-410 sentences/s at a cost of 0.39; keeping the feed-forward
+up-projections in float32 brings the cost to 0.09 (81.95 vs 82.03), at 0.9-1.6x the sentences/s
+of sentence-transformers' int8 ONNX export (interleaved runs at load 3-6 disagree: 141 vs 99 in one
+script, 188 vs 203 in bench/test_bench_encoder.py).
+
+Settings follow the CPU (`weight_type`): without VNNI (AVX2, plain AVX-512), weights are uint8,
+which ONNX Runtime multiplies with uint8 activations in 16-bit lanes that cannot saturate; with
+VNNI they are int8 (the u8 x s8 dot product VNNI does natively). Weights are per channel,
+symmetric, full 8-bit range. One graph per model returns every hidden state, so all poolings
+share it (built once: the export takes seconds); it always runs every layer.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import weakref
+
+import torch
+
+__all__ = ["QUANTIZE_MODES", "QuantizedModel", "check_quantize", "load_quantized", "weight_type"]
+
+QUANTIZE_MODES = ("int8",)
+_NEEDS = "pip install 'flowcore[onnx]' (onnxruntime, onnx, onnxscript)"
+
+
+def check_quantize(quantize, device: torch.device, dtype) -> str | None:
+    """`quantize` checked: None (fp32, any device) or "int8" (CPU only, the model's own float32)."""
+    if quantize is None:
+        return None
+    if quantize not in QUANTIZE_MODES:
+        raise ValueError(f"quantize must be None or one of {', '.join(QUANTIZE_MODES)}, got {quantize!r}")
+    if device.type != "cpu":
+        raise ValueError(f"quantize={quantize!r} is a CPU mode (ONNX Runtime); device {str(device)!r} was asked "
+                         "for: drop quantize on CUDA, where bf16/fp16 autocast is the fast path")
+    if dtype is not None and dtype != torch.float32:
+        raise ValueError(f"quantize={quantize!r} quantises the float32 model; dtype {dtype} cannot be combined with it")
+    return quantize
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags Linux reports (/proc/cpuinfo); empty where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def weight_type(flags: set[str]) -> str:
+    """"int8" weights where the CPU has VNNI (u8 x s8 dot products), else "uint8" (no saturation on AVX2)."""
+    return "int8" if flags & {"avx512_vnni", "avx_vnni", "amx_int8"} else "uint8"
+
+
+class QuantizedModel:
+    """An int8 ONNX graph of a model returning every hidden state, with a session per thread count."""
+
+    def __init__(self, onnx_model: bytes, input_names: tuple[str, ...], weights: str):
+        self._onnx_model = onnx_model
+        self.input_names = input_names
+        self.weights = weights
+        self._sessions: dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        """The engine and settings, for a manifest."""
+        import onnxruntime
+
+        return (f"onnxruntime=={onnxruntime.__version__} dynamic int8 MatMul, {self.weights} weights per channel "
+                f"symmetric, uint8 activations")
+
+    def run(self, inputs: dict, wanted: tuple[int, ...], threads: int) -> list[torch.Tensor]:
+        """Hidden states `wanted` (float32 torch tensors) for `inputs` (torch tensors by input name)."""
+        feed = {name: inputs[name].numpy() for name in self.input_names}
+        states = self._session(threads).run(None, feed)
+        return [torch.from_numpy(states[index]) for index in wanted]
+
+    def _session(self, threads: int):
+        with self._lock:
+            if threads not in self._sessions:
+                import onnxruntime
+
+                options = onnxruntime.SessionOptions()
+                options.intra_op_num_threads = threads  # the Encoder's fixed count: reproducible output
+                options.inter_op_num_threads = 1
+                self._sessions[threads] = onnxruntime.InferenceSession(self._onnx_model, options,
+                                                                       providers=["CPUExecutionProvider"])
+            return self._sessions[threads]
+
+
+_quantized: "weakref.WeakValueDictionary[tuple, QuantizedModel]" = weakref.WeakValueDictionary()
+_most_recent: list[QuantizedModel] = []
+
+
+def load_quantized(source: str, input_names: tuple[str, ...], num_layers: int, mode: str = "int8") -> QuantizedModel:
+    """The quantised graph of the model in `source`, built once per process (export and
+    quantisation take seconds) and shared while any Encoder uses it."""
+    key = (source, input_names, mode)
+    model = _quantized.get(key)
+    if model is None:
+        model = _build(source, input_names, num_layers)
+        _quantized[key] = model
+    _most_recent[:] = [model]
+    return model
+
+
+class _HiddenStates(torch.nn.Module):
+    """The model's forward returning every hidden state (the last one after any final norm)."""
+
+    def __init__(self, model: torch.nn.Module, num_layers: int):
+        super().__init__()
+        self.model, self.num_layers = model, num_layers
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        output = self.model(**{name: value for name, value in inputs.items() if value is not None},
+                            output_hidden_states=True, return_dict=True)
+        return (*output.hidden_states[:self.num_layers], output.last_hidden_state)
+
+
+def _build(source: str, input_names: tuple[str, ...], num_layers: int) -> QuantizedModel:
+    try:
+        import onnx
+        import onnxscript  # noqa: F401
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as error:
+        raise ImportError(f"Encoder(quantize='int8') needs ONNX Runtime: {_NEEDS} ({error})") from None
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True).eval()
+    ids = torch.tensor([[2, 3, 4, 5, 6], [2, 3, 4, 0, 0]])
+    example = {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)}
+    example = {name: example[name] for name in input_names}
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence", min=1)
+    weights = weight_type(cpu_flags())
+    with tempfile.TemporaryDirectory(prefix="flowcore-int8-") as folder:
+        fp32, int8 = os.path.join(folder, "model.onnx"), os.path.join(folder, "model_int8.onnx")
+        with torch.no_grad():
+            torch.onnx.export(_HiddenStates(model, num_layers).eval(), (), fp32, kwargs=example,
+                              input_names=list(input_names),
+                              dynamic_shapes={name: {0: batch, 1: length} for name in input_names},
+                              dynamo=True, external_data=False, verbose=False, report=False)
+        quantize_dynamic(fp32, int8, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=False,
+                         nodes_to_exclude=_widening_matmuls(onnx.load(fp32)),
+                         weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
+                         extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+        with open(int8, "rb") as handle:
+            onnx_model = handle.read()
+    return QuantizedModel(onnx_model, input_names, weights)
+
+
+
+def _widening_matmuls(graph_model) -> list[str]:
+    """The MatMuls whose weight widens the hidden size (the feed-forward up-projections), kept in
+    float32: quantising their input (a LayerNorm output, one scale for the whole batch) cost the
+    most accuracy in the measurement above."""
+    shapes = {tensor.name: tuple(tensor.dims) for tensor in graph_model.graph.initializer}
+    return [node.name for node in graph_model.graph.node if node.op_type == "MatMul" and len(
+        shapes.get(node.input[1], ())) == 2 and shapes[node.input[1]][0] < shapes[node.input[1]][1]]
