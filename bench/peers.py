@@ -76,3 +76,63 @@ def fit_normflows(model: NormflowsGlow, X: torch.Tensor, batch_size: int = 32, l
         if step_times is not None:
             step_times.append(time.perf_counter() - began)
     return total / len(X)
+
+
+class NflowsGlow(torch.nn.Module):
+    """The same multi-scale Glow from nflows transforms (data -> noise is nflows' `forward`): per
+    level `depth` x (ActNorm, RandomPermutation + LULinear, AffineCouplingTransform on the second
+    half with the MLP [d/2, width, width, d], last layer zero); `cache(True)` switches on
+    LULinear's weight cache, as nflows users do in eval."""
+
+    def __init__(self, dim: int, levels: int = 2, depth: int = 3, width: int = 32):
+        from nflows import transforms
+
+        super().__init__()
+        self.dim, self.levels = dim, torch.nn.ModuleList()
+        for level in range(levels):
+            d = dim // 2**level
+            mask = torch.cat([-torch.ones(d // 2), torch.ones(d - d // 2)])
+            steps = []
+            for _ in range(depth):
+                steps += [transforms.ActNorm(d), transforms.RandomPermutation(d), transforms.LULinear(d),
+                          transforms.AffineCouplingTransform(mask, _coupling_net(width))]
+            self.levels.append(transforms.CompositeTransform(steps))
+
+    def cache(self, enabled: bool) -> "NflowsGlow":
+        from nflows.transforms import LULinear
+
+        for module in self.modules():
+            if isinstance(module, LULinear):
+                module.use_cache(enabled)
+        return self
+
+    def latent(self, x):
+        logdet = x.new_zeros(x.shape[0])
+        leaving = []
+        for index, level in enumerate(self.levels):
+            x, level_logdet = level(x)
+            logdet = logdet + level_logdet
+            if index + 1 < len(self.levels):
+                keep = x.shape[1] // 2
+                leaving.append(x[:, keep:])
+                x = x[:, :keep]
+        return torch.cat([x, *reversed(leaving)], 1), logdet
+
+
+class _CouplingNet(torch.nn.Module):
+    """The coupling MLP [in, width, width, out] (last layer zero), called as nflows calls it."""
+
+    def __init__(self, features_in: int, features_out: int, width: int):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(features_in, width), torch.nn.ReLU(),
+                                       torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                       torch.nn.Linear(width, features_out))
+        torch.nn.init.zeros_(self.net[-1].weight)
+        torch.nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, x, context=None):
+        return self.net(x)
+
+
+def _coupling_net(width: int):
+    return lambda features_in, features_out: _CouplingNet(features_in, features_out, width)

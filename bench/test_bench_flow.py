@@ -1,129 +1,93 @@
-"""CPU flow suite: inference (x -> z, logdet) and one training step at d = 768, batch 8192,
-flowcore against normflows built with the same structure, plus the machine's fp32 GEMM roofline.
+"""CPU flow suite at d = 768, `l2_d3_w32`: inference (x -> z, logdet) at batch 8192 and 65 536
+against normflows (LU weight cache off, and on as its users run it in eval) and nflows (cache on),
+the fp32 GEMM roofline measured in the same run, and one batch-8192 training step.
 
-Goals: inference >= 3x normflows and >= 70 % of the roofline (one d x d GEMM per step);
-training step >= 2x normflows. Run: `pytest bench/test_bench_flow.py`.
+Goals: inference >= 1.5x normflows with its cache and >= 80 % of the roofline (one d x d GEMM
+per step) at both batches; training step >= 2x normflows. Peers are interleaved round by round.
+
+    pytest bench/test_bench_flow.py
 """
-import normflows as nf
+import statistics
+import time
+
 import pytest
 import torch
+from peers import NflowsGlow, NormflowsGlow
 
 import flowcore
 
-DIM, BATCH, CONFIG = 768, 8192, "l2_d3_w32"
-LEVELS, DEPTH, WIDTH = 2, 3, 32
+DIM, CONFIG = 768, "l2_d3_w32"
+LEVELS, DEPTH = 2, 3
+BATCHES = (8192, 65536)
+ROUNDS = 5
 
 
-class NormflowsGlow(torch.nn.Module):
-    """The same multi-scale structure from normflows parts: per level `DEPTH` x (ActNorm,
-    LULinearPermute, AffineCouplingBlock with MLP [d/2, 32, 32, d], sigmoid scale); half of the
-    features leave after the first level. normflows maps latent -> data in `forward`, so the
-    data -> latent direction is `inverse`."""
-
-    def __init__(self):
-        super().__init__()
-        self.levels = torch.nn.ModuleList()
-        for level in range(LEVELS):
-            d = DIM // 2**level
-            steps = []
-            for _ in range(DEPTH):
-                steps += [
-                    nf.flows.AffineCouplingBlock(nf.nets.MLP([d // 2, WIDTH, WIDTH, d], init_zeros=True),
-                                                 scale_map="sigmoid"),
-                    nf.flows.LULinearPermute(d),
-                    nf.flows.ActNorm((d,)),
-                ]
-            self.levels.append(torch.nn.ModuleList(steps))
-
-    def latent(self, x):
-        logdet = x.new_zeros(x.shape[0])
-        leaving = []
-        for index, steps in enumerate(self.levels):
-            for flow in reversed(steps):
-                x, step_logdet = flow.inverse(x)
-                logdet = logdet + step_logdet
-            if index + 1 < LEVELS:
-                keep = x.shape[1] // 2
-                leaving.append(x[:, keep:])
-                x = x[:, :keep]
-        return torch.cat([x, *reversed(leaving)], 1), logdet
-
-    def bits_per_dim(self, x):
-        z, logdet = self.latent(x)
-        log_prob = -0.5 * (z * z).sum(1) - 0.5 * DIM * torch.log(torch.tensor(2 * torch.pi)) + logdet
-        return -log_prob.mean() / (DIM * torch.log(torch.tensor(2.0)))
-
-
-@pytest.fixture(scope="module")
-def data():
+def corpus(rows: int) -> torch.Tensor:
     torch.manual_seed(0)
-    return torch.randn(BATCH, DIM) @ (torch.randn(DIM, DIM) / DIM**0.5) + 0.5
+    return torch.randn(rows, DIM) @ (torch.randn(DIM, DIM) / DIM**0.5) + 0.5
 
 
 @pytest.fixture(scope="module")
-def flowcore_glow(data):
+def models():
+    data = corpus(2048)
+    torch.manual_seed(0)
     glow = flowcore.Glow.from_config(CONFIG, DIM)
-    flowcore.fit(glow, data[:1024], batch_size=512, progress=False)  # ActNorm init + a few steps
-    return glow
-
-
-@pytest.fixture(scope="module")
-def normflows_glow(data):
-    model = NormflowsGlow()
+    flowcore.fit(glow, data[:1024], batch_size=512, progress=False)  # ActNorm init + two steps
+    glow.eval()
+    normflows, nflows = NormflowsGlow(DIM), NflowsGlow(DIM)
     with torch.no_grad():
-        model.latent(data[:1024])  # ActNorm data-dependent init
-    return model
+        normflows.latent(data[:1024])  # ActNorm data-dependent init
+        nflows.latent(data[:1024])
+    return {"flowcore": glow, "normflows": normflows.eval(), "nflows": nflows.eval()}
 
 
-def gemm_roofline_seconds(benchmark_gemm) -> float:
-    """Time of the flow's irreducible work at the measured GEMM speed: one d x d GEMM per step."""
-    flops = sum(DEPTH * 2 * BATCH * (DIM // 2**level) ** 2 for level in range(LEVELS))
-    return flops / benchmark_gemm
-
-
-@pytest.fixture(scope="module")
-def gemm_flops_per_second():
-    a, b = torch.randn(BATCH, DIM), torch.randn(DIM, DIM)
-    import time
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(10):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * BATCH * DIM * DIM / best
-
-
-@pytest.mark.benchmark(group="flow-inference-cpu")
-def test_inference_flowcore(benchmark, record, flowcore_glow, data, gemm_flops_per_second):
-    flowcore_glow.eval()
-
-    def run():
-        with torch.inference_mode():
-            return flowcore_glow(data)
-
-    benchmark.pedantic(run, rounds=8, warmup_rounds=2)
-    roofline = gemm_roofline_seconds(gemm_flops_per_second)
-    median = record("flow-inference-cpu", "flowcore", gemm_gflops=gemm_flops_per_second / 1e9)
-    record("flow-inference-cpu", "flowcore", roofline_fraction=roofline / median)
-
-
-@pytest.mark.benchmark(group="flow-inference-cpu")
-def test_inference_normflows(benchmark, record, normflows_glow, data):
-    def run():
-        with torch.inference_mode():
-            return normflows_glow.latent(data)
-
-    benchmark.pedantic(run, rounds=4, warmup_rounds=1)
-    record("flow-inference-cpu", "normflows")
-
-
-@pytest.mark.benchmark(group="gemm-roofline-cpu")
-def test_gemm_roofline(benchmark, record, data):
+def gemm_roofline_seconds(batch: int, x: torch.Tensor) -> float:
+    """The flow's irreducible work at the GEMM speed measured now: one d x d GEMM per step (best of 5)."""
     weight = torch.randn(DIM, DIM)
-    benchmark.pedantic(lambda: data @ weight, rounds=20, warmup_rounds=3)
-    record("gemm-roofline-cpu", f"fp32 GEMM {BATCH}x{DIM}x{DIM}")
+    x @ weight.T
+    best = min(_seconds(lambda: x @ weight.T) for _ in range(5))
+    flops = sum(DEPTH * 2 * batch * (DIM // 2**level) ** 2 for level in range(LEVELS))
+    return best * flops / (2 * batch * DIM * DIM)
+
+
+def _seconds(run) -> float:
+    began = time.perf_counter()
+    run()
+    return time.perf_counter() - began
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_inference(record, goal, models, batch):
+    x = corpus(batch)
+    glow, normflows, nflows = models["flowcore"], models["normflows"], models["nflows"]
+    runs = {
+        "flowcore": lambda: glow(x),
+        "normflows": lambda: normflows.cache(False).latent(x),
+        "normflows (LU cache)": lambda: normflows.cache(True).latent(x),
+        "nflows (LU cache)": lambda: nflows.cache(True).latent(x),
+    }
+    times = {label: [] for label in runs}
+    roofline = []
+    with torch.inference_mode():
+        for run in runs.values():
+            run()  # warm-up: caches built, pages touched
+        for _ in range(ROUNDS):
+            roofline.append(gemm_roofline_seconds(batch, x))
+            for label, run in runs.items():
+                times[label].append(_seconds(run))
+        z, logdet = glow(x[:64])
+        z_peer, logdet_peer = normflows.latent(x[:64])
+    assert z.shape == z_peer.shape and torch.isfinite(logdet).all() and torch.isfinite(logdet_peer).all()
+    group = f"flow-inference-cpu-batch{batch}"
+    ceiling = min(roofline)
+    for label, seconds in times.items():
+        record(group, label, median=statistics.median(seconds), **{f"{label} min ms": round(min(seconds) * 1e3, 1)})
+    record(group, "fp32 GEMM roofline", median=statistics.median(roofline), roofline_min_ms=round(ceiling * 1e3, 1))
+    ours, cached = statistics.median(times["flowcore"]), statistics.median(times["normflows (LU cache)"])
+    goal(f"inference batch {batch}: normflows (LU cache) / flowcore", cached / ours, 1.5,
+         how=f"medians of {ROUNDS} interleaved rounds, {cached * 1e3:.0f} / {ours * 1e3:.0f} ms")
+    goal(f"inference batch {batch}: fraction of the GEMM roofline", ceiling / min(times["flowcore"]), 0.8,
+         how=f"best GEMM-only time {ceiling * 1e3:.0f} ms / best flowcore {min(times['flowcore']) * 1e3:.0f} ms")
 
 
 def train_step(model, optimizer, data):
@@ -134,17 +98,25 @@ def train_step(model, optimizer, data):
     return loss
 
 
-@pytest.mark.benchmark(group="flow-train-step-cpu")
-def test_train_step_flowcore(benchmark, record, flowcore_glow, data):
-    flowcore_glow.train()
-    optimizer = torch.optim.Adam(flowcore_glow.parameters(), lr=1e-5)
-    benchmark.pedantic(train_step, args=(flowcore_glow, optimizer, data), rounds=4, warmup_rounds=1)
-    record("flow-train-step-cpu", "flowcore")
-    flowcore_glow.eval()
-
-
-@pytest.mark.benchmark(group="flow-train-step-cpu")
-def test_train_step_normflows(benchmark, record, normflows_glow, data):
-    optimizer = torch.optim.Adam(normflows_glow.parameters(), lr=1e-5)
-    benchmark.pedantic(train_step, args=(normflows_glow, optimizer, data), rounds=3, warmup_rounds=1)
-    record("flow-train-step-cpu", "normflows")
+def test_train_step(record, goal, models):
+    data = corpus(8192)
+    glow, normflows = models["flowcore"], models["normflows"]
+    glow.train()
+    normflows.train().cache(False)
+    optimizers = {"flowcore": torch.optim.Adam(glow.parameters(), lr=1e-5, fused=True),
+                  "normflows": torch.optim.Adam(normflows.parameters(), lr=1e-5)}
+    times = {"flowcore": [], "normflows": []}
+    try:
+        for round_ in range(4):
+            for label, model in (("flowcore", glow), ("normflows", normflows)):
+                seconds = _seconds(lambda: train_step(model, optimizers[label], data))
+                if round_:  # the first round is the warm-up
+                    times[label].append(seconds)
+    finally:
+        glow.eval()
+        normflows.eval()
+    for label, seconds in times.items():
+        record("flow-train-step-cpu-batch8192", label, median=statistics.median(seconds),
+               **{f"{label} min ms": round(min(seconds) * 1e3, 1)})
+    ratio = statistics.median(times["normflows"]) / statistics.median(times["flowcore"])
+    goal("train step batch 8192: normflows / flowcore", ratio, 2.0, how="medians of 3 interleaved rounds")

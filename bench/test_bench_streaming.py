@@ -12,11 +12,18 @@
 The streaming side is `CalibrationJob` (what `flowcore calibrate` runs) on an already loaded flow
 and encoder: loading them is a fixed cost per job, not a streaming cost.
 
+- Under load: both streaming jobs again with one busy-loop process on one core. Goal: at most
+  1.6x their idle time.
+
 Run: `pytest bench/test_bench_streaming.py`.
 """
+import statistics
+import time
+
 import numpy as np
 import pytest
 import torch
+from conftest import busy_core
 
 from flowcore import Encoder, FlowCalibrator
 from flowcore.batch.job import CalibrationJob, default_threads
@@ -24,6 +31,8 @@ from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 
 ROWS = {384: 24_000, 768: 12_000}
+IDLE: dict[str, float] = {}
+"""Idle median seconds of each streaming job, the loaded runs' reference."""
 SENTENCES = 768
 WORDS = ("the a one two people man woman child dog cat car house city road river tree sun rain day night "
          "is are was walks runs sits plays eats reads writes looks big small old new red green quickly slowly "
@@ -71,6 +80,7 @@ def test_streaming_npy_to_npy(benchmark, record, embeddings_job):
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     median = record(f"calibrate-npy-d{dim}", "streaming npy->npy")
+    IDLE[f"npy-d{dim}"] = median
     record(f"calibrate-npy-d{dim}", "streaming npy->npy", streaming_rows_per_s=len(data) / median)
     np.testing.assert_allclose(np.load(folder / "out.npy")[:100], calibrator.transform(data[:100]), atol=1e-5)
 
@@ -116,6 +126,7 @@ def test_streaming_text_to_npy(benchmark, record, text_job):
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     median = record("calibrate-text", "streaming txt->npy, 1 thread")
+    IDLE["text"] = median
     record("calibrate-text", "streaming txt->npy, 1 thread", streaming_sentences_per_s=len(sentences) / median)
 
 
@@ -125,3 +136,42 @@ def test_encoder_alone_adaptive_threads(benchmark, record, text_job):
     benchmark.pedantic(encoder.encode, args=(sentences,), kwargs={"show_progress_bar": False},
                        rounds=3, warmup_rounds=1)
     record("calibrate-text", "encoder.encode, adaptive threads")
+
+
+def _loaded_seconds(run, rounds: int = 3) -> float:
+    run()  # warm-up, as the idle runs had
+    times = []
+    with busy_core():
+        for _ in range(rounds):
+            began = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def test_streaming_npy_to_npy_with_one_busy_core(record, goal, embeddings_job):
+    dim, folder, data, calibrator = embeddings_job
+    if f"npy-d{dim}" not in IDLE:
+        pytest.skip("needs the idle run (test_streaming_npy_to_npy) first")
+    seconds = _loaded_seconds(lambda: CalibrationJob(EmbeddingFile(folder / "in.npy"), folder / "out.npy",
+                                                     calibrator.transform, dim, threads=default_threads(text=False),
+                                                     progress=False).run())
+    record(f"calibrate-npy-d{dim}", "streaming npy->npy, one busy core", median=seconds)
+    goal(f"calibrate npy d={dim}, one busy core: loaded / idle", seconds / IDLE[f"npy-d{dim}"], 1.6, at_most=True,
+         how=f"{seconds:.2f} s / {IDLE[f'npy-d{dim}']:.2f} s, {len(data)} rows")
+
+
+def test_streaming_text_to_npy_with_one_busy_core(record, goal, text_job):
+    folder, sentences, encoder, calibrator = text_job
+    if "text" not in IDLE:
+        pytest.skip("needs the idle run (test_streaming_text_to_npy) first")
+
+    def run():
+        return CalibrationJob(TextCorpus(folder / "corpus.txt"), folder / "out.npy", calibrator.transform,
+                              calibrator.dim, encode=lambda texts: encoder.encode(texts, show_progress_bar=False),
+                              threads=default_threads(text=True), progress=False).run()
+
+    seconds = _loaded_seconds(run)
+    record("calibrate-text", "streaming txt->npy, one busy core", median=seconds)
+    goal("calibrate text, one busy core: loaded / idle", seconds / IDLE["text"], 1.6, at_most=True,
+         how=f"{seconds:.2f} s / {IDLE['text']:.2f} s, {len(sentences)} sentences")
