@@ -2,9 +2,10 @@
 (all-MiniLM-L6-v2 from its wheel), same sentences (the 2758 of the STS-B test set, repeats
 included), mean pooling, each library with its own defaults. Goal: >= 1.2x sentences/s on CPU.
 
-Group `encoder-cpu` compares the defaults. Group `encoder-cpu-1-thread` runs both with torch
-limited to one thread: on a loaded shared machine it separates flowcore's batching (token-sorted
-batches with a token budget, repeats encoded once, no pooler) from its CPU thread policy.
+Group `encoder-cpu` compares the defaults. Group `encoder-cpu-1-thread` (with
+FLOWCORE_BENCH_ONE_THREAD=1) runs both with torch limited to one thread: on a loaded shared
+machine it separates flowcore's batching (token-sorted batches with a token budget, repeats
+encoded once, no pooler) from its CPU thread policy.
 
 Group `encoder-cpu-int8` compares flowcore's fast mode (`Encoder(quantize="int8")`) with
 sentence-transformers' int8 ONNX model, made as its users make it
@@ -23,6 +24,7 @@ float32 vs int8.
     FLOWCORE_BENCH_ROUNDS=3 pytest bench/test_bench_encoder.py
 """
 import contextlib
+import importlib.util
 import os
 from pathlib import Path
 
@@ -39,7 +41,8 @@ from flowcore.text.encoder import Encoder, default_model_path  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or REPO.parent / "shared" / "data" / "sts")
 ROUNDS = int(os.environ.get("FLOWCORE_BENCH_ROUNDS", "3"))
-SETTINGS = ["cpu", "cpu-1-thread"] + (["cuda"] if torch.cuda.is_available() else [])
+ONE_THREAD = os.environ.get("FLOWCORE_BENCH_ONE_THREAD") == "1"  # the 1-thread group: opt-in (~70 s)
+SETTINGS = ["cpu"] + (["cpu-1-thread"] if ONE_THREAD else []) + (["cuda"] if torch.cuda.is_available() else [])
 
 
 OUTPUTS: dict[str, np.ndarray] = {}  # "setting/label" -> vectors of the last timed run, for the Spearman goals
@@ -169,7 +172,7 @@ def st_onnx(tmp_path_factory) -> dict:
 
     folder = tmp_path_factory.mktemp("st-onnx") / "model"
     shutil.copytree(default_model_path(), folder)
-    try:
+    if importlib.util.find_spec("optimum") is not None and importlib.util.find_spec("optimum.onnxruntime"):
         from sentence_transformers import export_dynamic_quantized_onnx_model
 
         fp32 = SentenceTransformer(str(folder), backend="onnx", device="cpu")
@@ -177,10 +180,9 @@ def st_onnx(tmp_path_factory) -> dict:
         int8 = SentenceTransformer(str(folder), backend="onnx", device="cpu",
                                    model_kwargs={"file_name": "onnx/model_qint8_avx2.onnx"})
         return {"int8": int8, "made_by": "sentence-transformers"}
-    except ImportError:
-        int8 = SentenceTransformer(str(folder), device="cpu")
-        int8[0].model = _OnnxFeatureExtraction(_export_by_hand(folder), int8[0].model.config)
-        return {"int8": int8, "made_by": "by hand (sentence-transformers' ONNX backend does not import here)"}
+    int8 = SentenceTransformer(str(folder), device="cpu")
+    int8[0].model = _OnnxFeatureExtraction(_export_by_hand(folder), int8[0].model.config)
+    return {"int8": int8, "made_by": "by hand (sentence-transformers' ONNX backend does not import here)"}
 
 
 def _flowcore_int8(_):

