@@ -131,4 +131,6 @@ def test_cli_parses_quantize(argv, capsys):
 def test_help_states_measured_figures():
     from flowcore.cli.arguments import QUANTIZE_HELP
 
-    assert "AMD EPYC" in QUANTIZE_HELP and "{" not in QUANTIZE_HELP and "x the sentences/s" in QUANTIZE_HELP
+    assert "AMD EPYC" in QUANTIZE_HELP and "{" not in QUANTIZE_HELP
+    assert "sentences/s" in QUANTIZE_HELP and "x sentence-transformers' int8 ONNX model" in QUANTIZE_HELP
+    assert "Spearman" in QUANTIZE_HELP
