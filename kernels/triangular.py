@@ -13,11 +13,11 @@ are exact.
 `factored_linear(x, loc, logs, lu, diagonal, perm)` = ((x + loc) * exp(logs)) @ (P L U).T, with
 L and U packed in one matrix `lu` (`LULinear`), never forms W: it multiplies the batch by U.T,
 then L.T, then permutes the columns, and its hand-written backward gives the factors' gradients
-as rank-batch products, the strict triangles only. Its cost at small batches is memory traffic
-over d x d matrices, so it reads the off-diagonal blocks of L and U straight from `lu` and masks
-only the diagonal blocks. For a batch of B rows that is 12 B d^2 flops against about 4 d^3 for assembling W and
-differentiating the product, so training with batches much smaller than d (the paper's 32)
-applies the factors (`FlowStep`); large batches fold W once and run one GEMM.
+as rank-batch products, the strict triangles only. For a batch of B rows that is 12 B d^2 flops
+against about 4 d^3 for assembling W and differentiating the product, so training with batches
+much smaller than d (the paper's 32) applies the factors (`FlowStep`); large batches fold W once
+and run one GEMM. At small batches its cost is memory traffic over d x d matrices, so it reads the
+off-diagonal blocks of L and U straight from `lu` and masks only the diagonal blocks.
 """
 from __future__ import annotations
 

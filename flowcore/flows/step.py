@@ -34,8 +34,8 @@ PERMUTATIONS = ("lu", "reverse")
 
 FACTORED_ROWS_PER_FEATURE = 0.5
 """Training batches of fewer than this many rows per feature apply the LU factors to the batch
-(12 B d^2 flops a step) instead of assembling W (about 4 d^3 with the gradient); measured by
-`bench/test_bench_fit.py`."""
+(12 B d^2 flops a step) instead of assembling W (about 4 d^3 with the gradient, plus 6 B d^2 for the
+folded GEMMs): chosen below the flop counts' crossover near 0.6 d, not tuned by measurement."""
 
 
 class FlowStep(nn.Module):
