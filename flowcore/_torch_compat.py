@@ -7,13 +7,15 @@ moves one of them breaks here and nowhere else.
 - `composed_backward(...)`: a custom Function's backward under `create_graph=True`;
 - `has_forward_hooks(module)`: forward (pre-)hooks on a module, its children, or globally;
 - `version_key(tensors)`: identifies the tensors' current contents (storage and in-place version);
-- `relu_backward(grad, output)`: ReLU's gradient from its output, without a temporary mask.
+- `relu_backward(grad, output)`: ReLU's gradient from its output, without a temporary mask;
+- `plain_eager(args)`: plain eager execution (no compilation, dispatch mode or tensor subclass)?
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.nn.modules import module as _module_globals
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
 def functorch_transforms_active() -> bool:
@@ -57,3 +59,12 @@ def has_forward_hooks(module: nn.Module, recurse: bool = True) -> bool:
         return True
     modules = module.modules() if recurse else (module,)
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def plain_eager(args) -> bool:
+    """True when nothing traces or intercepts a call with `args`: no torch.compile/export, no
+    TorchDispatchMode, only plain tensors (no fake or functional tensors, no subclasses), so a
+    custom op's implementation may run directly, without the dispatcher."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    return all(type(a) in (torch.Tensor, nn.Parameter) for a in args if isinstance(a, torch.Tensor))

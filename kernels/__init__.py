@@ -18,10 +18,13 @@ Triton launchers are registered with `torch.library.triton_op` (so torch.compile
 every Triton dispatcher asks `flowcore.backend.resolve` which implementation to run.
 `triangular` and `squared_norm` are PyTorch-only ops with hand-written backwards.
 
+Row log-dets and squared norms are float32 whatever the activations' dtype (float64 for
+float64): `accumulation_dtype(tensor)`.
+
 `launch_counts` maps each op name to the number of Triton launches its host launcher made
 (eager calls), so callers can prove the Triton backend really ran.
 """
-from flowcore.kernels._utils import launch_counts
+from flowcore.kernels._utils import accumulation_dtype, launch_counts
 from flowcore.kernels.actnorm import actnorm, actnorm_inverse, actnorm_inverse_ref, actnorm_ref
 from flowcore.kernels.coupling import (
     SCALE_OFFSET,
@@ -45,6 +48,7 @@ __all__ = [
     "actnorm_inverse",
     "actnorm_inverse_ref",
     "actnorm_ref",
+    "accumulation_dtype",
     "additive_coupling",
     "additive_coupling_inverse",
     "additive_coupling_inverse_ref",

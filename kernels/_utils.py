@@ -1,7 +1,9 @@
 """Helpers shared by the kernel files, in one place (Liger-Kernel's `ops/utils.py`):
 
-- host side: the launch counter, device and shape checks, compute-dtype flags, the dtype of
-  the batch-reduction partial sums and grid sizing;
+- host side: the launch counter, `registered_op` (a launcher registered with
+  `torch.library.triton_op` and called directly in eager mode), the device guard, device and
+  shape checks, compute-dtype flags, the accumulation dtype of partial sums and log-dets, the GEMM
+  routing policy and grid sizing;
 - the tile tables of every launcher (block sizes and launch options per dtype), interpreter
   tables included;
 - `@triton.jit` helpers used by more than one kernel: `load_shift_logit` (the coupling's
@@ -12,10 +14,16 @@ imported, so `INTERPRETED` is read once, here, at that same moment.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+from typing import Callable
+
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op
 
+from flowcore._torch_compat import plain_eager
 from flowcore.backend import BackendUnavailableError
 
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
@@ -26,6 +34,36 @@ launch_counts: dict[str, int] = {}
 
 def record_launch(op: str) -> None:
     launch_counts[op] = launch_counts.get(op, 0) + 1
+
+
+def registered_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
+    """Register a host launcher as the custom op `name` (`torch.library.triton_op`, so that
+    torch.compile and torch.export trace into its kernels) and return a function that calls the
+    launcher directly in plain eager mode: the custom-op layers (autograd and backend
+    redispatch, a Dynamo-disable wrapper) cost hundreds of microseconds of host time per call,
+    more than a launch itself. Under compilation, a dispatch mode or tensor subclasses the
+    registered op runs. Inside the launcher `wrap_triton(kernel)` is the plain kernel in eager
+    mode and the traceable wrapper under the op. Every call launches on its first tensor's
+    device (`device_guard`)."""
+    def decorate(launcher: Callable) -> Callable:
+        op = triton_op(name, mutates_args=mutates_args)(launcher)
+
+        @functools.wraps(launcher)
+        def call(*args):
+            with device_guard(next(a for a in args if isinstance(a, torch.Tensor))):
+                return launcher(*args) if plain_eager(args) else op(*args)
+
+        call.op = op
+        return call
+    return decorate
+
+
+def device_guard(tensor: torch.Tensor):
+    """Launch on `tensor`'s GPU: Triton launches on the current device, so a tensor on cuda:1
+    while cuda:0 is current would be an illegal memory access."""
+    if tensor.device.type == "cuda" and tensor.device.index not in (None, torch.cuda.current_device()):
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
 
 
 def require_launchable(tensor: torch.Tensor, op: str) -> None:
@@ -54,8 +92,10 @@ def is_fp64(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.float64
 
 
-def partial_dtype(tensor: torch.Tensor) -> torch.dtype:
-    """The dtype of the per-program partial sums of a batch reduction over `tensor`."""
+def accumulation_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype of per-program partial sums over `tensor` and of the row log-dets and squared
+    norms computed from it: float64 for float64, float32 for every other dtype (a bfloat16
+    log-det of about 49 per step would be quantised to 0.25)."""
     return torch.float64 if is_fp64(tensor) else torch.float32
 
 
@@ -64,11 +104,28 @@ def allow_tf32(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest"
 
 
+def triton_gemm(tensor: torch.Tensor) -> bool:
+    """Whether a GEMM over `tensor` runs as a Triton kernel (else on cuBLAS through torch):
+    only where its `tl.dot` uses tensor cores (16-bit operands, or float32 with TF32 allowed).
+    A float32 GEMM under torch's default "highest" precision compiles to an FMA loop at a
+    fraction of cuBLAS's speed, and float64 has no tensor-core path; both go to cuBLAS. The
+    interpreter runs every dtype, so the CPU tests cover the kernels."""
+    return INTERPRETED or tensor.dtype in (torch.float16, torch.bfloat16) or allow_tf32(tensor)
+
+
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    device = torch.cuda.current_device() if index is None else index
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def parallel_programs(device: torch.device) -> int:
-    """How many programs keep the device busy (a few per SM; a handful in the interpreter)."""
-    if device.type == "cuda":
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    """How many programs keep the device busy: 8 per SM, so that a grid of kernels with 2-5
+    resident programs per SM ends in a short tail wave rather than a full second one; a
+    handful in the interpreter."""
+    if INTERPRETED:
+        return 4
+    return 8 * _sm_count(device.index)
 
 
 def row_splits(row_blocks: int, other_programs: int, device: torch.device) -> int:
@@ -78,7 +135,8 @@ def row_splits(row_blocks: int, other_programs: int, device: torch.device) -> in
 
 
 # --- tile tables: (BLOCK_B, BLOCK_D) for elementwise kernels, (BLOCK_B, BLOCK_N, BLOCK_K,
-# launch options) for GEMMs. In the interpreter: few, large programs (it pays per program).
+# launch options) for GEMMs. In the interpreter: few, large programs (it pays per program). The
+# GPU GEMM tables cover float32 (TF32) and 16-bit only: other GEMMs run on cuBLAS (`triton_gemm`).
 
 
 def actnorm_tiles(D: int) -> tuple[int, int]:
@@ -107,8 +165,6 @@ def gemm_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]
     """Tiles of the folded-linear forward and dx GEMMs."""
     if INTERPRETED:
         return interpreter_gemm_tiles(B, D)
-    if dtype == torch.float64:
-        return 64, 64, 32, {"num_warps": 4, "num_stages": 2}
     if dtype == torch.float32:
         return 128, 128, 32, {"num_warps": 8, "num_stages": 3}
     return 128, 128, 64, {"num_warps": 8, "num_stages": 3}
@@ -121,8 +177,6 @@ def dx_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
     Hopper's 232,448 B)."""
     if INTERPRETED:
         return interpreter_gemm_tiles(B, D)
-    if dtype == torch.float64:
-        return 64, 32, 64, {"num_warps": 4, "num_stages": 2}
     if dtype == torch.float32:
         return 128, 32, 128, {"num_warps": 8, "num_stages": 3}
     return 128, 64, 128, {"num_warps": 8, "num_stages": 3}
@@ -132,8 +186,6 @@ def dw_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
     """Tiles of the split-batch dW GEMM."""
     if INTERPRETED:
         return interpreter_gemm_tiles(B, D)
-    if dtype == torch.float64:
-        return 32, 64, 64, {"num_warps": 4, "num_stages": 2}
     return 64, 64, 64, {"num_warps": 4, "num_stages": 3}
 
 
@@ -141,8 +193,6 @@ def fused_step_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int,
     """Tiles of the fused step's GEMMs (narrower column blocks: the coupling epilogue)."""
     if INTERPRETED:
         return interpreter_gemm_tiles(B, D)
-    if dtype == torch.float64:
-        return 64, 64, 32, {"num_warps": 4, "num_stages": 2}
     return 128, 64, 32 if dtype == torch.float32 else 64, {"num_warps": 8, "num_stages": 3}
 
 

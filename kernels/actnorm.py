@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
@@ -92,7 +92,7 @@ def _actnorm_bwd_kernel(
     tl.store(part_logs_ptr + out, tl.sum(acc_logs, axis=0), mask=col_ok)
 
 
-@triton_op("flowcore::actnorm_fwd", mutates_args=())
+@_utils.registered_op("flowcore::actnorm_fwd", mutates_args=())
 def _actnorm_fwd(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor, inverse: bool) -> torch.Tensor:
     B, D = x.shape
     y = torch.empty((B, D), dtype=x.dtype, device=x.device)
@@ -106,7 +106,7 @@ def _actnorm_fwd(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor, inverse
     return y
 
 
-@triton_op("flowcore::actnorm_bwd", mutates_args=())
+@_utils.registered_op("flowcore::actnorm_bwd", mutates_args=())
 def _actnorm_bwd(
     grad: torch.Tensor, inp: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor, inverse: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -116,8 +116,8 @@ def _actnorm_bwd(
     block_b, block_d = _utils.actnorm_tiles(D)
     col_blocks = triton.cdiv(D, block_d)
     splits = _utils.row_splits(triton.cdiv(B, block_b), col_blocks, inp.device)
-    part_loc = torch.empty((splits, D), dtype=_utils.partial_dtype(inp), device=inp.device)
-    part_logs = torch.empty((splits, D), dtype=_utils.partial_dtype(inp), device=inp.device)
+    part_loc = torch.empty((splits, D), dtype=_utils.accumulation_dtype(inp), device=inp.device)
+    part_logs = torch.empty((splits, D), dtype=_utils.accumulation_dtype(inp), device=inp.device)
     _utils.record_launch("actnorm_inverse_backward" if inverse else "actnorm_backward")
     wrap_triton(_actnorm_bwd_kernel)[(splits, col_blocks)](
         grad, inp, loc, logs, dinp, part_loc, part_logs,

@@ -3,8 +3,8 @@ autograd Functions, `_ref` twins and dispatchers. Owns `SCALE_OFFSET`.
 
 Given x2 (B, d2) and the conditioner output h:
 - affine (h is (B, 2*d2)): shift = h[:, 0::2], logit = h[:, 1::2] + SCALE_OFFSET (the scale's
-  logit), scale = sigmoid(logit), z2 = (x2 + shift) * scale, logdet = sum(log(scale)) per row;
-  inverse x2 = z2 / scale - shift.
+  logit), scale = sigmoid(logit), z2 = (x2 + shift) * scale, logdet = sum(log(scale)) per row
+  (float32 whatever the input's dtype, float64 for float64); inverse x2 = z2 / scale - shift.
 - additive (h is (B, d2)): z2 = x2 + h, logdet 0.
 `*_ref` are the pure-PyTorch twins; the others dispatch on `flowcore.backend.resolve`.
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
@@ -38,12 +38,17 @@ def _interleaved(h):
     return h.unflatten(1, (-1, 2)).unbind(-1)
 
 
+def row_log_sigmoid_sum(logit):
+    """sum(log sigmoid(logit)) per row, in float32 (float64 for float64): the coupling's log-det."""
+    return F.logsigmoid(logit.to(_utils.accumulation_dtype(logit))).sum(dim=1)
+
+
 def affine_coupling_ref(x2, h):
     shift, logit = _interleaved(h)
     logit = logit + SCALE_OFFSET
     scale = torch.sigmoid(logit)
     z2 = (x2 + shift) * scale
-    return z2, F.logsigmoid(logit).sum(dim=1)
+    return z2, row_log_sigmoid_sum(logit)
 
 
 def affine_coupling_inverse_ref(z2, h):
@@ -51,7 +56,7 @@ def affine_coupling_inverse_ref(z2, h):
     shift, logit = _interleaved(h)
     logit = logit + SCALE_OFFSET
     x2 = z2 / torch.sigmoid(logit) - shift
-    return x2, F.logsigmoid(logit).sum(dim=1)
+    return x2, row_log_sigmoid_sum(logit)
 
 
 def additive_coupling_ref(x2, h):
@@ -65,11 +70,12 @@ def additive_coupling_inverse_ref(z2, h):
 @triton.jit
 def _affine_fwd_kernel(
     inp_ptr, h_ptr, out_ptr, logdet_ptr,
-    B, D2, stride_ib, stride_id, stride_hb, stride_hd,
+    B, D2, stride_ib, stride_id, stride_hb, stride_hd, stride_ob,
     SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """One program per row block: walks the columns, writes z2 (or x2) and the row log-dets."""
+    """One program per row block: walks the columns, writes z2 (or x2) and the row log-dets. out
+    may be inp itself (each element is read before it is written, by the same program)."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
     rows = row_block(tl.program_id(0), BLOCK_B)
     logdet = tl.zeros((BLOCK_B, BLOCK_D), dtype=compute)
@@ -84,7 +90,7 @@ def _affine_fwd_kernel(
             out = inp.to(compute) / scale - shift
         else:
             out = (inp.to(compute) + shift) * scale
-        tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + rows[:, None] * stride_ob + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
         logdet += tl.where(mask, log_sigmoid(logit), 0.0)
     tl.store(logdet_ptr + rows, tl.sum(logdet, axis=1).to(logdet_ptr.dtype.element_ty), mask=rows < B)
 
@@ -92,14 +98,16 @@ def _affine_fwd_kernel(
 @triton.jit
 def _affine_bwd_kernel(
     grad_ptr, grad_logdet_ptr, inp_ptr, h_ptr, dinp_ptr, dh_ptr,
-    B, D2, stride_gb, stride_gd, stride_gl, stride_ib, stride_id, stride_hb, stride_hd,
-    SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    B, D2, stride_gb, stride_gd, stride_gl, stride_ib, stride_id, stride_hb, stride_hd, stride_dib,
+    SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FROM_OUTPUT: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Elementwise: d(input) and the interleaved dh = [dshift, dlogit] from the output grad g and
     the log-det grad gl. With s = sigmoid(logit) and ds/dlogit = s(1 - s):
     forward  z = (x + shift) s : dx = dshift = g s,  dlogit = (1 - s)(g z + gl);
-    inverse  x = z / s - shift : dz = g / s, dshift = -g, dlogit = (1 - s)(gl - g z / s)."""
+    inverse  x = z / s - shift : dz = g / s, dshift = -g, dlogit = (1 - s)(gl - g z / s).
+    With FROM_OUTPUT (forward only) inp holds the output z instead of x (the fused training step
+    keeps z, not y2). d(input) rows are stride_dib apart (a column slice of the step's dy)."""
     compute: tl.constexpr = tl.float64 if FP64 else tl.float32
     rows = row_block(tl.program_id(0), BLOCK_B)
     col_start = tl.program_id(1) * BLOCK_D
@@ -118,8 +126,9 @@ def _affine_bwd_kernel(
     else:
         dinp = g * scale
         dshift = dinp
-        dlogit = (1.0 - scale) * (g * (inp + shift) * scale + gl)
-    tl.store(dinp_ptr + rows[:, None] * D2 + cols[None, :], dinp.to(dinp_ptr.dtype.element_ty), mask=mask)
+        z = inp if FROM_OUTPUT else (inp + shift) * scale
+        dlogit = (1.0 - scale) * (g * z + gl)
+    tl.store(dinp_ptr + rows[:, None] * stride_dib + cols[None, :], dinp.to(dinp_ptr.dtype.element_ty), mask=mask)
     dh = tl.reshape(tl.join(dshift, dlogit), (BLOCK_B, 2 * BLOCK_D))
     cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
     mask2 = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
@@ -141,39 +150,69 @@ def _additive_kernel(
     tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton_op("flowcore::affine_coupling_fwd", mutates_args=())
-def _affine_fwd(inp: torch.Tensor, h: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch_affine_fwd(inp, h, out, logdet, inverse: bool) -> None:
     B, D2 = inp.shape
-    out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
-    logdet = torch.empty((B,), dtype=inp.dtype, device=inp.device)
     block_b, block_d = _utils.coupling_tiles(D2)
-    _utils.record_launch("affine_coupling_inverse" if inverse else "affine_coupling")
     wrap_triton(_affine_fwd_kernel)[(triton.cdiv(B, block_b),)](
-        inp, h, out, logdet, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1),
+        inp, h, out, logdet, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1), out.stride(0),
         SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FP64=_utils.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
     )
+
+
+@_utils.registered_op("flowcore::affine_coupling_fwd", mutates_args=())
+def _affine_fwd(inp: torch.Tensor, h: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
+    logdet = torch.empty((inp.shape[0],), dtype=_utils.accumulation_dtype(inp), device=inp.device)
+    _utils.record_launch("affine_coupling_inverse" if inverse else "affine_coupling")
+    _launch_affine_fwd(inp, h, out, logdet, inverse)
     return out, logdet
 
 
-@triton_op("flowcore::affine_coupling_bwd", mutates_args=())
-def _affine_bwd(
-    grad: torch.Tensor, grad_logdet: torch.Tensor, inp: torch.Tensor, h: torch.Tensor, inverse: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+@_utils.registered_op("flowcore::affine_coupling_fwd_into", mutates_args=("out",))
+def _affine_fwd_into(inp: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = the forward coupling of inp (out may be inp: in place, rows of any stride, unit
+    column stride); returns the row log-dets."""
+    logdet = torch.empty((inp.shape[0],), dtype=_utils.accumulation_dtype(inp), device=inp.device)
+    _utils.record_launch("affine_coupling_into")
+    _launch_affine_fwd(inp, h, out, logdet, inverse=False)
+    return logdet
+
+
+def _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse: bool, from_output: bool) -> None:
     B, D2 = inp.shape
-    dinp = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
-    dh = torch.empty((B, 2 * D2), dtype=h.dtype, device=h.device)
     block_b, block_d = _utils.coupling_tiles(D2)
-    _utils.record_launch("affine_coupling_inverse_backward" if inverse else "affine_coupling_backward")
     wrap_triton(_affine_bwd_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
         grad, grad_logdet, inp, h, dinp, dh,
         B, D2, grad.stride(0), grad.stride(1), grad_logdet.stride(0), inp.stride(0), inp.stride(1),
-        h.stride(0), h.stride(1),
-        SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FP64=_utils.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+        h.stride(0), h.stride(1), dinp.stride(0),
+        SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FROM_OUTPUT=from_output, FP64=_utils.is_fp64(inp),
+        BLOCK_B=block_b, BLOCK_D=block_d,
     )
+
+
+@_utils.registered_op("flowcore::affine_coupling_bwd", mutates_args=())
+def _affine_bwd(
+    grad: torch.Tensor, grad_logdet: torch.Tensor, inp: torch.Tensor, h: torch.Tensor, inverse: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dinp = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
+    dh = torch.empty((inp.shape[0], 2 * inp.shape[1]), dtype=h.dtype, device=h.device)
+    _utils.record_launch("affine_coupling_inverse_backward" if inverse else "affine_coupling_backward")
+    _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse, from_output=False)
     return dinp, dh
 
 
-@triton_op("flowcore::additive_coupling_fwd", mutates_args=())
+@_utils.registered_op("flowcore::affine_coupling_bwd_from_output", mutates_args=("dinp",))
+def _affine_bwd_from_output(grad: torch.Tensor, grad_logdet: torch.Tensor, out: torch.Tensor, h: torch.Tensor,
+                            dinp: torch.Tensor) -> torch.Tensor:
+    """The forward coupling's backward from its output z2 (not its input): writes d(input) into
+    `dinp` (rows of any stride, unit column stride) and returns the interleaved dh."""
+    dh = torch.empty((out.shape[0], 2 * out.shape[1]), dtype=h.dtype, device=h.device)
+    _utils.record_launch("affine_coupling_backward_from_output")
+    _launch_affine_bwd(grad, grad_logdet, out, h, dinp, dh, inverse=False, from_output=True)
+    return dh
+
+
+@_utils.registered_op("flowcore::additive_coupling_fwd", mutates_args=())
 def _additive_fwd(inp: torch.Tensor, h: torch.Tensor, subtract: bool) -> torch.Tensor:
     B, D2 = inp.shape
     out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)

@@ -7,11 +7,21 @@ This file owns the Triton fused step, its `folded_affine_step_ref` twin (plain a
 logdet); the step's own ActNorm + 1x1 log-det (a constant) is the caller's. x: (B, d), any
 strides; z is contiguous, in x's dtype.
 
-- Triton path, no gradient wanted (calibrating large embedding sets): the first GEMM writes y1
-  straight into z, and the second GEMM computes y2 tile by tile and applies the coupling in its
-  epilogue, so y2 never touches memory and no concatenation pass is needed. Row log-dets are
-  summed from one partial per column block (fixed order, deterministic). When a gradient is
-  wanted it composes the differentiable ops (`folded_linear`, `affine_coupling`).
+- Triton path, forward (inference and training alike): the first GEMM writes y1 straight into
+  z, and the second GEMM computes y2 tile by tile and applies the coupling in its epilogue, so
+  y2 never touches memory and no concatenation pass is needed. Row log-dets are summed from one
+  partial per column block (fixed order, deterministic) and returned in float32 (float64 for
+  float64). Where a Triton GEMM would not use tensor cores (float32 under torch's "highest"
+  precision, float64: `_utils.triton_gemm`), cuBLAS computes y into z and one elementwise
+  kernel applies the coupling in place.
+- Triton path, training (`_TritonAffineStep`, for an `nn.Module` conditioner): the forward above
+  keeps z and h; the backward is one elementwise kernel that writes dy2 = dz2 * scale into dy's
+  second half and the interleaved dh from z2 (no y2 is kept), the conditioner's own backward,
+  one add writing dy1 = dz1 + the conditioner's input gradient into dy's first half, and the
+  two weight GEMMs on cuBLAS: no concatenation, slice gradient or accumulation pass. Composed
+  differentiable ops (`folded_linear`, `affine_coupling`) run instead under torch.compile,
+  dispatch modes, `torch.func` transforms and autocast, for conditioners that are not modules,
+  and to differentiate the backward itself (`create_graph=True`).
 - PyTorch path: `flowcore.kernels.torch_step` (in place, with a hand-written training backward).
 """
 from __future__ import annotations
@@ -21,12 +31,20 @@ from typing import Callable
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch import nn
+from torch.library import wrap_triton
 
+from flowcore._torch_compat import composed_autograd_only, composed_backward, plain_eager
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
 from flowcore.kernels._utils import linear_tile, load_shift_logit, log_sigmoid, row_block
-from flowcore.kernels.coupling import SCALE_OFFSET, affine_coupling, affine_coupling_ref
+from flowcore.kernels.coupling import (
+    SCALE_OFFSET,
+    _affine_bwd_from_output,
+    _affine_fwd_into,
+    affine_coupling,
+    affine_coupling_ref,
+)
 from flowcore.kernels.folded_linear import folded_linear, folded_linear_ref
 from flowcore.kernels.torch_step import torch_affine_step
 
@@ -79,7 +97,7 @@ def _launch_gemm(x, weight, bias, h, z, part_logdet, coupling: bool) -> None:
     )
 
 
-@triton_op("flowcore::folded_gemm_into", mutates_args=("z",))
+@_utils.registered_op("flowcore::folded_gemm_into", mutates_args=("z",))
 def _folded_gemm_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> None:
     """z[:, :n] = x @ weight.T + bias, n = weight.shape[0] (z's other columns untouched)."""
     _utils.record_launch("folded_step_first_half")
@@ -87,16 +105,81 @@ def _folded_gemm_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     _launch_gemm(x, weight, bias, bias[None, :], z, bias, coupling=False)
 
 
-@triton_op("flowcore::folded_gemm_coupling_into", mutates_args=("z",))
+@_utils.registered_op("flowcore::folded_gemm_coupling_into", mutates_args=("z",))
 def _folded_gemm_coupling_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, h: torch.Tensor,
-                 z: torch.Tensor) -> torch.Tensor:
+                               z: torch.Tensor) -> torch.Tensor:
     """z[:, split:] = affine coupling of x @ weight.T + bias with h; returns the row log-dets."""
     B, N = x.shape[0], weight.shape[0]
     block_n = _utils.fused_step_tiles(x.dtype, B, max(N, x.shape[1]))[1]
-    part_logdet = torch.empty((triton.cdiv(N, block_n), B), dtype=_utils.partial_dtype(x), device=x.device)
+    part_logdet = torch.empty((triton.cdiv(N, block_n), B), dtype=_utils.accumulation_dtype(x), device=x.device)
     _utils.record_launch("folded_step_coupling")
     _launch_gemm(x, weight, bias, h, z, part_logdet, coupling=True)
-    return part_logdet.sum(dim=0).to(x.dtype)
+    return part_logdet.sum(dim=0)
+
+
+def _first_half(x, weight, bias, split: int) -> torch.Tensor:
+    """z with y1 = x @ W[:split].T + b[:split] in its first `split` columns; with cuBLAS (see
+    `_utils.triton_gemm`), all of y = x @ W.T + b."""
+    if _utils.triton_gemm(x):
+        z = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+        _folded_gemm_into(x, weight[:split], bias[:split], z)
+        return z
+    return torch.addmm(bias, x, weight.T)
+
+
+def _second_half(x, weight, bias, split: int, h, z) -> torch.Tensor:
+    """z[:, split:] = the coupling of y2 with h (after `_first_half`); returns the row log-dets."""
+    _utils.require_matrix("folded_affine_step conditioner output", h, 2 * (weight.shape[0] - split))
+    if _utils.triton_gemm(x):
+        return _folded_gemm_coupling_into(x, weight[split:], bias[split:], h, z[:, split:])
+    return _affine_fwd_into(z[:, split:], h, z[:, split:])
+
+
+class _TritonAffineStep(torch.autograd.Function):
+    """The Triton training step with a hand-written backward (see the module docstring).
+
+    The conditioner's graph is built in the forward from a detached view of z's first half and
+    kept on ctx; the kernels write z without autograd's version counters, which is why this
+    Function runs only in plain eager mode (`plain_eager`)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, split: int, conditioner: nn.Module, *params):
+        z = _first_half(x, weight, bias, split)
+        with torch.enable_grad():
+            y1 = z[:, :split].detach().requires_grad_()
+            h = conditioner(y1)
+        logdet = _second_half(x, weight, bias, split, h.detach(), z)
+        ctx.split, ctx.conditioner, ctx.graph = split, conditioner, (y1, h)
+        ctx.save_for_backward(x, weight, bias, z, *params)
+        return z, logdet
+
+    @staticmethod
+    def backward(ctx, dz, dlogdet):
+        x, weight, bias, z, *params = ctx.saved_tensors
+        split, (y1, h) = ctx.split, ctx.graph
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        need_params = ctx.needs_input_grad[5:]
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the composed twin
+            outputs = folded_affine_step_ref(x, weight, bias, split, ctx.conditioner)
+            grads = composed_backward(outputs, (x, weight, bias, *params), (need_x, need_w, need_b, *need_params),
+                                      (dz, dlogdet))
+            return (*grads[:3], None, None, *grads[3:])
+        dz = torch.zeros_like(z) if dz is None else dz
+        dlogdet = z.new_zeros(z.shape[0], dtype=_utils.accumulation_dtype(z)) if dlogdet is None else dlogdet
+        dy = torch.empty_like(z)
+        dh = _affine_bwd_from_output(dz[:, split:], dlogdet, z[:, split:], h.detach(), dy[:, split:])
+        wanted = [y1, *(p for p, needed in zip(params, need_params) if needed)]
+        grads = iter(torch.autograd.grad(h, wanted, dh, allow_unused=True))
+        dy1 = next(grads)
+        if dy1 is None:
+            dy[:, :split].copy_(dz[:, :split])
+        else:
+            torch.add(dz[:, :split], dy1, out=dy[:, :split])
+        param_grads = [next(grads) if needed else None for needed in need_params]
+        dx = dy @ weight if need_x else None
+        dweight = dy.T @ x if need_w else None
+        dbias = dy.sum(dim=0) if need_b else None
+        return dx, dweight, dbias, None, None, *param_grads
 
 
 def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
@@ -109,18 +192,22 @@ def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
     if resolve(x) != "triton":
         return torch_affine_step(x, weight, bias, split, conditioner, folded_affine_step_ref)
     _utils.require_launchable(x, "folded_affine_step")
-    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias))
+    params = list(conditioner.parameters()) if isinstance(conditioner, nn.Module) else []
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias, *params))
     if wants_grad:
-        y = folded_linear(x, weight, bias)
-        y1 = y[:, :split]
-        z2, logdet = affine_coupling(y[:, split:], conditioner(y1))
-        return torch.cat([y1, z2], dim=1), logdet
-    z = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    _folded_gemm_into(x, weight[:split], bias[:split], z)
+        if isinstance(conditioner, nn.Module) and plain_eager((x, weight, bias)) and not composed_autograd_only(x):
+            return _TritonAffineStep.apply(x, weight, bias, split, conditioner, *params)
+        return _composed_step(x, weight, bias, split, conditioner)
+    z = _first_half(x, weight, bias, split)
     h = conditioner(z[:, :split])
-    _utils.require_matrix("folded_affine_step conditioner output", h, 2 * (weight.shape[0] - split))
-    if h.requires_grad:  # a trainable conditioner under grad mode: keep h's gradient path
-        z2, logdet = affine_coupling(folded_linear(x, weight[split:], bias[split:]), h)
-        return torch.cat([z[:, :split], z2], dim=1), logdet
-    logdet = _folded_gemm_coupling_into(x, weight[split:], bias[split:], h, z[:, split:])
-    return z, logdet
+    if h.requires_grad:  # a conditioner that closes over trainable tensors: keep h's gradient path
+        return _composed_step(x, weight, bias, split, conditioner)
+    return z, _second_half(x, weight, bias, split, h, z)
+
+
+def _composed_step(x, weight, bias, split: int, conditioner: Callable):
+    """The step as composed differentiable Triton ops (autograd joins them)."""
+    y = folded_linear(x, weight, bias)
+    y1 = y[:, :split]
+    z2, logdet = affine_coupling(y[:, split:], conditioner(y1))
+    return torch.cat([y1, z2], dim=1), logdet

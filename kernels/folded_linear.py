@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
+from torch.library import wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
@@ -107,7 +107,7 @@ def _linear_bwd_dw_kernel(
     tl.store(part_db_ptr + split * N + ns, tl.sum(acc_db, axis=1), mask=ns < db_columns)
 
 
-@triton_op("flowcore::linear_fwd", mutates_args=())
+@_utils.registered_op("flowcore::linear_fwd", mutates_args=())
 def _linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     B, K = x.shape
     N = weight.shape[0]
@@ -123,7 +123,7 @@ def _linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     return z
 
 
-@triton_op("flowcore::linear_bwd_dx", mutates_args=())
+@_utils.registered_op("flowcore::linear_bwd_dx", mutates_args=())
 def _linear_bwd_dx(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """dx = dz @ weight (x gives the shape and dtype)."""
     B, K = x.shape
@@ -139,7 +139,7 @@ def _linear_bwd_dx(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor) -> t
     return dx
 
 
-@triton_op("flowcore::linear_bwd_dw", mutates_args=())
+@_utils.registered_op("flowcore::linear_bwd_dw", mutates_args=())
 def _linear_bwd_dw(dz: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-split partials of dW = dz.T @ x and db = dz.sum(0)."""
     B, K = x.shape
@@ -147,8 +147,8 @@ def _linear_bwd_dw(dz: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, tor
     block_b, block_n, block_k, options = _utils.dw_tiles(x.dtype, B, max(N, K))
     tiles = triton.cdiv(N, block_n) * triton.cdiv(K, block_k)
     splits = _utils.row_splits(triton.cdiv(B, block_b), tiles, x.device)
-    part_dw = torch.empty((splits, N, K), dtype=_utils.partial_dtype(x), device=x.device)
-    part_db = torch.empty((splits, N), dtype=_utils.partial_dtype(x), device=x.device)
+    part_dw = torch.empty((splits, N, K), dtype=_utils.accumulation_dtype(x), device=x.device)
+    part_db = torch.empty((splits, N), dtype=_utils.accumulation_dtype(x), device=x.device)
     _utils.record_launch("folded_linear_backward_dw")
     wrap_triton(_linear_bwd_dw_kernel)[(splits, tiles)](
         dz, x, part_dw, part_db, B, N, K, dz.stride(0), dz.stride(1), x.stride(0), x.stride(1),
@@ -179,10 +179,13 @@ class _FoldedLinear(torch.autograd.Function):
 
 
 def folded_linear(x, weight, bias):
+    """x @ weight.T + bias. On the Triton backend the kernels run where their GEMMs use tensor
+    cores (`_utils.triton_gemm`); float32 under "highest" precision and float64 run on cuBLAS."""
     if resolve(x) == "triton":
         _utils.require_matrix("folded_linear input", x)
         _utils.require_matrix("folded_linear weight", weight, x.shape[1])
         _utils.require_launchable(x, "folded_linear")
         _utils.require_vector("folded_linear bias", bias, weight.shape[0])
-        return _FoldedLinear.apply(x, weight, bias)
+        if _utils.triton_gemm(x):
+            return _FoldedLinear.apply(x, weight, bias)
     return folded_linear_ref(x, weight, bias)

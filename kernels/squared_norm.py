@@ -1,4 +1,5 @@
-"""Each row's sum of squares, sum_j z[i, j]^2 (the Gaussian prior's log-density term):
+"""Each row's sum of squares, sum_j z[i, j]^2 (the Gaussian prior's log-density term), in
+float32 for 16-bit z (float64 for float64):
 `squared_norm_ref` (the composed op), `_SquaredNorm` and the `squared_norm` dispatcher, a
 pure-PyTorch op.
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 import torch
 
 from flowcore._torch_compat import composed_autograd_only
+from flowcore.kernels._utils import accumulation_dtype
 
 
 def squared_norm_ref(z: torch.Tensor) -> torch.Tensor:
+    z = z.to(accumulation_dtype(z))
     return torch.linalg.vecdot(z, z)
 
 
@@ -29,9 +32,9 @@ class _SquaredNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z):
         ctx.save_for_backward(z)
-        return torch.linalg.vecdot(z, z)
+        return squared_norm_ref(z)
 
     @staticmethod
     def backward(ctx, grad):
         (z,) = ctx.saved_tensors
-        return z * (2.0 * grad)[:, None]
+        return (z * (2.0 * grad)[:, None]).to(z.dtype)

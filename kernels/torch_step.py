@@ -22,7 +22,7 @@ from torch import nn
 
 from flowcore._torch_compat import composed_autograd_only, composed_backward, has_forward_hooks, relu_backward
 from flowcore.kernels import _utils
-from flowcore.kernels.coupling import SCALE_OFFSET
+from flowcore.kernels.coupling import SCALE_OFFSET, row_log_sigmoid_sum
 
 
 def torch_affine_step(x, weight, bias, split: int, conditioner: Callable, reference: Callable):
@@ -51,9 +51,9 @@ def _torch_step(x, weight, bias, split: int, shift_and_logit: Callable):
     z = torch.addmm(bias, x, weight.T)
     shift, logit = shift_and_logit(z[:, :split])
     scale = torch.sigmoid(logit)
-    logdet = torch.log(scale).sum(dim=1)
+    logdet = torch.log(scale).sum(dim=1, dtype=_utils.accumulation_dtype(scale))
     if not bool(torch.isfinite(logdet).all()):
-        logdet = F.logsigmoid(logit).sum(dim=1)
+        logdet = row_log_sigmoid_sum(logit)
     z[:, split:].add_(shift).mul_(scale)
     return z, logdet, scale
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from flowcore._torch_compat import functorch_transforms_active, has_forward_hooks
 from flowcore.flows.step import FlowStep
-from flowcore.kernels import squared_norm
+from flowcore.kernels import accumulation_dtype, squared_norm
 
 __all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "LINEAR_START_SCALE", "Glow"]
 
@@ -128,7 +128,8 @@ class Glow(nn.Module):
     def forward(self, x: torch.Tensor):
         self._check(x, "forward")
         if self._blocked_inference(x):
-            z, logdet = torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[0])
+            z = torch.empty_like(x, memory_format=torch.contiguous_format)
+            logdet = x.new_empty(x.shape[0], dtype=accumulation_dtype(x))
             step = max(1, CPU_BLOCK_BYTES // (self.dim * x.element_size()))
             for start in range(0, x.shape[0], step):
                 rows = slice(start, start + step)
@@ -150,7 +151,7 @@ class Glow(nn.Module):
     def _latent_parts(self, x: torch.Tensor):
         """z's column blocks (the last level's output, then the latents that left earlier, from
         the latest to the first) and the log-det; `log_prob` needs no concatenated z."""
-        h, logdet, leaving = x, x.new_zeros(x.shape[0]), []
+        h, logdet, leaving = x, x.new_zeros(x.shape[0], dtype=accumulation_dtype(x)), []
         for index, steps in enumerate(self.levels):
             for step in steps:
                 h, step_logdet = step(h)
@@ -164,7 +165,7 @@ class Glow(nn.Module):
     def inverse(self, z: torch.Tensor, return_logdet: bool = False):
         """x from z; with `return_logdet`, also log|det dx/dz| per row (the negative of forward's)."""
         self._check(z, "inverse")
-        h, logdet = z[:, : self.level_dims[-1]], z.new_zeros(z.shape[0])
+        h, logdet = z[:, : self.level_dims[-1]], z.new_zeros(z.shape[0], dtype=accumulation_dtype(z))
         for index in reversed(range(len(self.levels))):
             if index + 1 < len(self.levels):
                 h = torch.cat([h, z[:, self.level_dims[index + 1] : self.level_dims[index]]], dim=1)

@@ -38,7 +38,8 @@ def _assert_gradients_equal(a, b, tolerance):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("coupling,permutation", [("affine", "lu"), ("additive", "reverse")])
+@pytest.mark.parametrize("coupling,permutation", [("affine", "lu"), ("additive", "lu"), ("affine", "reverse"),
+                                                  ("additive", "reverse")])
 def test_glow_training_pass_and_inverse_match_between_backends(dtype, coupling, permutation):
     reference = _glow(dtype, coupling=coupling, permutation=permutation)
     fused = copy.deepcopy(reference)
@@ -53,12 +54,14 @@ def test_glow_training_pass_and_inverse_match_between_backends(dtype, coupling, 
         z, logdet = fused(x)
         (z.square().sum() - logdet.sum()).backward()
     launched = {op for op, count in launch_counts.items() if count > before.get(op, 0)}
-    if permutation == "lu":  # the ActNorm runs folded into the GEMM's weight and bias
-        linear = {"folded_linear", "folded_linear_backward_dx", "folded_linear_backward_dw"}
-        assert linear <= launched, f"no fused linear kernels launched: {launched}"
+    if permutation == "lu" and coupling == "affine":  # the fused training step: ActNorm + 1x1 folded
+        expected = {"folded_step_first_half", "folded_step_coupling", "affine_coupling_backward_from_output"}
+        assert not {"folded_linear", "affine_coupling"} & launched, launched
+    elif permutation == "lu":
+        expected = {"folded_linear", "folded_linear_backward_dx", "folded_linear_backward_dw", "additive_coupling"}
     else:
-        assert {"actnorm", "actnorm_backward"} <= launched, launched
-    expected = {"affine_coupling", "affine_coupling_backward"} if coupling == "affine" else {"additive_coupling"}
+        expected = {"actnorm", "actnorm_backward"}
+        expected |= {"affine_coupling", "affine_coupling_backward"} if coupling == "affine" else {"additive_coupling"}
     assert expected <= launched, f"Triton kernels not launched: {expected - launched}"
 
     torch.testing.assert_close(z, z_ref, **tolerance)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import flowcore.kernels._utils as kernel_utils
+from flowcore.backend import use_backend
 from flowcore.kernels import (
     actnorm,
     actnorm_ref,
@@ -15,6 +16,7 @@ from flowcore.kernels import (
     affine_coupling_ref,
     folded_linear,
     folded_linear_ref,
+    launch_counts,
 )
 
 from helpers.kernel_checks import check_op
@@ -28,14 +30,38 @@ def gpu_tiles(monkeypatch):
     monkeypatch.setattr(kernel_utils, "INTERPRETED", False)
     monkeypatch.setattr(kernel_utils, "require_launchable", lambda tensor, op: None)
     assert kernel_utils.gemm_tiles(torch.float32, 4096, 768)[:3] == (128, 128, 32)
+    monkeypatch.setattr(kernel_utils, "_sm_count", lambda index: 132)  # an H200's grids
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+@pytest.fixture
+def tf32():
+    """float32 GEMMs under TF32, the precision whose GEMMs run as Triton kernels on a GPU (the
+    interpreter computes them in float32 all the same)."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32-tf32", "float16"])
 @pytest.mark.parametrize("rows,d", [(130, 96), (7, 200)])
-def test_folded_linear_forward_and_both_backward_gemms(rows, d, dtype):
+def test_folded_linear_forward_and_both_backward_gemms(rows, d, dtype, tf32):
     x = (torch.randn(rows, d) + 0.5).to(dtype)
     weight = (torch.linalg.qr(torch.randn(d, d))[0] + 0.1 * torch.randn(d, d)).to(dtype)
     check_op(folded_linear, folded_linear_ref, (x, weight, torch.randn(d).to(dtype)), f"folded_linear {rows}x{d}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_gemms_without_tensor_cores_run_on_cublas(dtype):
+    """float32 under "highest" precision and float64: the GPU path runs these GEMMs on cuBLAS
+    (a Triton GEMM would be an FMA loop), and the result is the `_ref`'s."""
+    assert torch.get_float32_matmul_precision() == "highest"
+    x, weight, bias = torch.randn(9, 40, dtype=dtype), torch.randn(40, 40, dtype=dtype), torch.randn(40, dtype=dtype)
+    before = launch_counts.get("folded_linear", 0)
+    with use_backend("triton"):
+        z = folded_linear(x, weight, bias)
+    assert launch_counts.get("folded_linear", 0) == before
+    torch.testing.assert_close(z, folded_linear_ref(x, weight, bias), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
