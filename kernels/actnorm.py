@@ -113,7 +113,7 @@ def _actnorm_bwd(
     """Gradients for the input, loc and logs of actnorm (or its inverse) given grad of the output."""
     B, D = inp.shape
     dinp = torch.empty((B, D), dtype=inp.dtype, device=inp.device)
-    block_b, block_d = _utils.actnorm_tiles(D)
+    block_b, block_d = _utils.actnorm_bwd_tiles(D)
     col_blocks = triton.cdiv(D, block_d)
     splits = _utils.row_splits(triton.cdiv(B, block_b), col_blocks, inp.device)
     part_loc = torch.empty((splits, D), dtype=_utils.accumulation_dtype(inp), device=inp.device)
