@@ -27,6 +27,10 @@ from flowcore._torch_compat import plain_eager
 from flowcore.backend import BackendUnavailableError
 
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+INTERPRETER_DOT_UPCAST = tl.constexpr(INTERPRETED)
+"""The interpreter's bfloat16 `tl.dot` returns garbage (errors of 1e10 in a 16 x 16 product), so
+there 16-bit dot operands are widened to float32 (`dot_operand`): the same products and float32
+accumulation as a 16-bit MMA, so the CPU tests cover the 16-bit GEMM code."""
 
 launch_counts: dict[str, int] = {}
 """Op name -> number of Triton kernel launches made by the host launchers (eager calls)."""
@@ -236,6 +240,17 @@ def log_sigmoid(x):
 
 
 @triton.jit
+def dot_operand(t, dtype: tl.constexpr):
+    """`t` rounded to `dtype`, a GEMM's operand type (then widened to float32 in the interpreter
+    for 16-bit types: `INTERPRETER_DOT_UPCAST`)."""
+    t = t.to(dtype)
+    if INTERPRETER_DOT_UPCAST:
+        if dtype.is_fp16() or dtype.is_bf16():
+            t = t.to(tl.float32)
+    return t
+
+
+@triton.jit
 def linear_tile(
     x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias,
     compute: tl.constexpr, TF32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -251,6 +266,6 @@ def linear_tile(
                     mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
         w = tl.load(w_ptr + ns[None, :] * stride_wn + ks[:, None] * stride_wk,
                     mask=(ns[None, :] < N) & (ks[:, None] < K), other=0.0)
-        acc = tl.dot(x.to(operand), w.to(operand), acc, input_precision="tf32" if TF32 else "ieee",
-                     out_dtype=compute)
+        acc = tl.dot(dot_operand(x, operand), dot_operand(w, operand), acc,
+                     input_precision="tf32" if TF32 else "ieee", out_dtype=compute)
     return acc + tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]

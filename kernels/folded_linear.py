@@ -19,7 +19,7 @@ from torch.library import wrap_triton
 
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
-from flowcore.kernels._utils import linear_tile, row_block
+from flowcore.kernels._utils import dot_operand, linear_tile, row_block
 
 
 def folded_linear_ref(x, weight, bias):
@@ -66,8 +66,8 @@ def _linear_bwd_dx_kernel(
                      mask=(rows[:, None] < B) & (ns[None, :] < N), other=0.0)
         w = tl.load(w_ptr + ns[:, None] * stride_wn + ks[None, :] * stride_wk,
                     mask=(ns[:, None] < N) & k_ok[None, :], other=0.0)
-        acc = tl.dot(dz.to(operand), w.to(operand), acc, input_precision="tf32" if TF32 else "ieee",
-                     out_dtype=compute)
+        acc = tl.dot(dot_operand(dz, operand), dot_operand(w, operand), acc,
+                     input_precision="tf32" if TF32 else "ieee", out_dtype=compute)
     mask = (rows[:, None] < B) & k_ok[None, :]
     tl.store(dx_ptr + rows[:, None] * K + ks[None, :], acc.to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -98,8 +98,8 @@ def _linear_bwd_dw_kernel(
                        mask=(ns[:, None] < N) & (rows[None, :] < B), other=0.0)
         a = tl.load(x_ptr + rows[:, None] * stride_xb + ks[None, :] * stride_xk,
                     mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
-        acc = tl.dot(dz_t.to(operand), a.to(operand), acc, input_precision="tf32" if TF32 else "ieee",
-                     out_dtype=compute)
+        acc = tl.dot(dot_operand(dz_t, operand), dot_operand(a, operand), acc,
+                     input_precision="tf32" if TF32 else "ieee", out_dtype=compute)
         acc_db += dz_t.to(compute)
     mask = (ns[:, None] < N) & (ks[None, :] < K)
     tl.store(part_dw_ptr + split * N * K + ns[:, None] * K + ks[None, :], acc, mask=mask)

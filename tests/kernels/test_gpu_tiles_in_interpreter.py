@@ -43,7 +43,8 @@ def tf32():
     torch.set_float32_matmul_precision(previous)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32-tf32", "float16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["float32-tf32", "float16", "bfloat16"])
 @pytest.mark.parametrize("rows,d", [(130, 96), (7, 200)])
 def test_folded_linear_forward_and_both_backward_gemms(rows, d, dtype, tf32):
     x = (torch.randn(rows, d) + 0.5).to(dtype)
