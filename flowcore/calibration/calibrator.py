@@ -7,6 +7,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
+from flowcore.calibration.cuda_streaming import map_on_cuda
 from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow, save_flow
 from flowcore.calibration.moments import MomentsAccumulator
 from flowcore.calibration.recipes import DEFAULT_RECIPE, FlowRecipe, recipe_named
@@ -195,6 +196,10 @@ class FlowCalibrator:
     def _map(self, X, inverse: bool, chunk_rows: int) -> np.ndarray:
         flow, dim = self._fitted(), self.dim
         parameter = next(flow.parameters())
+        if parameter.device.type == "cuda":  # transfers overlapped with the compute
+            with torch.inference_mode():
+                return map_on_cuda(X, self._inverse if inverse else self._forward, dim=dim, device=parameter.device,
+                                   dtype=parameter.dtype, chunk_rows=chunk_rows, name="Z" if inverse else "X")
         rows = len(X)
         out = np.empty((rows, dim), dtype=np.float32)
         for start in range(0, rows, chunk_rows):
