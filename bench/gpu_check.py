@@ -1,148 +1,303 @@
-"""The GPU check: on a CUDA machine, run the CUDA kernel tests and the GPU benchmarks in under
-five minutes and write a JSON summary (tests, medians, GB/s, speed ratios, goals) to a folder.
+"""The GPU check: every CUDA test and GPU benchmark of flowcore in one short run (under five
+minutes on an H200), its figures in one JSON summary.
 
-    python bench/gpu_check.py --out DIR
+    python3 -m pip install --no-deps --no-build-isolation -e .   # once, with the machine's torch
+    python3 bench/gpu_check.py --out DIR
 
-Writes DIR/gpu_summary.json (plus the raw pytest/benchmark files beside it) and exits 0 when
-every CUDA test passed. The benchmarks run in chunks, most important first (flow step, then the
-elementwise kernels), each with its own time limit, so a slow machine still reports what finished.
-Goals on an H200: flow step forward+backward >= 2x eager and >= 1.2x torch.compile; elementwise
-kernels >= 80 % of HBM bandwidth.
+Phases, the summary (DIR/gpu_summary.json) rewritten after each one and printed last:
+1. preflight: Python, torch, Triton and ptxas versions, the device, its SMs, shared memory per
+   block and clocks; `flowcore.kernels` must import (else the install line above is run);
+2. ceilings measured here: device copy bandwidth, pinned host-to-device bandwidth, cuBLAS GEMM
+   throughput in bf16 and TF32;
+3. pre-compile: every Triton variant the library launches, compiled in parallel processes
+   (`tests/helpers/sm90_compile.py`), which fills Triton's cache for the tests and benchmarks;
+4. the CUDA tests (`pytest -m gpu`, 8 workers with pytest-xdist), within a share of the time,
+   each result streamed to DIR/gpu-tests.jsonl as it finishes;
+5. benchmarks at batch 262144, d = 768, goal groups first, each only if time is left: the training
+   step fwd+bwd in bf16 and fp32/TF32 (Triton, flowcore's PyTorch backend, eager, torch.compile
+   with static shapes, the step's cuBLAS GEMMs alone), the four elementwise groups against the
+   copy bandwidth, calibrating 10 M x 768 vectors from host memory against the host-to-device
+   bandwidth, and the encoder against sentence-transformers.
+Files written (at most 8): gpu_summary.json, gpu-tests.jsonl, gpu-tests.log, sm90-variants.json,
+bench-encoder.json, bench-encoder.log. Exit status 0 when every CUDA test passed.
+
+Goals (issue 11): step >= 2x eager and >= 1.2x torch.compile; elementwise >= 80 % of the copy
+bandwidth; the 10 M x 768 calibration correct and >= 50 % of the host-to-device bandwidth.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-import torch
-from test_bench_kernels_gpu import CHUNKS as BENCH_CHUNKS  # this folder is on sys.path for a script
-
 REPO = Path(__file__).resolve().parents[1]
-TESTS = "tests"  # the CUDA tests are the ones marked `gpu` (pytest -m gpu)
-BENCH = "bench/test_bench_kernels_gpu.py"
-# BENCH_CHUNKS (BENCH's CHUNKS), most important first: each benchmark is marked
-# `gpu(chunk=NAME)` and a chunk runs with -m "gpu(chunk='NAME')".
+BENCH = Path(__file__).resolve().parent
+BATCH, DIM = 262144, 768
 STEP_GOALS = {"eager": 2.0, "compile": 1.2}
-HBM_GOAL = 0.8
-ELEMENTWISE_GROUPS = ("actnorm forward", "affine coupling forward", "actnorm forward+backward",
-                      "affine coupling forward+backward")
+COPY_FRACTION_GOAL = 0.8
+H2D_FRACTION_GOAL = 0.5
+CALIBRATION_ROWS = 10_000_000
 
 
-def _run(command: list[str], limit: float, env: dict, log: Path) -> dict:
-    """Run `command` with a time limit, its output into `log`; returns exit status and time."""
-    start = time.monotonic()
-    with log.open("w") as stream:
+class Check:
+    """The summary, rewritten to disk after every phase, and the time left."""
+
+    def __init__(self, out: Path, budget: float):
+        self.out, self.deadline = out, time.monotonic() + budget
+        self.summary: dict = {"phases": {}, "goals": {}}
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def write(self) -> None:
+        path = self.out / "gpu_summary.json"
+        path.with_suffix(".tmp").write_text(json.dumps(self.summary, indent=1, default=str))
+        path.with_suffix(".tmp").replace(path)
+
+    def phase(self, name: str, fn, *args) -> None:
+        """Run one phase, recording its time and any error; the summary is written either way."""
+        start = time.monotonic()
         try:
-            code = subprocess.run(command, cwd=REPO, env=env, stdout=stream, stderr=subprocess.STDOUT,
-                                  timeout=max(limit, 1)).returncode
+            self.summary[name] = fn(*args)
+            status = "ok"
+        except Exception as error:  # a failed phase must not cost the others their figures
+            status = f"error: {type(error).__name__}: {str(error)[:500]}"
+        self.summary["phases"][name] = {"status": status, "seconds": round(time.monotonic() - start, 1)}
+        self.write()
+
+    def goal(self, name: str, measured: float, target: float) -> None:
+        self.summary["goals"][name] = {"measured": round(measured, 3), "target": target, "met": measured >= target}
+
+
+def _ensure_installed() -> None:
+    try:
+        import flowcore.kernels  # noqa: F401
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                        str(REPO)], check=True)
+
+
+def preflight() -> dict:
+    _ensure_installed()
+    import torch
+    import triton
+
+    import flowcore.kernels  # noqa: F401
+
+    props = torch.cuda.get_device_properties(0)
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": triton.__version__, "device": props.name, "sms": props.multi_processor_count,
+            "capability": f"{props.major}.{props.minor}", "memory_gib": round(props.total_memory / 2**30, 1),
+            "shared_memory_per_block_optin": getattr(props, "shared_memory_per_block_optin", None)}
+    try:
+        import triton.backends.nvidia.compiler as nvidia
+        try:
+            ptxas = nvidia.get_ptxas(90)
+        except TypeError:  # Triton 3.6: no architecture argument
+            ptxas = nvidia.get_ptxas()
+        info["ptxas"] = subprocess.run([ptxas.path, "--version"], capture_output=True, text=True).stdout.split(
+            "\n")[-2:]
+    except Exception as error:
+        info["ptxas"] = f"unknown ({error})"
+    try:
+        clocks = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw",
+                                 "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        info["clocks_sm_maxsm_mem_power"] = clocks.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        info["clocks_sm_maxsm_mem_power"] = "nvidia-smi not available"
+    return info
+
+
+def ceilings() -> dict:
+    import torch
+    from gpu_workloads import copy_bandwidth_gbps, gemm_tflops, host_to_device_gbps
+
+    torch.set_float32_matmul_precision("high")
+    return {"copy_gbps": round(copy_bandwidth_gbps(), 1), "h2d_gbps": round(host_to_device_gbps(), 1),
+            "gemm_bf16_tflops": round(gemm_tflops(torch.bfloat16), 1),
+            "gemm_tf32_tflops": round(gemm_tflops(torch.float32), 1)}
+
+
+def precompile(out: Path, limit: float) -> dict:
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "sm90_compile.py"),
+                             "--json", str(out / "sm90-variants.json")],
+                            capture_output=True, text=True, timeout=max(limit, 10),
+                            env={**os.environ, "PYTHONPATH": str(REPO / "tests"), "TRITON_DEFAULT_FP_FUSION": "1"})
+    return {"exit": result.returncode, "seconds": round(time.monotonic() - start, 1),
+            "report": (result.stdout + result.stderr).strip().splitlines()[-6:]}
+
+
+def run_tests(out: Path, limit: float, paths: tuple[str, ...] = ("tests",)) -> dict:
+    """The CUDA tests (marked `gpu`) under `paths`, stopped after `limit` seconds; counts and
+    failures from the results streamed so far."""
+    import importlib.util
+    results = out / "gpu-tests.jsonl"
+    results.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "jsonl_results", "-m", "gpu",
+               *paths]
+    if importlib.util.find_spec("xdist"):
+        command += ["-n", "8"]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONUNBUFFERED": "1", "FLOWCORE_TEST_JSONL": str(results),
+           "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")])}
+    start = time.monotonic()
+    with (out / "gpu-tests.log").open("w") as log:
+        try:
+            code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=max(limit, 10)).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
-    return {"exit": code, "seconds": round(time.monotonic() - start, 1), "log": log.name}
+    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    counts = {outcome: sum(r["outcome"] == outcome for r in rows) for outcome in ("passed", "failed", "skipped")}
+    return {"exit": code, "seconds": round(time.monotonic() - start, 1), **counts,
+            "failed_tests": [{"test": r["test"], "message": r["message"]} for r in rows if r["outcome"] == "failed"]}
 
 
-def _junit_counts(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    root = ElementTree.parse(path).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
-    counts["failed_tests"] = [
-        f"{case.get('classname')}::{case.get('name')}"
-        for case in suite.iter("testcase") if case.find("failure") is not None or case.find("error") is not None
-    ]
-    return counts
+def _ratios(times: dict, first: str = "triton") -> dict:
+    """Medians in ms, and other / first for every other implementation."""
+    row = {label: {"min_ms": round(t["min_s"] * 1e3, 3), "median_ms": round(t["median_s"] * 1e3, 3)}
+           for label, t in times.items()}
+    for label, t in times.items():
+        if label != first:
+            row[label][f"{label}_over_{first}"] = round(t["median_s"] / times[first]["median_s"], 3)
+    return row
 
 
-def _speedups(groups: dict) -> dict:
-    """Per benchmark group: ms per op call for each label, eager/triton and compile/triton, GB/s."""
+def bench_step(check: Check, dtype_name: str) -> dict:
+    import torch
+    from gpu_workloads import flow_step_train, time_interleaved
+
+    torch.set_float32_matmul_precision("high")
+    dtype = getattr(torch, dtype_name)
+    workload = flow_step_train(BATCH, DIM, dtype)
+    times = time_interleaved(workload["calls"], rounds=5, inner=3)
+    row = _ratios(times)
+    triton_s = times["triton"]["median_s"]
+    row["triton"]["tflops"] = round(workload["flops"] / triton_s / 1e12, 1)
+    row["triton"]["gbps_minimum_bytes"] = round(workload["bytes"] / triton_s / 1e9, 1)
+    for other, target in STEP_GOALS.items():
+        check.goal(f"step fwd+bwd {dtype_name} {BATCH}x{DIM}: {other} / triton >= {target}",
+                   times[other]["median_s"] / triton_s, target)
+    return row
+
+
+def bench_elementwise(check: Check) -> dict:
+    import torch
+    from gpu_workloads import ELEMENTWISE, time_interleaved
+
+    copy_gbps = check.summary["ceilings"]["copy_gbps"]
     table = {}
-    for group, entry in groups.items():
-        medians = entry.get("median_s", {})
-        row = {key: round(value, 4) for key, value in entry.items() if key.endswith("_ms_per_op")}
-        if "triton" in medians:
-            for other in ("eager", "compile"):
-                if other in medians:
-                    row[f"speedup_vs_{other}"] = round(medians[other] / medians["triton"], 3)
-        if "triton_fused" in medians:
-            for other in ("triton", "eager", "compile"):
-                if other in medians:
-                    row[f"fused_speedup_vs_{other}"] = round(medians[other] / medians["triton_fused"], 3)
-        for key, value in entry.items():
-            if key.endswith(("gbps", "hbm_fraction", "tflops")):
-                row[key] = round(value, 3)
-        table[group] = row
+    for name, build in ELEMENTWISE.items():
+        if check.left() < 20:
+            table[name] = "not run: time budget spent"
+            continue
+        workload = build(BATCH, DIM, torch.bfloat16)
+        times = time_interleaved(workload["calls"], rounds=5, inner=5)
+        row = _ratios(times)
+        for label, t in times.items():
+            row[label]["gbps"] = round(workload["bytes"] / t["median_s"] / 1e9, 1)
+            row[label]["copy_fraction"] = round(row[label]["gbps"] / copy_gbps, 3)
+        check.goal(f"{name} bf16 {BATCH}x{DIM}: triton >= {COPY_FRACTION_GOAL:.0%} of copy bandwidth",
+                   row["triton"]["copy_fraction"], COPY_FRACTION_GOAL)
+        table[name] = row
+        check.summary["elementwise"] = table
+        check.write()
     return table
 
 
-def _goals(table: dict) -> dict:
-    goals = {}
-    for group, row in table.items():
-        if group.startswith("flow step forward+backward") and "batch=262144" in group:
-            for other, target in STEP_GOALS.items():
-                if f"speedup_vs_{other}" in row:
-                    goals[f"{group}: >= {target}x {other}"] = row[f"speedup_vs_{other}"] >= target
-        if group.startswith(ELEMENTWISE_GROUPS) and "batch=262144" in group and "hbm_fraction" in row:
-            goals[f"{group}: >= {HBM_GOAL:.0%} of HBM"] = row["hbm_fraction"] >= HBM_GOAL
-    return goals
+def bench_calibration(check: Check) -> dict:
+    """10 M x 768 float32 vectors in host memory through a fitted calibrator on the GPU, in one
+    call: checked against the CPU on a spread of rows, timed against the host-to-device bandwidth."""
+    import numpy as np
+    import torch
+
+    import flowcore
+
+    rng = np.random.default_rng(0)
+    sample = (rng.standard_normal((8192, DIM)) @ rng.standard_normal((DIM, DIM)) / DIM**0.5).astype(np.float32)
+    path = check.out / "calibrator.flow"
+    flowcore.FlowCalibrator(epochs=1, batch_size=256, seed=0).fit(sample, progress=False).save(path)
+    cpu, gpu = flowcore.FlowCalibrator.load(path), flowcore.FlowCalibrator.load(path, device="cuda")
+    path.unlink()
+    X = np.empty((CALIBRATION_ROWS, DIM), dtype=np.float32)
+    for start in range(0, CALIBRATION_ROWS, len(sample)):
+        X[start : start + len(sample)] = sample[: CALIBRATION_ROWS - start]
+    X[:: len(sample) + 1] += 1.0  # rows that differ from the sample they were copied from
+    gpu.transform(X[:1_000_000])  # warm up: compiles, cuBLAS heuristics, pinned buffers
+    torch.cuda.synchronize()
+    start = time.monotonic()
+    Z = gpu.transform(X)
+    seconds = time.monotonic() - start
+    middle = CALIBRATION_ROWS // 2
+    rows = np.concatenate([np.arange(4096), np.arange(middle, middle + 4096),
+                           np.arange(CALIBRATION_ROWS - 4096, CALIBRATION_ROWS),
+                           np.arange(0, CALIBRATION_ROWS, len(sample) + 1)])
+    expected = cpu.transform(X[rows])
+    error = float(np.abs(Z[rows] - expected).max() / max(np.abs(expected).max(), 1e-30))
+    gbps = X.nbytes / seconds / 1e9
+    fraction = gbps / check.summary["ceilings"]["h2d_gbps"]
+    check.goal(f"calibrate {CALIBRATION_ROWS}x{DIM} from host: >= {H2D_FRACTION_GOAL:.0%} of host-to-device bandwidth",
+               fraction, H2D_FRACTION_GOAL)
+    check.goal(f"calibrate {CALIBRATION_ROWS}x{DIM}: max |gpu - cpu| / max |cpu| <= 1e-4 (1 = met)",
+               float(error <= 1e-4), 1.0)
+    return {"seconds": round(seconds, 2), "input_gbps": round(gbps, 1), "h2d_fraction": round(fraction, 3),
+            "max_relative_error_vs_cpu": error, "checked_rows": int(len(rows))}
+
+
+def bench_encoder(check: Check, limit: float) -> dict:
+    ratios = check.out / "bench-encoder.json"
+    env = {**os.environ, "FLOWCORE_BENCH_JSON": str(ratios), "TRITON_INTERPRET": "0"}
+    with (check.out / "bench-encoder.log").open("w") as log:
+        try:
+            code = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   "bench/test_bench_encoder_gpu.py"], cwd=REPO, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=max(limit, 10)).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    result = json.loads(ratios.read_text()) if ratios.exists() else {}
+    for name, row in result.get("goals", {}).items():
+        check.summary["goals"][name] = row
+    return {"exit": code, **{k: v for k, v in result.items() if k != "goals"}}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for gpu_summary.json and raw results")
-    parser.add_argument("--budget", type=float, default=285.0, help="seconds for the whole check (default 285)")
-    parser.add_argument("--test-share", type=float, default=0.45, help="part of the budget for the tests")
+    parser.add_argument("--out", required=True, type=Path, help="folder for gpu_summary.json and the raw results")
+    parser.add_argument("--budget", type=float, default=280.0, help="seconds for the whole check (default 280)")
+    parser.add_argument("--test-seconds", type=float, default=100.0, help="time limit of the CUDA tests")
     args = parser.parse_args(argv)
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + args.budget
-
-    summary = {"cuda": torch.cuda.is_available(), "torch": torch.__version__}
-    if not summary["cuda"]:
-        summary["error"] = "no CUDA GPU visible: nothing was run"
-        (out / "gpu_summary.json").write_text(json.dumps(summary, indent=2))
-        print(summary["error"], file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    check = Check(args.out.resolve(), args.budget)
+    sys.path.insert(0, str(BENCH))
+    import torch
+    if not torch.cuda.is_available():
+        check.summary["error"] = "no CUDA GPU visible: nothing was run"
+        check.write()
+        print(json.dumps(check.summary))
         return 2
-    import triton
-
-    summary.update(device=torch.cuda.get_device_name(), triton=triton.__version__)
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONUNBUFFERED": "1"}
-    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-
-    junit = out / "gpu-tests.xml"
-    summary["tests"] = _run(pytest + [TESTS, "-m", "gpu", f"--junitxml={junit}"], args.budget * args.test_share,
-                            env, out / "gpu-tests.log")
-    summary["tests"].update(_junit_counts(junit))
-
-    groups, chunks = {}, {}
-    for name in BENCH_CHUNKS:
-        left = deadline - time.monotonic()
-        if left < 15:
-            chunks[name] = {"exit": "not run: time budget spent"}
-            continue
-        ratios = out / f"bench-{name}.json"
-        chunk_env = {**env, "FLOWCORE_BENCH_JSON": str(ratios)}
-        selection = ["-m", f"gpu(chunk={name!r})", f"--benchmark-json={out / f'benchmark-{name}.json'}"]
-        chunks[name] = _run(pytest + [BENCH, *selection], left, chunk_env, out / f"bench-{name}.log")
-        if ratios.exists():
-            groups.update(json.loads(ratios.read_text()))
-    summary["benchmark_chunks"] = chunks
-    summary["benchmarks"] = _speedups(groups)
-    summary["goals"] = _goals(summary["benchmarks"])
-    (out / "gpu_summary.json").write_text(json.dumps(summary, indent=2))
-
-    tests = summary["tests"]
-    print(f"{summary['device']}: tests exit {tests['exit']} "
-          f"({tests.get('tests', '?')} run, {tests.get('failures', '?')} failed, {tests.get('skipped', '?')} skipped)")
-    for goal, met in summary["goals"].items():
-        print(f"  {'met    ' if met else 'NOT met'} {goal}")
-    print(f"summary: {out / 'gpu_summary.json'}")
-    return 0 if tests["exit"] == 0 else 1
+    check.phase("preflight", preflight)
+    check.phase("ceilings", ceilings)
+    check.phase("precompile", precompile, check.out, min(60.0, check.left() - 200))
+    check.phase("tests", run_tests, check.out, min(args.test_seconds, check.left() - 120))
+    for dtype_name in ("bfloat16", "float32"):
+        if check.left() > 60:
+            check.phase(f"step_{dtype_name}", bench_step, check, dtype_name)
+    if check.left() > 40:
+        check.phase("elementwise", bench_elementwise, check)
+    if check.left() > 40:
+        check.phase("calibration", bench_calibration, check)
+    if check.left() > 25:
+        check.phase("encoder", bench_encoder, check, check.left() - 5)
+    check.summary["seconds_left"] = round(check.left(), 1)
+    check.write()
+    print(json.dumps(check.summary, default=str))
+    tests = check.summary.get("tests", {})
+    return 0 if tests.get("exit") == 0 else 1
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 elementwise backward kernel, cuBLAS weight GEMMs), interpreter on CPU: z, the log-det and the
 gradient of every input (x, W, b and each conditioner parameter) equal the composed `_ref` twin
 in the same dtype and in float64, within 1e-5 of the largest float64 value in float32 and 1e-10
-in float64 (3e-2 in bfloat16, 5e-3 in float16), on awkward shapes and on both GEMM routes (Triton GEMMs, and cuBLAS where a Triton
-GEMM would not use tensor cores)."""
+in float64 (in 16-bit: the dtype's tolerance or twice the twin's own error), on awkward shapes
+and on both GEMM routes (Triton GEMMs, and cuBLAS where a Triton GEMM would not use tensor
+cores)."""
 import pytest
 import torch
 from torch import nn
