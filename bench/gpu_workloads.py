@@ -65,25 +65,25 @@ def _compiled(fn: Callable) -> Callable:
     return _backend("torch", compiled)
 
 
-def _conditioner(split: int, d2: int, dtype) -> nn.Module:
+def _conditioner(split: int, d2: int, dtype, device) -> nn.Module:
     net = nn.Sequential(nn.Linear(split, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
                         nn.Linear(WIDTH, 2 * d2))
     with torch.no_grad():
         net[-1].weight.mul_(0.01)
-    return net.to(device="cuda", dtype=dtype)
+    return net.to(device=device, dtype=dtype)
 
 
-def flow_step_train(batch: int, d: int, dtype) -> dict:
+def flow_step_train(batch: int, d: int, dtype, device: str = "cuda") -> dict:
     """One affine Glow step (ActNorm + 1x1 folded in W, b) forward and backward, as a Glow in
     training runs it: x needs its gradient (a step after the first), the loss's gradient reaches
     z as 2 z (the prior's squared norm) and the log-det as -1."""
     split = d // 2
-    x = torch.randn(batch, d, device="cuda", dtype=dtype, requires_grad=True)
-    weight = (torch.linalg.qr(torch.randn(d, d, device="cuda"))[0] * 1.1).to(dtype).requires_grad_()
-    bias = (0.1 * torch.randn(d, device="cuda")).to(dtype).requires_grad_()
-    net = _conditioner(split, d - split, dtype)
-    dz = torch.randn(batch, d, device="cuda", dtype=dtype)
-    dlogdet = torch.full((batch,), -1.0, device="cuda")
+    x = torch.randn(batch, d, device=device, dtype=dtype, requires_grad=True)
+    weight = (torch.linalg.qr(torch.randn(d, d, device=device))[0] * 1.1).to(dtype).requires_grad_()
+    bias = (0.1 * torch.randn(d, device=device)).to(dtype).requires_grad_()
+    net = _conditioner(split, d - split, dtype, device)
+    dz = torch.randn(batch, d, device=device, dtype=dtype)
+    dlogdet = torch.full((batch,), -1.0, device=device)
     inputs = [x, weight, bias, *net.parameters()]
 
     def step(op):
@@ -111,9 +111,9 @@ def flow_step_train(batch: int, d: int, dtype) -> dict:
     }
 
 
-def actnorm_forward(batch: int, d: int, dtype) -> dict:
-    x = torch.randn(batch, d, device="cuda", dtype=dtype)
-    loc, logs = torch.randn(d, device="cuda", dtype=dtype), 0.1 * torch.randn(d, device="cuda", dtype=dtype)
+def actnorm_forward(batch: int, d: int, dtype, device: str = "cuda") -> dict:
+    x = torch.randn(batch, d, device=device, dtype=dtype)
+    loc, logs = torch.randn(d, device=device, dtype=dtype), 0.1 * torch.randn(d, device=device, dtype=dtype)
     s = x.element_size()
     return {"calls": {"triton": _backend("triton", lambda: actnorm(x, loc, logs)),
                       "eager": lambda: actnorm_ref(x, loc, logs),
@@ -121,10 +121,10 @@ def actnorm_forward(batch: int, d: int, dtype) -> dict:
             "bytes": 2 * batch * d * s}
 
 
-def actnorm_forward_backward(batch: int, d: int, dtype) -> dict:
-    x = torch.randn(batch, d, device="cuda", dtype=dtype, requires_grad=True)
-    loc = torch.randn(d, device="cuda", dtype=dtype, requires_grad=True)
-    logs = (0.1 * torch.randn(d, device="cuda", dtype=dtype)).requires_grad_()
+def actnorm_forward_backward(batch: int, d: int, dtype, device: str = "cuda") -> dict:
+    x = torch.randn(batch, d, device=device, dtype=dtype, requires_grad=True)
+    loc = torch.randn(d, device=device, dtype=dtype, requires_grad=True)
+    logs = (0.1 * torch.randn(d, device=device, dtype=dtype)).requires_grad_()
     upstream = torch.randn_like(x)
 
     def run(op):
@@ -135,9 +135,9 @@ def actnorm_forward_backward(batch: int, d: int, dtype) -> dict:
             "bytes": 5 * batch * d * x.element_size()}  # x in, y out; g and x in, dx out
 
 
-def affine_coupling_forward(batch: int, d: int, dtype) -> dict:
-    x2 = torch.randn(batch, d // 2, device="cuda", dtype=dtype)
-    h = torch.randn(batch, d, device="cuda", dtype=dtype)
+def affine_coupling_forward(batch: int, d: int, dtype, device: str = "cuda") -> dict:
+    x2 = torch.randn(batch, d // 2, device=device, dtype=dtype)
+    h = torch.randn(batch, d, device=device, dtype=dtype)
     s = x2.element_size()
     return {"calls": {"triton": _backend("triton", lambda: affine_coupling(x2, h)),
                       "eager": lambda: affine_coupling_ref(x2, h),
@@ -145,10 +145,10 @@ def affine_coupling_forward(batch: int, d: int, dtype) -> dict:
             "bytes": 4 * x2.numel() * s + 4 * batch}  # x2, h (2x) in, z2 out; float32 log-dets
 
 
-def affine_coupling_forward_backward(batch: int, d: int, dtype) -> dict:
-    x2 = torch.randn(batch, d // 2, device="cuda", dtype=dtype, requires_grad=True)
-    h = torch.randn(batch, d, device="cuda", dtype=dtype, requires_grad=True)
-    upstream, upstream_logdet = torch.randn_like(x2), torch.randn(batch, device="cuda")
+def affine_coupling_forward_backward(batch: int, d: int, dtype, device: str = "cuda") -> dict:
+    x2 = torch.randn(batch, d // 2, device=device, dtype=dtype, requires_grad=True)
+    h = torch.randn(batch, d, device=device, dtype=dtype, requires_grad=True)
+    upstream, upstream_logdet = torch.randn_like(x2), torch.randn(batch, device=device)
 
     def run(op):
         return lambda: torch.autograd.grad(op(x2, h), (x2, h), (upstream, upstream_logdet))
@@ -160,6 +160,7 @@ def affine_coupling_forward_backward(batch: int, d: int, dtype) -> dict:
             "bytes": 11 * x2.numel() * s + 8 * batch}
 
 
+# name -> workload builder(batch, d, dtype, device="cuda")
 ELEMENTWISE = {"actnorm forward": actnorm_forward, "actnorm forward+backward": actnorm_forward_backward,
                "affine coupling forward": affine_coupling_forward,
                "affine coupling forward+backward": affine_coupling_forward_backward}
@@ -176,8 +177,8 @@ def copy_bandwidth_gbps(gigabytes: float = 4.0) -> float:
 def host_to_device_gbps(gigabytes: float = 2.0) -> float:
     """Pinned host memory to the device, bytes per second (the streaming calibration's ceiling)."""
     host = torch.empty(int(gigabytes * 1e9) // 4, dtype=torch.float32, pin_memory=True)
-    device = torch.empty(host.shape, device="cuda")
-    seconds = time_interleaved({"h2d": lambda: device.copy_(host, non_blocking=True)}, rounds=5, inner=2)["h2d"]
+    target = torch.empty(host.shape, device="cuda")
+    seconds = time_interleaved({"h2d": lambda: target.copy_(host, non_blocking=True)}, rounds=5, inner=2)["h2d"]
     return host.numel() * 4 / seconds["min_s"] / 1e9
 
 

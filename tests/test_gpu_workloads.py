@@ -1,0 +1,36 @@
+"""The GPU benchmark workloads (bench/gpu_workloads.py) run on the CPU at a small size, the
+Triton kernels in the interpreter: every implementation a GPU run times (torch.compile aside)
+computes the same thing, so the GPU check measures equal work and cannot fail on a slip that
+only a GPU run would show."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import gpu_workloads  # noqa: E402
+
+BUILDERS = {"flow step forward+backward": gpu_workloads.flow_step_train, **gpu_workloads.ELEMENTWISE}
+
+
+def _flat(result):
+    if isinstance(result, torch.Tensor):
+        return [result]
+    return [t for item in result for t in _flat(item)]
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_every_implementation_computes_the_same(name):
+    torch.manual_seed(0)
+    workload = BUILDERS[name](64, 48, torch.float64, device="cpu")
+    assert workload["bytes"] > 0 and set(workload["calls"]) >= {"triton", "eager", "compile"}
+    results = {label: _flat(call()) for label, call in workload["calls"].items()
+               if label not in ("compile", "cublas")}
+    reference = results.pop("eager")
+    for label, outputs in results.items():
+        assert len(outputs) == len(reference), label
+        for out, ref in zip(outputs, reference):
+            torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name} {label}: {m}")
+    if "cublas" in workload["calls"]:
+        assert all(t.shape[0] > 0 for t in _flat(workload["calls"]["cublas"]()))
