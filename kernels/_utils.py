@@ -50,12 +50,16 @@ def registered_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
     mode and the traceable wrapper under the op. Every call launches on its first tensor's
     device (`device_guard`)."""
     def decorate(launcher: Callable) -> Callable:
-        op = triton_op(name, mutates_args=mutates_args)(launcher)
+        @functools.wraps(launcher)
+        def guarded(*args):
+            with device_guard(next(a for a in args if isinstance(a, torch.Tensor))):
+                return launcher(*args)
+
+        op = triton_op(name, mutates_args=mutates_args)(guarded)
 
         @functools.wraps(launcher)
         def call(*args):
-            with device_guard(next(a for a in args if isinstance(a, torch.Tensor))):
-                return launcher(*args) if plain_eager(args) else op(*args)
+            return guarded(*args) if plain_eager(args) else op(*args)
 
         call.op = op
         return call
@@ -103,9 +107,16 @@ def accumulation_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.float64 if is_fp64(tensor) else torch.float32
 
 
+@torch.compiler.assume_constant_result
+def _float32_matmul_precision() -> str:
+    """torch's float32 matmul precision, a constant to torch.compile (reading it would break the
+    graph; a compiled graph keeps the routing it was traced with)."""
+    return torch.get_float32_matmul_precision()
+
+
 def allow_tf32(tensor: torch.Tensor) -> bool:
     """Follow torch's own float32 matmul policy (`torch.set_float32_matmul_precision`)."""
-    return tensor.dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest"
+    return tensor.dtype == torch.float32 and _float32_matmul_precision() != "highest"
 
 
 def triton_gemm(tensor: torch.Tensor) -> bool:
