@@ -170,13 +170,15 @@ def _ratios(times: dict, first: str = "triton") -> dict:
 
 def bench_step(check: Check, dtype_name: str) -> dict:
     import torch
-    from gpu_workloads import flow_step_train, time_interleaved
+    from gpu_workloads import bytes_moved, flow_step_train, time_interleaved
 
     torch.set_float32_matmul_precision("high")
     dtype = getattr(torch, dtype_name)
     workload = flow_step_train(BATCH, DIM, dtype)
     times = time_interleaved(workload["calls"], rounds=5, inner=3)
     row = _ratios(times)
+    for label in ("triton", "torch", "eager", "cublas"):  # compiled code runs outside the dispatcher
+        row[label]["gb_moved"] = round(bytes_moved(workload["calls"][label]) / 1e9, 2)
     triton_s = times["triton"]["median_s"]
     row["triton"]["tflops"] = round(workload["flops"] / triton_s / 1e12, 1)
     row["triton"]["gbps_minimum_bytes"] = round(workload["bytes"] / triton_s / 1e9, 1)
@@ -218,6 +220,7 @@ def bench_calibration(check: Check) -> dict:
 
     import flowcore
 
+    torch.set_float32_matmul_precision("highest")  # float32 to float32 tolerance: no TF32
     rng = np.random.default_rng(0)
     sample = (rng.standard_normal((8192, DIM)) @ rng.standard_normal((DIM, DIM)) / DIM**0.5).astype(np.float32)
     path = check.out / "calibrator.flow"

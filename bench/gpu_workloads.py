@@ -10,6 +10,9 @@ implementation that keeps them on cuBLAS. Bytes count each input read once and e
 written once, for the op itself: gradients of the outputs are given (`autograd.grad` with
 preallocated cotangents), so no loss or cast is charged to the kernels.
 
+`bytes_moved(call)` counts what an implementation really moves: the bytes every op it
+dispatches reads and writes (views free), flowcore's registered Triton ops included.
+
 Also the ceilings measured in the same run: device copy bandwidth, pinned host-to-device
 bandwidth, cuBLAS GEMM throughput.
 """
@@ -20,6 +23,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from flowcore.backend import use_backend
 from flowcore.kernels import (
@@ -51,6 +56,34 @@ def time_interleaved(calls: dict[str, Callable], rounds: int = 7, inner: int = 5
             end.synchronize()
             samples[label].append(start.elapsed_time(end) / 1e3 / inner)
     return {label: {"min_s": min(s), "median_s": statistics.median(s)} for label, s in samples.items()}
+
+
+class _ByteCounter(TorchDispatchMode):
+    """Sums, over the ops dispatched, the bytes of their tensor inputs and of their outputs that
+    are new memory (not views of, or written into, an input). Views and uninitialised
+    allocations are free."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        free = ("detach", "alias", "_unsafe_view", "empty", "new_empty")  # views; allocations write nothing
+        if getattr(func, "is_view", False) or func.__name__.startswith(free):
+            return out
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        pointers = {t.data_ptr() for t in inputs}
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.data_ptr() not in pointers]
+        self.bytes += sum(t.numel() * t.element_size() for t in inputs + outputs)
+        return out
+
+
+def bytes_moved(call: Callable) -> int:
+    """The bytes one call of `call` reads and writes, op by op (`_ByteCounter`)."""
+    with _ByteCounter() as counter:
+        call()
+    return counter.bytes
 
 
 def _backend(name: str, fn: Callable) -> Callable:

@@ -8,7 +8,8 @@ moves one of them breaks here and nowhere else.
 - `has_forward_hooks(module)`: forward (pre-)hooks on a module, its children, or globally;
 - `version_key(tensors)`: identifies the tensors' current contents (storage and in-place version);
 - `relu_backward(grad, output)`: ReLU's gradient from its output, without a temporary mask;
-- `plain_eager(args)`: plain eager execution (no compilation, dispatch mode or tensor subclass)?
+- `plain_tensors(args)` / `plain_eager(args)`: no compilation and plain tensors / and no dispatch
+  mode either?
 """
 from __future__ import annotations
 
@@ -61,10 +62,15 @@ def has_forward_hooks(module: nn.Module, recurse: bool = True) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
-def plain_eager(args) -> bool:
-    """True when nothing traces or intercepts a call with `args`: no torch.compile/export, no
-    TorchDispatchMode, only plain tensors (no fake or functional tensors, no subclasses), so a
-    custom op's implementation may run directly, without the dispatcher."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+def plain_tensors(args) -> bool:
+    """True when no torch.compile/export traces a call with `args` and its tensors are plain
+    (no fake or functional tensors, no subclasses)."""
+    if torch.compiler.is_compiling():
         return False
     return all(type(a) in (torch.Tensor, nn.Parameter) for a in args if isinstance(a, torch.Tensor))
+
+
+def plain_eager(args) -> bool:
+    """`plain_tensors(args)` and no TorchDispatchMode intercepting the call either, so a custom
+    op's implementation may run directly, without the dispatcher."""
+    return _get_current_dispatch_mode() is None and plain_tensors(args)

@@ -20,8 +20,8 @@ strides; z is contiguous, in x's dtype.
   one add writing dy1 = dz1 + the conditioner's input gradient into dy's first half, and the
   two weight GEMMs on cuBLAS: no concatenation, slice gradient or accumulation pass. Composed
   differentiable ops (`folded_linear`, `affine_coupling`) run instead under torch.compile,
-  dispatch modes, `torch.func` transforms and autocast, for conditioners that are not modules,
-  and to differentiate the backward itself (`create_graph=True`).
+  for tensor subclasses, inside `torch.func` transforms and under autocast, for conditioners that
+  are not modules, and to differentiate the backward itself (`create_graph=True`).
 - PyTorch path: `flowcore.kernels.torch_step` (in place, with a hand-written training backward).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import triton.language as tl
 from torch import nn
 from torch.library import wrap_triton
 
-from flowcore._torch_compat import composed_autograd_only, composed_backward, plain_eager
+from flowcore._torch_compat import composed_autograd_only, composed_backward, plain_tensors
 from flowcore.backend import resolve
 from flowcore.kernels import _utils
 from flowcore.kernels._utils import linear_tile, load_shift_logit, log_sigmoid, row_block
@@ -138,15 +138,16 @@ def _second_half(x, weight, bias, split: int, h, z) -> torch.Tensor:
 class _TritonAffineStep(torch.autograd.Function):
     """The Triton training step with a hand-written backward (see the module docstring).
 
-    The conditioner's graph is built in the forward from a detached view of z's first half and
-    kept on ctx; the kernels write z without autograd's version counters, which is why this
-    Function runs only in plain eager mode (`plain_eager`)."""
+    The conditioner's graph is built in the forward from z's first half and kept on ctx. That
+    view is taken through `z.data`, whose version counter is its own: the writes into z's second
+    half that follow (in place, under a dispatch mode seen as mutations of z) leave the saved
+    first half valid, as it is."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, split: int, conditioner: nn.Module, *params):
         z = _first_half(x, weight, bias, split)
         with torch.enable_grad():
-            y1 = z[:, :split].detach().requires_grad_()
+            y1 = z.data[:, :split].requires_grad_()
             h = conditioner(y1)
         logdet = _second_half(x, weight, bias, split, h.detach(), z)
         ctx.split, ctx.conditioner, ctx.graph = split, conditioner, (y1, h)
@@ -195,7 +196,7 @@ def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
     params = list(conditioner.parameters()) if isinstance(conditioner, nn.Module) else []
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias, *params))
     if wants_grad:
-        if isinstance(conditioner, nn.Module) and plain_eager((x, weight, bias)) and not composed_autograd_only(x):
+        if isinstance(conditioner, nn.Module) and plain_tensors((x, weight, bias)) and not composed_autograd_only(x):
             return _TritonAffineStep.apply(x, weight, bias, split, conditioner, *params)
         return _composed_step(x, weight, bias, split, conditioner)
     z = _first_half(x, weight, bias, split)

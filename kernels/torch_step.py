@@ -47,13 +47,17 @@ def _torch_step(x, weight, bias, split: int, shift_and_logit: Callable):
     place on z's second half. `shift_and_logit(y1)` returns (h[:, 0::2], h[:, 1::2] + SCALE_OFFSET).
     The scale is sigmoid(logit) and the log-det the row sums of its log: two passes where log sigmoid
     then exp took two slower ones (log sigmoid is the slowest op of the step after the GEMMs); a scale
-    that underflows to 0 (logit below about -88 in float32) falls back to log sigmoid."""
+    that underflows to 0 (logit below about -88 in float32) falls back to log sigmoid, and so do
+    16-bit activations, whose log-det is float32 from the logit."""
     z = torch.addmm(bias, x, weight.T)
     shift, logit = shift_and_logit(z[:, :split])
     scale = torch.sigmoid(logit)
-    logdet = torch.log(scale).sum(dim=1, dtype=_utils.accumulation_dtype(scale))
-    if not bool(torch.isfinite(logdet).all()):
+    if scale.dtype in (torch.float16, torch.bfloat16):  # a 16-bit scale's log is too coarse
         logdet = row_log_sigmoid_sum(logit)
+    else:
+        logdet = torch.log(scale).sum(dim=1)
+        if not bool(torch.isfinite(logdet).all()):
+            logdet = row_log_sigmoid_sum(logit)
     z[:, split:].add_(shift).mul_(scale)
     return z, logdet, scale
 
@@ -129,6 +133,7 @@ class _TorchAffineStep(torch.autograd.Function):
             # create_graph=True: differentiate the composed twin, so higher-order gradients are exact
             return _composed_backward(ctx, (dz, dlogdet), x, weight, bias, split, layers)
         inputs, mlp_weights = [z[:, :split], *hidden], layers[0::2]
+        dlogdet = dlogdet.to(z.dtype)  # the log-det is float32 for 16-bit activations
         dy = z.new_empty((rows, d))
         dz2 = dz[:, split:]
         dshift = torch.mul(dz2, scale, out=dy[:, split:])  # dy2 and d(shift) are equal

@@ -28,6 +28,17 @@ def assert_close_scaled(actual, same_dtype, float64, what: str, relative: float 
         assert error <= tolerance, f"{what}: max |triton - {name}| = {error:.3e} > {tolerance:.3e}"
 
 
+def assert_as_accurate_as_ref(actual, same_dtype, float64, what: str, factor: float = 2.0) -> None:
+    """In 16-bit, where every summation order rounds differently: `actual` is at most `factor`
+    times as far from float64 as the `_ref` twin in the same dtype is (or within the dtype's
+    tolerance)."""
+    scale = max(float64.abs().max().item(), 1e-30)
+    ref_error = (same_dtype.double() - float64.double()).abs().max().item()
+    error = (actual.double() - float64.double()).abs().max().item()
+    allowed = max(factor * ref_error, TOLERANCE[actual.dtype] * scale)
+    assert error <= allowed, f"{what}: max |triton - float64| = {error:.3e} > {allowed:.3e} (_ref: {ref_error:.3e})"
+
+
 def check_op(op, ref, inputs: tuple, what: str, grad_seed: int = 1, backward_kernels: bool = True,
              relative: float | None = None) -> None:
     """Outputs and gradients w.r.t. every floating input of `op` (run on backend triton) equal

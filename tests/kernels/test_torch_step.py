@@ -8,7 +8,7 @@ from flowcore.backend import use_backend
 from flowcore.kernels import SCALE_OFFSET, folded_affine_step, folded_affine_step_ref
 from flowcore.kernels.torch_step import _TorchAffineStep
 
-from helpers.kernel_checks import assert_close_scaled
+from helpers.kernel_checks import assert_as_accurate_as_ref, assert_close_scaled
 
 
 def _inputs(rows, d, dtype):
@@ -62,11 +62,12 @@ def _check_torch_training_step(rows, d, depth, dtype, trainable=("x", "weight", 
     z, logdet, grads, grad_fn = results["fused"]
     assert type(grad_fn).__name__ == "_TorchAffineStepBackward", "the hand-written step did not run"
     what = f"torch step {rows}x{d} depth {depth}"
-    assert_close_scaled(z, results["ref"][0], results["float64"][0], f"{what} z")
-    assert_close_scaled(logdet, results["ref"][1], results["float64"][1], f"{what} logdet")
+    close = assert_as_accurate_as_ref if dtype in (torch.float16, torch.bfloat16) else assert_close_scaled
+    close(z, results["ref"][0], results["float64"][0], f"{what} z")
+    close(logdet, results["ref"][1], results["float64"][1], f"{what} logdet")
     assert grads.keys() == results["ref"][2].keys() and grads, f"{what}: gradients for {sorted(grads)}"
     for name, grad in grads.items():
-        assert_close_scaled(grad, results["ref"][2][name], results["float64"][2][name], f"{what} d{name}")
+        close(grad, results["ref"][2][name], results["float64"][2][name], f"{what} d{name}")
     return grads
 
 
@@ -207,3 +208,10 @@ def test_torch_training_step_takes_any_upstream_gradient(upstream):
             results.append(torch.autograd.grad(loss, [weight, *net.parameters()]))
     for fused, ref in zip(*results):
         torch.testing.assert_close(fused, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_torch_training_step_in_bfloat16():
+    """16-bit activations: the log-det comes back in float32 and its gradient flows through the
+    hand-written backward in the activations' dtype."""
+    grads = _check_torch_training_step(67, 48, 1, torch.bfloat16)
+    assert all(grad.dtype == torch.bfloat16 for grad in grads.values())
