@@ -38,3 +38,42 @@ def test_without_cuda_the_summary_says_so(tmp_path, capsys, monkeypatch):
     assert gpu_check.main(["--out", str(tmp_path)]) == 2
     assert "no CUDA GPU" in json.loads((tmp_path / "gpu_summary.json").read_text())["error"]
     assert "no CUDA GPU" in capsys.readouterr().out
+
+
+def test_the_benchmark_phases_run_at_a_small_size_on_the_cpu(tmp_path, monkeypatch):
+    """Each benchmark phase, on the CPU at a small size (Triton in the interpreter; CPU timers
+    for CUDA events; torch.compile left out), fills its part of the summary and its goals."""
+    import time
+
+    import gpu_workloads
+
+    def cpu_timer(calls, rounds=2, inner=1):
+        result = {}
+        for label, call in calls.items():
+            start = time.perf_counter()
+            call()
+            seconds = time.perf_counter() - start
+            result[label] = {"min_s": seconds, "median_s": seconds}
+        return result
+
+    monkeypatch.setattr(gpu_workloads, "time_interleaved", cpu_timer)
+    monkeypatch.setattr(gpu_workloads, "_compiled", lambda fn: gpu_workloads._backend("torch", fn))
+    monkeypatch.setattr(gpu_check, "BATCH", 64)
+    monkeypatch.setattr(gpu_check, "DIM", 48)
+    monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu_check, "CALIBRATION_ROWS", 20000)
+    check = gpu_check.Check(tmp_path, budget=600)
+    check.summary["ceilings"] = {"copy_gbps": 10.0, "h2d_gbps": 5.0}
+    for name, phase, args in (("step_float32", gpu_check.bench_step, (check, "float32")),
+                              ("elementwise", gpu_check.bench_elementwise, (check,)),
+                              ("calibration", gpu_check.bench_calibration, (check,))):
+        check.phase(name, phase, *args)
+        assert check.summary["phases"][name]["status"] == "ok", check.summary["phases"][name]
+    step = check.summary["step_float32"]
+    assert {"triton", "torch", "eager", "compile", "cublas"} <= step.keys()
+    assert step["eager"]["bytes_moved"] > step["triton"]["bytes_moved"] > 0
+    assert len(check.summary["elementwise"]) == 4
+    assert check.summary["calibration"]["max_relative_error_vs_cpu"] == 0.0
+    goals = check.summary["goals"]
+    assert sum(name.startswith("step fwd+bwd float32") for name in goals) == 2
+    assert sum("copy bandwidth" in name for name in goals) == 4 and sum("calibrate" in name for name in goals) == 2
