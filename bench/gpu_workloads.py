@@ -34,6 +34,8 @@ from flowcore.kernels import (
     affine_coupling_ref,
     folded_affine_step,
     folded_affine_step_ref,
+    folded_linear,
+    folded_linear_ref,
 )
 
 WIDTH = 32  # the conditioner's hidden width in the paper's l2_d3_w32 Glow
@@ -191,6 +193,21 @@ def affine_coupling_forward_backward(batch: int, d: int, dtype, device: str = "c
     return {"calls": {"triton": _backend("triton", run(affine_coupling)), "eager": run(affine_coupling_ref),
                       "compile": _compiled(run(affine_coupling_ref))},
             "bytes": 11 * x2.numel() * s + 8 * batch}
+
+
+def folded_linear_forward_backward(batch: int, d: int, dtype, device: str = "cuda") -> dict:
+    """z = x @ W.T + b and its three gradients: the Triton GEMMs against cuBLAS (`eager`), which
+    tells whether flowcore should keep its own GEMMs where no epilogue is fused."""
+    x = torch.randn(batch, d, device=device, dtype=dtype, requires_grad=True)
+    weight = (torch.randn(d, d, device=device) / d**0.5).to(dtype).requires_grad_()
+    bias = torch.randn(d, device=device, dtype=dtype, requires_grad=True)
+    upstream = torch.randn(batch, d, device=device, dtype=dtype)
+
+    def run(op):
+        return lambda: torch.autograd.grad(op(x, weight, bias), (x, weight, bias), upstream)
+
+    return {"calls": {"triton": _backend("triton", run(folded_linear)), "eager": run(folded_linear_ref)},
+            "bytes": 6 * batch * d * x.element_size(), "flops": 3 * 2 * batch * d * d}
 
 
 # name -> workload builder(batch, d, dtype, device="cuda")
