@@ -181,8 +181,7 @@ def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, c
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 gradients = [p.grad for p in flow.parameters() if p.grad is not None]
-                largest = torch.stack([torch.linalg.vector_norm(g, math.inf) for g in gradients])  # no copies
-                if not bool(torch.isfinite(largest).all()):
+                if not _all_finite(gradients):
                     raise TrainingDivergedError(
                         f"the gradients became non-finite at {where}; the weights are kept from the "
                         f"previous step. Try a lower learning rate (now {lr}) or standardising the inputs"
@@ -273,6 +272,16 @@ class _TrainingState:
                  finished: bool = False):
         self.epoch, self.step, self.total, self.losses = epoch, step, total, list(losses or [])
         self.finished = finished
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of `tensors` is finite. Their sums are non-finite whenever an
+    element is (NaN and infinities propagate), and only then but for an overflow, which the
+    element-wise check that follows rules out: one small op per tensor in the usual case, where
+    an infinity norm per tensor cost 6-8 % of a batch-32 training step."""
+    if bool(torch.isfinite(torch.stack([t.sum() for t in tensors]).sum())):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _save_checkpoint(path: Path, identity: dict, flow, optimizer, generator_state: torch.Tensor,

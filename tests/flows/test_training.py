@@ -233,3 +233,13 @@ def test_fit_pins_its_thread_count_and_restores_it(batch_size, threads, expected
     assert training_threads(batch_size) == (1 if batch_size < 256 else seen[0])
     with pytest.raises(ValueError, match="threads must be a positive integer"):
         flowcore.fit(glow, X, threads=0, progress=False)
+
+
+def test_the_gradient_check_tells_overflowing_sums_from_non_finite_gradients():
+    from flowcore.flows.train import _all_finite
+
+    big = torch.full((4,), 3e38)  # finite, but its sum overflows
+    assert _all_finite([torch.ones(3), big])
+    assert not _all_finite([torch.ones(3), torch.tensor([1.0, float("nan")])])
+    assert not _all_finite([torch.tensor([float("inf"), -float("inf")]), torch.ones(2)])
+    assert not _all_finite([torch.tensor([float("inf")])])
