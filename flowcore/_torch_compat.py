@@ -73,4 +73,4 @@ def plain_tensors(args) -> bool:
 def plain_eager(args) -> bool:
     """`plain_tensors(args)` and no TorchDispatchMode intercepting the call either, so a custom
     op's implementation may run directly, without the dispatcher."""
-    return _get_current_dispatch_mode() is None and plain_tensors(args)
+    return plain_tensors(args) and _get_current_dispatch_mode() is None  # compiling first: Dynamo can't trace the mode
