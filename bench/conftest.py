@@ -4,6 +4,8 @@
   group and a label; the terminal summary prints each group's times side by side.
 - `goal(name, measured, target, ...)` states a measured ratio (or fraction) against its goal; the
   summary prints one table of every goal, met or not met.
+- `measure(group, label, value, unit)` stores a figure that is not a time (bytes, counts); the
+  summary prints them in their units.
 - `busy_core()` runs one busy-loop process on one core for the `with` block (the "loaded" case).
 
 Both are written to `bench-ratios.json` in the working directory (or $FLOWCORE_BENCH_JSON).
@@ -20,6 +22,7 @@ import pytest
 MEDIANS: dict[str, dict[str, float]] = defaultdict(dict)
 EXTRA: dict[str, dict[str, float]] = defaultdict(dict)
 GOALS: dict[str, dict] = {}
+MEASURES: dict[str, dict[str, dict]] = defaultdict(dict)
 
 
 @pytest.fixture
@@ -36,6 +39,14 @@ def record(request):
             benchmark.extra_info.update(extra)
         return median
     return _record
+
+
+@pytest.fixture
+def measure():
+    """`measure(group, label, value, unit)`: a figure in its own unit for the summary."""
+    def _measure(group: str, label: str, value: float, unit: str) -> None:
+        MEASURES[group][label] = {"value": float(value), "unit": unit}
+    return _measure
 
 
 def _spin(core: int) -> None:
@@ -75,7 +86,7 @@ def goal():
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not MEDIANS and not GOALS:
+    if not MEDIANS and not GOALS and not MEASURES:
         return
     summary = {}
     if MEDIANS:
@@ -89,6 +100,12 @@ def pytest_terminal_summary(terminalreporter):
             line.append(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}")
         terminalreporter.write_line("; ".join(line))
         summary[group] = {"median_s": medians, **EXTRA[group]}
+    if MEASURES:
+        terminalreporter.section("flowcore measurements")
+        for group, figures in MEASURES.items():
+            terminalreporter.write_line(f"{group}: " + "; ".join(
+                f"{label} {row['value']:.4g} {row['unit']}" for label, row in figures.items()))
+        summary["measures"] = MEASURES
     if GOALS:
         terminalreporter.section("flowcore goals")
         width = max(len(name) for name in GOALS)
