@@ -4,6 +4,8 @@ Imported as `flowcore.kernels` (never as a top-level `kernels`). Files:
 
 - `actnorm.py`: ActNorm forward/inverse (Triton kernels, launchers, Function, `_ref`, dispatchers);
 - `coupling.py`: affine and additive coupling; owns `SCALE_OFFSET`;
+- `factored_step.py`: the affine step of small-batch training in one autograd node, factor by
+  factor (`factored_affine_step`, `factored_affine_step_ref`);
 - `folded_linear.py`: the folded ActNorm + 1x1 GEMM z = x @ W.T + b and its backward GEMMs;
 - `flow_step.py`: the fused Triton step (folded GEMM with the coupling in its epilogue),
   `folded_affine_step_ref` and the `folded_affine_step` dispatcher;
@@ -16,7 +18,7 @@ Imported as `flowcore.kernels` (never as a top-level `kernels`). Files:
 
 Triton launchers are registered with `torch.library.triton_op` (so torch.compile traces them);
 every Triton dispatcher asks `flowcore.backend.resolve` which implementation to run.
-`triangular` and `squared_norm` are PyTorch-only ops with hand-written backwards.
+`triangular`, `factored_step` and `squared_norm` are PyTorch-only ops with hand-written backwards.
 
 Row log-dets and squared norms are float32 whatever the activations' dtype (float64 for
 float64): `accumulation_dtype(tensor)`.
@@ -37,6 +39,7 @@ from flowcore.kernels.coupling import (
     affine_coupling_inverse_ref,
     affine_coupling_ref,
 )
+from flowcore.kernels.factored_step import factored_affine_step, factored_affine_step_ref
 from flowcore.kernels.flow_step import folded_affine_step, folded_affine_step_ref
 from flowcore.kernels.folded_linear import folded_linear, folded_linear_ref
 from flowcore.kernels.squared_norm import squared_norm, squared_norm_ref
@@ -57,6 +60,8 @@ __all__ = [
     "affine_coupling_inverse",
     "affine_coupling_inverse_ref",
     "affine_coupling_ref",
+    "factored_affine_step",
+    "factored_affine_step_ref",
     "factored_linear",
     "factored_linear_ref",
     "folded_affine_step",

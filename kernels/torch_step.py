@@ -31,7 +31,7 @@ def torch_affine_step(x, weight, bias, split: int, conditioner: Callable, refere
     hand-written backward must give way to autograd."""
     if composed_autograd_only(x):
         return reference(x, weight, bias, split, conditioner)
-    layers = _mlp_layers(conditioner)
+    layers = mlp_layers(conditioner)
     if layers is None:
         if torch.is_grad_enabled():
             return reference(x, weight, bias, split, conditioner)
@@ -71,7 +71,7 @@ def _split_output(conditioner: Callable, d2: int) -> Callable:
     return shift_and_logit
 
 
-def _mlp_layers(conditioner) -> list[torch.Tensor] | None:
+def mlp_layers(conditioner) -> list[torch.Tensor] | None:
     """[W1, b1, W2, b2, ...] when `conditioner` is a plain nn.Sequential of Linear (-> ReLU ->
     Linear)* with no hooks anywhere (the fused step reads the weights instead of calling the
     modules), else None."""

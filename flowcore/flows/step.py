@@ -2,8 +2,10 @@
 
 What runs depends on the step's variant, and `FlowStep.forward` shows it:
 - LU mixing (the default), training on a batch of fewer than `FACTORED_ROWS_PER_FEATURE` x d rows
-  on the PyTorch backend (the paper's batch 32): W is never assembled; `kernels.factored_linear`
-  applies ActNorm, U, L and P to the batch, then `Coupling.forward` runs.
+  on the PyTorch backend (the paper's batch 32): W is never assembled; ActNorm, U, L and P are
+  applied to the batch factor by factor. With the affine coupling the whole step is one autograd
+  node (`kernels.factored_affine_step`); with the additive one `kernels.factored_linear` is
+  followed by `Coupling.forward`.
 - LU mixing otherwise: ActNorm is folded into the assembled LU weight, W' = W diag(exp(logs)),
   b = W' loc, so ActNorm + 1x1 cost one GEMM + bias and no pass over the batch of their own. With
   the affine coupling (the default) the GEMM and the coupling run fused in
@@ -88,6 +90,9 @@ class FlowStep(nn.Module):
         if isinstance(self.mixing, LULinear) and self._factored(x):
             self.actnorm.maybe_initialize(x)
             mixing = self.mixing
+            if self.coupling.kind == "affine":
+                return kernels.factored_affine_step(x, self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.log_s,
+                                                    mixing.sign, mixing.perm, self.coupling.split, self.coupling.net)
             y = kernels.factored_linear(x, self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.diagonal(),
                                         mixing.perm)
             z, coupling_logdet = self.coupling(y)

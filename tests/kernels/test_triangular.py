@@ -4,7 +4,16 @@ import pytest
 import torch
 
 from flowcore.kernels import factored_linear, factored_linear_ref, lu_factors, lu_product, lu_product_ref
+from flowcore.kernels import triangular
 from flowcore.kernels.triangular import _FactoredLinear, _TriangularProduct
+
+
+@pytest.fixture(params=["whole", "blocked"])
+def factor_layout(request, monkeypatch):
+    """Run a test with the factors applied as whole masked triangles and on their 2 x 2 block split
+    (`triangular.BLOCKED_FROM_DIM` moved so that every width takes the one asked for)."""
+    monkeypatch.setattr(triangular, "BLOCKED_FROM_DIM", 1 << 30 if request.param == "whole" else 0)
+    return request.param
 
 
 def _factors_inputs(dim, seed=0):
@@ -72,8 +81,8 @@ def _factored_inputs(rows, dim, seed=0, dtype=torch.float64):
 
 
 @pytest.mark.parametrize("rows, dim", [(1, 1), (1, 2), (3, 3), (5, 7), (32, 64), (17, 383)])
-def test_factored_linear_matches_the_dense_twin(rows, dim):
-    """factored_linear (2 x 2 blocks, rank-batch gradients) equals ((x + loc) * exp(logs)) @ (P L U).T
+def test_factored_linear_matches_the_dense_twin(factor_layout, rows, dim):
+    """factored_linear (whole triangles or 2 x 2 blocks, rank-batch gradients) equals ((x + loc) * exp(logs)) @ (P L U).T
     composed densely, in value and in every input's gradient; lu's unused diagonal gets 0."""
     inputs, perm = _factored_inputs(rows, dim, seed=dim)
     cotangent = torch.randn(rows, dim, dtype=torch.float64)
@@ -89,14 +98,23 @@ def test_factored_linear_matches_the_dense_twin(rows, dim):
     assert torch.equal(grads[3].diagonal(), torch.zeros(dim, dtype=torch.float64))
 
 
-def test_factored_linear_in_float32_is_close_to_float64():
+@pytest.mark.parametrize("dim, saved", [(383, 5), (384, 7)])
+def test_the_default_layout_blocks_from_384_features(dim, saved):
+    """Below `BLOCKED_FROM_DIM` the whole triangles are saved (5 tensors), from it the blocks (7)."""
+    assert triangular.BLOCKED_FROM_DIM == 384
+    inputs, perm = _factored_inputs(2, dim)
+    with torch.no_grad():
+        assert len(triangular.factored_forward(*inputs, perm)[1]) == saved
+
+
+def test_factored_linear_in_float32_is_close_to_float64(factor_layout):
     inputs, perm = _factored_inputs(32, 200, seed=1)
     expected = factored_linear_ref(*inputs, perm)
     single = factored_linear(*[t.detach().float() for t in inputs], perm)
     torch.testing.assert_close(single.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
-def test_factored_linear_passes_gradcheck_and_gradgradcheck():
+def test_factored_linear_passes_gradcheck_and_gradgradcheck(factor_layout):
     inputs, perm = _factored_inputs(4, 6, seed=2)
     function = lambda *args: _FactoredLinear.apply(*args, perm)  # noqa: E731
     assert torch.autograd.gradcheck(function, inputs)
