@@ -141,7 +141,8 @@ def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, c
         return batch.to(device=parameter.device, dtype=parameter.dtype)
 
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(flow.parameters(), lr=lr, fused=True)  # one pass per tensor
+    parameters = list(flow.parameters())  # walked once: a module walk per step costs ~0.3 ms at batch 32
+    optimizer = torch.optim.Adam(parameters, lr=lr, fused=True)  # one pass per tensor
     steps_per_epoch = math.ceil(count / batch_size)
     identity = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed, "init_rows": init_rows,
                 "rows": count, "dim": int(flow_dim or data.shape[1]),
@@ -180,17 +181,18 @@ def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, c
                     )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                gradients = [p.grad for p in flow.parameters() if p.grad is not None]
+                gradients = [p.grad for p in parameters if p.grad is not None]
                 if not _all_finite(gradients):
                     raise TrainingDivergedError(
                         f"the gradients became non-finite at {where}; the weights are kept from the "
                         f"previous step. Try a lower learning rate (now {lr}) or standardising the inputs"
                     )
                 optimizer.step()
-                state.total += loss.item() * batch.shape[0]
+                value = loss.item()
+                state.total += value * batch.shape[0]
                 state.step = step + 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+                bar.set_postfix(loss=f"{value:.4f}", refresh=False)
                 state.epoch = epoch
                 if (checkpoint is not None and (epoch * steps_per_epoch + state.step) % checkpoint_every == 0
                         and state.step < steps_per_epoch):
