@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from flowcore._threads import available_cpus
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
 from flowcore.cli.arguments import (
@@ -134,6 +135,12 @@ def register(subparsers) -> None:
                         "given, round(dim / 100), the authors' rule")
     parser.add_argument("--seed", type=int, default=0, help="seed of the flow's initialisation and batch order")
     parser.add_argument("--json", default=None, metavar="OUT.json", help="also write the result records here")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="datasets whose flows are fitted side by side (after all are encoded), each in a "
+                        "forked process of one torch thread, on CPU with the built-in datasets or --pairs and "
+                        "'target'/'train' fit corpora; the flow fits (batch 32) run on one thread anyway, so "
+                        "the results do not change with it (default: the CPUs this process may use; 1: one "
+                        "process)")
     add_encoding_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -178,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--flow-lr must be positive, got {args.flow_lr}")
     if args.whitening_dim is not None and args.whitening_dim < 1:
         raise CLIError(f"--whitening-dim must be at least 1, got {args.whitening_dim}")
+    if args.jobs is not None and args.jobs < 1:
+        raise CLIError(f"--jobs must be at least 1, got {args.jobs}")
     if args.abtt_k is not None and args.abtt_k < 1:
         raise CLIError(f"--abtt-k must be at least 1, got {args.abtt_k}")
     settings = CalibrationSettings(whitening_dim=args.whitening_dim, abtt_k=args.abtt_k, flow_config=args.flow_config,
@@ -205,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
                                 settings=settings, cache=cache, batch_size=args.batch_size, progress=not args.quiet,
-                                pairs=pairs, fitted=fitted)
+                                pairs=pairs, fitted=fitted, jobs=args.jobs or available_cpus())
     seconds = time.perf_counter() - started
     if pairs is not None:
         print("Spearman x100 of cosine similarity on your pairs: "

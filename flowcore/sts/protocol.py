@@ -7,8 +7,11 @@ tested with stand-ins; sentence vectors go through an `EmbeddingCache`.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import multiprocessing
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -39,6 +42,7 @@ def evaluate(
     progress: bool = True,
     pairs: Iterable[STSPairs] | None = None,
     fitted: dict[str, PreFitted] | None = None,
+    jobs: int = 1,
 ) -> list[dict]:
     """Evaluate `encoder` on each dataset, raw and after each calibration.
 
@@ -64,6 +68,11 @@ def evaluate(
             of `datasets` (then `data_dir` is not read); "target" fits on each one's own sentences.
         fitted: `{calibration name: PreFitted}`, calibrators already fitted (e.g. a flow file,
             `baselines.prefitted_flow`), applied as they are: nothing is fitted for them.
+        jobs: datasets calibrated at once, each in a forked process of one torch thread (the
+            flow fits of the paper's batch 32 run on one thread anyway, so on a machine with
+            several cores the datasets' fits run side by side with the same results). Used when
+            each dataset fits on its own corpus ("target", "train"), on CPU, where fork exists;
+            1: all in this process. Encoding always runs here first, for every dataset.
 
     Returns:
         One record (a JSON-ready dict) per dataset × calibration: dataset, calibration, pooling,
@@ -80,6 +89,8 @@ def evaluate(
     for name in calibrations:
         if name not in CALIBRATIONS:
             raise ValueError(f"unknown calibration {name!r}; choose from {', '.join(CALIBRATIONS)}")
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     if pairs is not None:
         if fit_corpus == "train":
             raise ValueError("fit corpus 'train' needs the built-in datasets: your pairs have no train split; "
@@ -88,68 +99,114 @@ def evaluate(
     else:
         data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         items = [(dataset, None) for dataset in datasets]
-    factories = dict(factories or {})
-    fitted = dict(fitted or {})
     cache = cache if cache is not None else EmbeddingCache(None)
-    needs_fit = any(name != "none" and name not in fitted for name in calibrations)
+    needs_fit = any(name != "none" and name not in dict(fitted or {}) for name in calibrations)
     file_corpus: tuple[str, np.ndarray, int, str | None] | None = None  # fitted once, reused: warned once
-    fitted_on_file: dict[str, object] = {}
-    records = []
+    prepared = []
     for dataset, given in items:
         pairs_ = given if given is not None else load_test(data_dir, dataset, sick_split)
         if progress:
             logger.info(f"{dataset}: {len(pairs_)} {'test ' if given is None else ''}pairs")
         left = cache.embed(encoder, pairs_.sentences1, batch_size, progress)
         right = cache.embed(encoder, pairs_.sentences2, batch_size, progress)
-        warning = None
+        corpus = (None, None, 0, None)
         if needs_fit:
             if fit_corpus in ("target", "train"):
                 if given is not None:
-                    corpus_label, corpus = "target", given.sentences()
+                    corpus_label, sentences = "target", given.sentences()
                 else:
-                    corpus_label, corpus = fit_corpus_sentences(data_dir, dataset, fit_corpus)
-                corpus_vectors = cache.embed(encoder, corpus, batch_size, progress)
-                distinct = len(set(corpus))
+                    corpus_label, sentences = fit_corpus_sentences(data_dir, dataset, fit_corpus)
+                corpus_vectors = cache.embed(encoder, sentences, batch_size, progress)
+                distinct = len(set(sentences))
                 warning = small_corpus_warning(distinct, corpus_vectors.shape[1])
                 if warning is not None:
                     logger.warning(f"{dataset}: {warning}")
+                corpus = (corpus_label, corpus_vectors, distinct, warning)
             else:
                 if file_corpus is None:
-                    label, corpus = fit_corpus_sentences(data_dir, dataset, fit_corpus)
-                    vectors, count = cache.embed(encoder, corpus, batch_size, progress), len(set(corpus))
+                    label, sentences = fit_corpus_sentences(data_dir, dataset, fit_corpus)
+                    vectors, count = cache.embed(encoder, sentences, batch_size, progress), len(set(sentences))
                     file_corpus = (label, vectors, count, small_corpus_warning(count, vectors.shape[1]))
                     if file_corpus[3] is not None:
                         logger.warning(f"{label}: {file_corpus[3]}")
-                corpus_label, corpus_vectors, distinct, warning = file_corpus
-        for name in calibrations:
-            record = {"dataset": dataset, "calibration": name, "pooling": str(encoder.pooling),
-                      "model": str(encoder.model_id), "split": pairs_.split}
+                corpus = file_corpus
+        prepared.append(_Dataset(dataset, given, pairs_, left, right, *corpus))
+    scorer = _Scorer(calibrations, settings, dict(factories or {}), dict(fitted or {}), fit_corpus, progress,
+                     str(encoder.pooling), str(encoder.model_id))
+    workers = 1
+    if jobs > 1 and len(prepared) > 1 and fit_corpus in ("target", "train") and _flow_fits_in_parallel(
+            calibrations, settings, scorer):
+        workers = min(jobs, len(prepared))
+    if workers == 1:
+        return [record for item in prepared for record in scorer(item)]
+    return _score_in_processes(scorer, prepared, workers)
+
+
+@dataclass
+class _Dataset:
+    """One dataset's pairs, their vectors and its fit corpus (label, vectors, distinct sentences,
+    small-corpus warning), ready for its calibrations."""
+
+    name: str
+    given: STSPairs | None
+    pairs: STSPairs
+    left: np.ndarray
+    right: np.ndarray
+    corpus_label: str | None
+    corpus_vectors: np.ndarray | None
+    distinct: int
+    warning: str | None
+
+
+@dataclass
+class _Scorer:
+    """Fits and applies each calibration to one `_Dataset` and scores it: its records."""
+
+    calibrations: list[str]
+    settings: CalibrationSettings
+    factories: dict
+    fitted: dict
+    fit_corpus: str
+    progress: bool
+    pooling: str
+    model: str
+    bars: bool = True
+    fitted_on_file: dict = field(default_factory=dict)
+
+    def __call__(self, item: _Dataset) -> list[dict]:
+        records = []
+        dataset, pairs_, given = item.name, item.pairs, item.given
+        for name in self.calibrations:
+            record = {"dataset": dataset, "calibration": name, "pooling": self.pooling, "model": self.model,
+                      "split": pairs_.split}
             if given is not None:
                 record.update(pairs_file=given.source, skipped_lines=given.skipped_lines)
-            if name in fitted:
-                record.update(fit_corpus=fitted[name].source, **fitted[name].record)
+            if name in self.fitted:
+                record.update(fit_corpus=self.fitted[name].source, **self.fitted[name].record)
             elif name != "none":
-                record.update(fit_corpus=corpus_label, fit_sentences=len(corpus_vectors),
-                              fit_distinct_sentences=distinct, **settings_record(name, settings))
-                if warning is not None:
-                    record["warning"] = warning
+                record.update(fit_corpus=item.corpus_label, fit_sentences=len(item.corpus_vectors),
+                              fit_distinct_sentences=item.distinct, **settings_record(name, self.settings))
+                if item.warning is not None:
+                    record["warning"] = item.warning
             started = time.perf_counter()
             try:
-                calibrator = fitted[name].calibrator if name in fitted else fitted_on_file.get(name)
+                calibrator = self.fitted[name].calibrator if name in self.fitted else self.fitted_on_file.get(name)
                 if calibrator is None:
-                    calibrator = factories[name]() if name in factories else build_calibrator(name, settings, progress)
+                    calibrator = (self.factories[name]() if name in self.factories
+                                  else build_calibrator(name, self.settings, self.progress and self.bars))
                     if name != "none":
-                        if progress:
-                            logger.info(f"{dataset}: fitting {name} on {len(corpus_vectors)} {corpus_label} sentences")
-                        calibrator.fit(corpus_vectors)
-                    if name != "none" and fit_corpus not in ("target", "train"):
-                        fitted_on_file[name] = calibrator
+                        if self.progress:
+                            logger.info(f"{dataset}: fitting {name} on {len(item.corpus_vectors)} "
+                                        f"{item.corpus_label} sentences")
+                        calibrator.fit(item.corpus_vectors)
+                    if name != "none" and self.fit_corpus not in ("target", "train"):
+                        self.fitted_on_file[name] = calibrator
                 if getattr(calibrator, "losses", None):
                     record["flow_losses"] = [float(loss) for loss in calibrator.losses]
                 if getattr(calibrator, "heldout_bits_per_dim", None):  # the recipe's unsupervised epoch choice
                     record["flow_heldout_bits_per_dim"] = list(calibrator.heldout_bits_per_dim)
                     record["flow_selected_epoch"] = calibrator.selected_epoch
-                a, b = calibrator.transform(left), calibrator.transform(right)
+                a, b = calibrator.transform(item.left), calibrator.transform(item.right)
                 if not (np.isfinite(a).all() and np.isfinite(b).all()):
                     raise FloatingPointError("the calibrated vectors contain NaN or Inf")
                 record.update(score_pairs(cosine_similarity(a, b), pairs_))
@@ -158,6 +215,53 @@ def evaluate(
                 record.update(spearman=None, pearson=None, n_pairs=len(pairs_), error=str(error))
             record["seconds"] = round(time.perf_counter() - started, 3)
             records.append(record)
-            if progress and record.get("spearman") is not None:
+            if self.progress and record.get("spearman") is not None:
                 logger.info(f"{dataset}: {name}: Spearman {record['spearman']:.2f}")
-    return records
+        return records
+
+
+def _flow_fits_in_parallel(calibrations, settings: CalibrationSettings, scorer: "_Scorer") -> bool:
+    """Worth and safe to fit the datasets' flows side by side in forked processes of one torch
+    thread: a flow is fitted here (with the built-in calibrator), on CPU, where fork exists (CUDA
+    cannot be used in a forked child, nor OpenMP with more than one thread), and its batches train
+    on one thread anyway (`flows.train.training_threads`), so its results are those of one process."""
+    if "flow" not in calibrations or "flow" in scorer.fitted or "flow" in scorer.factories:
+        return False
+    if "fork" not in multiprocessing.get_all_start_methods() or settings.device not in (None, "cpu"):
+        return False
+    from flowcore.calibration.recipes import recipe_named
+    from flowcore.flows.train import training_threads  # imports torch: only when a flow is fitted
+
+    return training_threads(recipe_named(settings.flow_recipe, batch_size=settings.flow_batch_size).batch_size) == 1
+
+
+_WORK: tuple[_Scorer, list[_Dataset]] | None = None
+"""The scorer and datasets of `_score_in_processes`, inherited by its forked workers (nothing of
+them is pickled: a factory may be a lambda)."""
+
+
+def _score_in_processes(scorer: _Scorer, prepared: list[_Dataset], workers: int) -> list[dict]:
+    """`scorer` on each dataset in `workers` forked processes of one torch thread each, largest fit
+    corpus first; the records come back in the datasets' order. Each flow fit already runs on one
+    thread at small batches (`flows.train.training_threads`), so the results are those of one
+    process."""
+    global _WORK
+    _WORK = (dataclasses.replace(scorer, bars=False), prepared)  # parallel progress bars would interleave
+    order = sorted(range(len(prepared)), key=lambda index: -len(prepared[index].corpus_vectors))
+    try:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_one_thread) as pool:
+            results = dict(zip(order, pool.map(_score_one, order, chunksize=1)))
+    finally:
+        _WORK = None
+    return [record for index in range(len(prepared)) for record in results[index]]
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _score_one(index: int) -> list[dict]:
+    scorer, prepared = _WORK
+    return scorer(prepared[index])

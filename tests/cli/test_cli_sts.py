@@ -189,3 +189,8 @@ def test_cli_flow_file_is_applied_not_fitted(tmp_path, capsys, stand_in):
     assert "was fitted on 'cls' pooling, not 'mean'" in capsys.readouterr().err
     assert main(["sts", "--pairs", str(pairs), "--flow", str(tmp_path / "missing.flow")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_cli_jobs_must_be_positive(sts_data_dir, capsys):
+    assert main(["sts", "--data-dir", str(sts_data_dir), "--jobs", "0"]) == 2
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err

@@ -195,3 +195,75 @@ def test_flow_defaults_survive_constant_coordinates_of_mean_pooling(sts_data_dir
     raw, = evaluate(encoder, datasets=["STS16"], calibrations=["flow"], data_dir=sts_data_dir,
                     cache=encode_cache, settings=CalibrationSettings(flow_input="raw"), progress=False)
     assert "non-finite" in raw.get("error", "") or raw["flow_losses"][0] > 1000  # diverged, or blew up
+
+
+_UNPATCHED_SCORE_ONE = None
+
+
+def _score_one_with_pid(index):
+    import os
+
+    return [dict(record, pid=os.getpid()) for record in _UNPATCHED_SCORE_ONE(index)]
+
+
+def test_datasets_fit_their_flows_side_by_side_with_the_same_records(sts_data_dir, tmp_path, monkeypatch):
+    """jobs=2 fits the datasets' flows in forked worker processes: the records, flow losses
+    included, equal those of one process bit for bit, in the datasets' order."""
+    import os
+
+    from flowcore.sts import protocol
+
+    global _UNPATCHED_SCORE_ONE
+    kwargs = dict(datasets=["STS16", "STS13"], calibrations=["none", "whitening", "flow"], data_dir=sts_data_dir,
+                  cache=EmbeddingCache(tmp_path), settings=CalibrationSettings(flow_config="l2_d2_w32", flow_epochs=1),
+                  progress=False)
+    alone = evaluate(HashEncoder(dim=24), jobs=1, **kwargs)
+    _UNPATCHED_SCORE_ONE = protocol._score_one
+    monkeypatch.setattr(protocol, "_score_one", _score_one_with_pid)
+    side_by_side = evaluate(HashEncoder(dim=24), jobs=2, **kwargs)
+    assert {record.pop("pid") for record in side_by_side} - {os.getpid()}  # ran in other processes
+    assert [(r["dataset"], r["calibration"]) for r in side_by_side] == [(r["dataset"], r["calibration"]) for r in alone]
+    assert alone[2]["flow_losses"]
+    for ours, theirs in zip(side_by_side, alone):
+        ours.pop("seconds"), theirs.pop("seconds")
+        assert ours == theirs
+
+
+def test_flows_are_fitted_side_by_side_only_where_that_is_safe_and_the_same(sts_data_dir, tmp_path, monkeypatch):
+    """One process for: no flow, a flow from a factory or a file, a file corpus, CUDA, or batches that
+    would train on several threads (their results depend on the thread count)."""
+    from flowcore.flows.train import training_threads
+    from flowcore.sts import protocol
+
+    calls = []
+    monkeypatch.setattr(protocol, "_score_in_processes", lambda *args: calls.append(args) or [])
+    built_in = protocol.build_calibrator
+    stand_in = lambda name, *args: MeanShift() if name == "flow" else built_in(name, *args)  # noqa: E731
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("A man sleeps.\nA dog runs.\n", encoding="utf-8")
+    base = dict(datasets=["STS16", "STS13"], data_dir=sts_data_dir, cache=EmbeddingCache(tmp_path), progress=False,
+                jobs=2)
+    serial = [dict(calibrations=["none", "whitening"]),
+              dict(calibrations=["flow"], factories={"flow": MeanShift}),
+              dict(calibrations=["flow"], fit_corpus=str(corpus), factories={"whitening": MeanShift}),
+              dict(calibrations=["flow"], settings=CalibrationSettings(device="cuda")),
+              dict(calibrations=["flow"], jobs=1)]
+    for options in serial:
+        calls.clear()
+        with monkeypatch.context() as patch:  # nothing is fitted for real: a stand-in flow
+            patch.setattr(protocol, "build_calibrator", stand_in)
+            evaluate(HashEncoder(), **{**base, **options})
+        assert not calls, options
+    evaluate(HashEncoder(), calibrations=["flow"], **base)
+    assert len(calls) == 1 and calls[0][2] == 2
+    calls.clear()
+    wide = CalibrationSettings(flow_batch_size=4096)
+    with monkeypatch.context() as patch:
+        patch.setattr(protocol, "build_calibrator", stand_in)
+        evaluate(HashEncoder(), calibrations=["flow"], settings=wide, **base)
+    assert bool(calls) == (training_threads(4096) == 1)
+
+
+def test_jobs_must_be_positive(sts_data_dir):
+    with pytest.raises(ValueError, match="jobs must be at least 1, got 0"):
+        evaluate(HashEncoder(), datasets=["STS16"], data_dir=sts_data_dir, jobs=0)
