@@ -17,7 +17,7 @@ import numpy as np
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
-from flowcore.flows.glow import CONFIGS
+from flowcore.flows.configs import CONFIGS
 
 
 def register(subparsers) -> None:

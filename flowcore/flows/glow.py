@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from flowcore._torch_compat import functorch_transforms_active, has_forward_hooks
+from flowcore.flows.configs import CONFIGS
 from flowcore.flows.step import FlowStep
 from flowcore.kernels import accumulation_dtype, squared_norm
 
@@ -28,14 +29,6 @@ LINEAR_START_SCALE = 0.999
 """Initial scale of each level's last coupling in `Glow.start_linear` (1 would be the identity,
 which sigmoid cannot reach)."""
 
-CONFIGS = {
-    "l2_d2_w32": dict(levels=2, depth=2, width=32),
-    "l2_d3_w16": dict(levels=2, depth=3, width=16),
-    "l2_d3_w32": dict(levels=2, depth=3, width=32),
-    "l3_d2_w32": dict(levels=3, depth=2, width=32),
-    "l3_d3_w16": dict(levels=3, depth=3, width=16),
-    "l3_d3_w32": dict(levels=3, depth=3, width=32),
-}
 
 
 class Glow(nn.Module):

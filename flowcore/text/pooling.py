@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # tensors are only passed through here: naming the poolings (the CLI) imports no torch
+    import torch
 
 __all__ = ["NAMED_POOLINGS", "Pooling", "bind_pooling", "parse_pooling"]
 

@@ -194,3 +194,15 @@ def test_cli_flow_file_is_applied_not_fitted(tmp_path, capsys, stand_in):
 def test_cli_jobs_must_be_positive(sts_data_dir, capsys):
     assert main(["sts", "--data-dir", str(sts_data_dir), "--jobs", "0"]) == 2
     assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_cli_start_up_imports_neither_torch_nor_scipy():
+    """Building the parser (`flowcore --help`, and every command before it runs) imports no torch,
+    triton or scipy: they took 7 s of every start-up here; each command imports what it runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from flowcore.cli import build_parser; build_parser(); "
+            "print(sorted({'torch', 'triton', 'scipy', 'transformers'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
