@@ -334,13 +334,15 @@ def test_progress_bar_shows_rate(tiny_bert, capsys):
     assert capsys.readouterr().err == ""
 
 
-def _spy_on_thread_counts(encoder, monkeypatch) -> list[int]:
-    """The torch thread count at each forward of `encoder`, appended as it encodes."""
+def _spy_on_thread_counts(encoder, monkeypatch) -> list[tuple[int, int]]:
+    """(torch thread count, Python thread) at each forward of `encoder`, appended as it encodes."""
+    import threading
+
     seen = []
     real_forward = encoder._hidden_states
 
     def spying(inputs):
-        seen.append(torch.get_num_threads())
+        seen.append((torch.get_num_threads(), threading.get_ident()))
         return real_forward(inputs)
 
     monkeypatch.setattr(encoder, "_hidden_states", spying)
@@ -348,14 +350,50 @@ def _spy_on_thread_counts(encoder, monkeypatch) -> list[int]:
 
 
 def test_default_threads_are_fixed_so_output_is_reproducible(tiny_bert, monkeypatch):
+    """threads=None: torch's count capped at the CPUs, as that many batches side by side on one
+    torch thread each (one batch at a time on one thread when that count is 1)."""
     encoder = Encoder(tiny_bert, pooling="mean")
     seen = _spy_on_thread_counts(encoder, monkeypatch)
     before = torch.get_num_threads()
     sentences = _random_sentences(30)
     first = encoder.encode(sentences, batch_size=4)
-    assert seen and set(seen) == {min(before, available_cpus())}, "threads=None: torch's count, capped at the CPUs"
+    assert seen and {count for count, _ in seen} == {1}
+    assert len({thread for _, thread in seen}) <= min(before, available_cpus())
     assert torch.get_num_threads() == before
     np.testing.assert_array_equal(encoder.encode(sentences, batch_size=4), first)
+
+
+def test_batches_side_by_side_give_the_vectors_of_one_thread(tiny_bert, monkeypatch):
+    """threads=3: batches run on 3 worker threads of one torch thread each (never more), so a
+    busy core slows one worker instead of every op; each batch is computed exactly as on one
+    thread, so the vectors are bit for bit those of threads=1, whatever the load."""
+    import threading
+
+    sentences = _random_sentences(60)
+    alone = Encoder(tiny_bert, pooling="mean", threads=1).encode(sentences, batch_size=4)
+    encoder = Encoder(tiny_bert, pooling="mean", threads=3)
+    seen = _spy_on_thread_counts(encoder, monkeypatch)
+    side_by_side = encoder.encode(sentences, batch_size=4)
+    np.testing.assert_array_equal(side_by_side, alone)
+    threads = {thread for _, thread in seen}
+    assert {count for count, _ in seen} == {1} and 1 <= len(threads) <= 3
+    assert threading.get_ident() not in threads
+
+
+def test_a_failing_batch_on_a_worker_thread_is_raised(tiny_bert, monkeypatch):
+    encoder = Encoder(tiny_bert, pooling="mean", threads=2)
+    calls = []
+
+    def failing(inputs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("batch 3 failed")
+        return real(inputs)
+
+    real = encoder._hidden_states
+    monkeypatch.setattr(encoder, "_hidden_states", failing)
+    with pytest.raises(RuntimeError, match="batch 3 failed"):
+        encoder.encode(_random_sentences(40), batch_size=4)
 
 
 # ---- errors ----------------------------------------------------------------------------------------
@@ -417,7 +455,7 @@ def test_pinned_threads_are_used_and_restored(tiny_bert, monkeypatch):
     seen = _spy_on_thread_counts(encoder, monkeypatch)
     before = torch.get_num_threads()
     encoder.encode(_random_sentences(50), batch_size=8)
-    assert seen and set(seen) == {2}
+    assert seen and {count for count, _ in seen} == {1} and len({thread for _, thread in seen}) <= 2
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="threads must be a positive integer"):
         Encoder(tiny_bert, threads=0)
