@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from flowcore.kernels import factored_linear, factored_linear_ref, lu_factors, lu_product, lu_product_ref
-from flowcore.kernels import triangular
+from flowcore.kernels import factored_linear, factored_linear_ref, lu_factors, lu_product, lu_product_ref, triangular
 from flowcore.kernels.triangular import _FactoredLinear, _TriangularProduct
 
 
@@ -82,8 +81,9 @@ def _factored_inputs(rows, dim, seed=0, dtype=torch.float64):
 
 @pytest.mark.parametrize("rows, dim", [(1, 1), (1, 2), (3, 3), (5, 7), (32, 64), (17, 383)])
 def test_factored_linear_matches_the_dense_twin(factor_layout, rows, dim):
-    """factored_linear (whole triangles or 2 x 2 blocks, rank-batch gradients) equals ((x + loc) * exp(logs)) @ (P L U).T
-    composed densely, in value and in every input's gradient; lu's unused diagonal gets 0."""
+    """factored_linear (whole triangles or 2 x 2 blocks, rank-batch gradients) equals
+    ((x + loc) * exp(logs)) @ (P L U).T composed densely, in value and in every input's gradient;
+    lu's unused diagonal gets 0."""
     inputs, perm = _factored_inputs(rows, dim, seed=dim)
     cotangent = torch.randn(rows, dim, dtype=torch.float64)
     results = []
