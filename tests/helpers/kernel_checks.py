@@ -11,6 +11,23 @@ from flowcore.kernels import launch_counts
 TOLERANCE = {torch.float64: 1e-11, torch.float32: 5e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
+def coupling_mlp(split: int, out: int, dtype, depth: int = 3, width: int = 16, generator=None) -> torch.nn.Sequential:
+    """A coupling conditioner (Linear -> ReLU -> ... -> Linear, `depth` layers) with weights and
+    biases drawn from N(0, 0.4^2) in float64 (by `generator`, else torch's global one) and then
+    cast to `dtype`, so every dtype gets the same values."""
+    sizes = [split] + [width] * (depth - 1) + [out]
+    modules = []
+    for index in range(depth):
+        modules.append(torch.nn.Linear(sizes[index], sizes[index + 1]))
+        if index + 1 < depth:
+            modules.append(torch.nn.ReLU())
+    net = torch.nn.Sequential(*modules).double()
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.normal_(0.0, 0.4, generator=generator)
+    return net.to(dtype)
+
+
 def as_tuple(value) -> tuple:
     return value if isinstance(value, tuple) else (value,)
 

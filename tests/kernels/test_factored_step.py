@@ -6,7 +6,7 @@ import torch
 
 from flowcore.kernels import factored_affine_step, factored_affine_step_ref, triangular
 
-from helpers.kernel_checks import assert_as_accurate_as_ref
+from helpers.kernel_checks import assert_as_accurate_as_ref, coupling_mlp
 
 
 @pytest.fixture(params=["whole", "blocked"])
@@ -24,20 +24,11 @@ def _step(rows, d, dtype=torch.float64, depth=3, width=8, seed=0):
         return (torch.randn(*shape, generator=generator, dtype=torch.float64) * std).to(dtype).requires_grad_()
 
     split = d // 2
-    sizes = [split] + [width] * (depth - 1) + [2 * (d - split)]
-    modules = []
-    for index in range(depth):
-        modules.append(torch.nn.Linear(sizes[index], sizes[index + 1]))
-        if index + 1 < depth:
-            modules.append(torch.nn.ReLU())
-    net = torch.nn.Sequential(*modules).double()
-    with torch.no_grad():
-        for parameter in net.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64) * 0.4)
+    net = coupling_mlp(split, 2 * (d - split), dtype, depth, width, generator)
     sign = torch.where(torch.rand(d, generator=generator) < 0.5, -1.0, 1.0).to(dtype)
     inputs = [draw(rows, d), draw(d, std=0.5), draw(d, std=0.3), draw(d, d, std=0.2), draw(d, std=0.3), sign,
               torch.randperm(d, generator=generator), split]
-    return inputs, net.to(dtype)
+    return inputs, net
 
 
 def _run(op, inputs, net, cotangents):

@@ -8,7 +8,7 @@ from flowcore.backend import use_backend
 from flowcore.kernels import SCALE_OFFSET, folded_affine_step, folded_affine_step_ref
 from flowcore.kernels.torch_step import _TorchAffineStep
 
-from helpers.kernel_checks import assert_as_accurate_as_ref, assert_close_scaled
+from helpers.kernel_checks import assert_as_accurate_as_ref, assert_close_scaled, coupling_mlp
 
 
 def _inputs(rows, d, dtype):
@@ -19,17 +19,7 @@ def _inputs(rows, d, dtype):
 
 def _mlp(split, out, dtype, depth=3, width=16, seed=0):
     torch.manual_seed(seed)
-    sizes = [split] + [width] * (depth - 1) + [out]
-    modules = []
-    for index in range(depth):
-        modules.append(torch.nn.Linear(sizes[index], sizes[index + 1]))
-        if index + 1 < depth:
-            modules.append(torch.nn.ReLU())
-    net = torch.nn.Sequential(*modules).double()
-    with torch.no_grad():  # drawn in float64, so every dtype gets the same values
-        for parameter in net.parameters():
-            parameter.normal_(0.0, 0.4)
-    return net.to(dtype)
+    return coupling_mlp(split, out, dtype, depth, width)
 
 
 def _step_and_grads(step, x, weight, bias, split, net, cotangents, wrt):
