@@ -99,8 +99,10 @@ def evaluate(
     else:
         data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         items = [(dataset, None) for dataset in datasets]
+    factories = dict(factories or {})
+    fitted = dict(fitted or {})
     cache = cache if cache is not None else EmbeddingCache(None)
-    needs_fit = any(name != "none" and name not in dict(fitted or {}) for name in calibrations)
+    needs_fit = any(name != "none" and name not in fitted for name in calibrations)
     file_corpus: tuple[str, np.ndarray, int, str | None] | None = None  # fitted once, reused: warned once
     prepared = []
     for dataset, given in items:
@@ -131,8 +133,8 @@ def evaluate(
                         logger.warning(f"{label}: {file_corpus[3]}")
                 corpus = file_corpus
         prepared.append(_Dataset(dataset, given, pairs_, left, right, *corpus))
-    scorer = _Scorer(calibrations, settings, dict(factories or {}), dict(fitted or {}), fit_corpus, progress,
-                     str(encoder.pooling), str(encoder.model_id))
+    scorer = _Scorer(calibrations, settings, factories, fitted, fit_corpus, progress, str(encoder.pooling),
+                     str(encoder.model_id))
     workers = 1
     if jobs > 1 and len(prepared) > 1 and fit_corpus in ("target", "train") and _flow_fits_in_parallel(
             calibrations, settings, scorer):

@@ -193,8 +193,14 @@ class Encoder:
                     for rows in batches:
                         encode_batch(tokens, lengths, start, rows)
                 else:
-                    for done in [pool.submit(encode_batch, tokens, lengths, start, rows) for rows in batches]:
-                        done.result()  # in order: the first failure is raised, as on one thread
+                    running = [pool.submit(encode_batch, tokens, lengths, start, rows) for rows in batches]
+                    try:
+                        for done in running:
+                            done.result()  # in order: the first failure is raised, as on one thread
+                    except BaseException:
+                        for batch in running:  # the batches not started yet are dropped
+                            batch.cancel()
+                        raise
         _warn_truncated(int(truncated[inverse].sum()), len(texts), self.max_length)
         embeddings = vectors[inverse]
         return unit_rows(embeddings) if normalize else embeddings
