@@ -21,7 +21,7 @@ ORTModelForFeatureExtraction does. `test_goals` states the goals from the output
 runs: speed ratios, and the STS-B test Spearman (x100, cosine vs gold, mean pooling) of
 float32 vs int8.
 
-    FLOWCORE_BENCH_ROUNDS=3 pytest bench/test_bench_encoder.py
+    FLOWCORE_BENCH_ROUNDS=3 pytest bench/test_bench_encoder.py     # default 2 rounds
 """
 import contextlib
 import importlib.util
@@ -40,7 +40,7 @@ from flowcore.text.encoder import Encoder, default_model_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or REPO.parent / "shared" / "data" / "sts")
-ROUNDS = int(os.environ.get("FLOWCORE_BENCH_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("FLOWCORE_BENCH_ROUNDS", "2"))  # 3 rounds: 40 s more of the suite
 ONE_THREAD = os.environ.get("FLOWCORE_BENCH_ONE_THREAD") == "1"  # the 1-thread group: opt-in (~70 s)
 SETTINGS = ["cpu"] + (["cpu-1-thread"] if ONE_THREAD else []) + (["cuda"] if torch.cuda.is_available() else [])
 

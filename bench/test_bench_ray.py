@@ -6,11 +6,15 @@ rows/s.
 Both sides are timed end to end inside one process that already runs Ray (a job connects to a
 running cluster; starting one is a fixed cost per cluster, not per job): loading the flow and
 the encoder, reading, encoding, calibrating and writing. Ray's time includes starting its actors
-(one model copy each), planning shards and joining the rejects. Two Ray figures: 1 worker (the
-single job's CPU count: pure overhead) and 2 workers (the cluster).
+(one model copy each), planning shards and joining the rejects. Ray runs on 2 workers (the
+cluster), and for stored vectors also on 1 (the single job's CPU count: pure overhead).
 
-Sizes: $FLOWCORE_BENCH_SENTENCES (default 8000) sentences of the default encoder, and
-$FLOWCORE_BENCH_ROWS (default 1,000,000) x 384 stored vectors.
+Sizes: $FLOWCORE_BENCH_SENTENCES (default 5000) sentences of the default encoder, and
+$FLOWCORE_BENCH_ROWS (default 300,000) x 384 stored vectors: each job runs 20-40 s, long
+enough for Ray's fixed costs (actors, planning) to be a fair share of a real job, and the
+file takes about 2 minutes (6 at 8000 sentences and 1 M rows). Measured shares of the 2-worker
+runs: 85 % and 89 % at 8000 and 1 M, 94 % and 102 % at 4000 and 400 000, 70 % (text) and 84 %
+at 3000 and 300 000: below 4000 sentences the actors' start dominates the text job.
 
 Run: `pytest bench/test_bench_ray.py -s`.
 """
@@ -24,8 +28,8 @@ from flowcore import Encoder, FlowCalibrator
 from flowcore.batch.job import calibrate_file
 from flowcore.ray import calibrate_ray
 
-SENTENCES = int(os.environ.get("FLOWCORE_BENCH_SENTENCES", 8000))
-ROWS = int(os.environ.get("FLOWCORE_BENCH_ROWS", 1_000_000))
+SENTENCES = int(os.environ.get("FLOWCORE_BENCH_SENTENCES", 5000))
+ROWS = int(os.environ.get("FLOWCORE_BENCH_ROWS", 300_000))
 WORDS = ("the a one two people man woman child dog cat car house city road river tree sun rain day night "
          "is are was walks runs sits plays eats reads writes looks big small old new red green quickly slowly "
          "near over under in on at with from into by after before and but or because while").split()
@@ -40,42 +44,45 @@ def ray_session():
     ray.shutdown()
 
 
-def _rates(run_single, run_ray, rows: int) -> dict:
+def _rates(run_single, run_ray, rows: int, workers_counts=(1, 2)) -> dict:
     started = time.perf_counter()
     run_single()
     single = rows / (time.perf_counter() - started)
     rates = {"single": single}
-    for workers in (1, 2):
+    for workers in workers_counts:
         started = time.perf_counter()
         run_ray(workers)
         rates[f"ray_{workers}"] = rows / (time.perf_counter() - started)
     return rates
 
 
-def _report(what: str, rates: dict) -> None:
-    single = rates["single"]
-    ray_1, ray_2 = rates["ray_1"], rates["ray_2"]
-    print(f"\n{what}: single-process {single:,.0f} rows/s; Ray 1 worker {ray_1:,.0f} rows/s ({ray_1 / single:.0%}); "
-          f"Ray 2 workers {ray_2:,.0f} rows/s ({ray_2 / single:.0%})")
+def _report(record, goal, group: str, what: str, rows: int, rates: dict) -> None:
+    """Times in the summary's table, the 2-worker share against its goal."""
+    labels = {"single": "single process", "ray_1": "Ray 1 worker", "ray_2": "Ray 2 workers"}
+    for key, rate in rates.items():
+        record(group, labels[key], median=rows / rate, **{f"{labels[key]} rows/s": round(rate)})
+    one = f"; 1 worker {rates['ray_1'] / rates['single']:.0%}" if "ray_1" in rates else ""
+    goal(f"Ray engine, {what}: 2 workers' rows/s / single process", rates["ray_2"] / rates["single"], 0.8,
+         how=f"{rates['ray_2']:,.0f} / {rates['single']:,.0f} rows/s{one}")
 
 
-def test_text_engine_overhead(ray_session, tmp_path):
+def test_text_engine_overhead(ray_session, tmp_path, record, goal):
     rng = np.random.default_rng(0)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(" ".join(rng.choice(WORDS, size=rng.integers(6, 20))) + "\n" for _ in range(SENTENCES)))
     encoder = Encoder(pooling="first-last-avg", threads=1)
     calibrator = FlowCalibrator(epochs=1, batch_size=256, seed=0)
-    calibrator.fit(encoder.encode(corpus.read_text().splitlines()[:2048]), progress=False, encoder=encoder)
+    calibrator.fit(encoder.encode(corpus.read_text().splitlines()[:1024]), progress=False, encoder=encoder)
     calibrator.save(tmp_path / "text.flow")
     options = dict(input=corpus, threads=1, progress=False)
     rates = _rates(lambda: calibrate_file(tmp_path / "text.flow", tmp_path / "single.parquet", **options),
                    lambda workers: calibrate_ray(tmp_path / "text.flow", tmp_path / f"ray{workers}",
-                                                 num_workers=workers, **options), SENTENCES)
-    _report(f"text, {SENTENCES:,} sentences, default encoder", rates)
-    assert rates["ray_2"] >= 0.8 * rates["single"]
+                                                 num_workers=workers, **options), SENTENCES, workers_counts=(2,))
+    _report(record, goal, f"ray-text-{SENTENCES}", f"text ({SENTENCES:,} sentences, default encoder)", SENTENCES,
+            rates)
 
 
-def test_embeddings_engine_overhead(ray_session, tmp_path):
+def test_embeddings_engine_overhead(ray_session, tmp_path, record, goal):
     rng = np.random.default_rng(1)
     matrix = np.lib.format.open_memmap(tmp_path / "emb.npy", mode="w+", dtype=np.float32, shape=(ROWS, 384))
     for start in range(0, ROWS, 262144):
@@ -88,5 +95,4 @@ def test_embeddings_engine_overhead(ray_session, tmp_path):
     rates = _rates(lambda: calibrate_file(tmp_path / "emb.flow", tmp_path / "single.parquet", **options),
                    lambda workers: calibrate_ray(tmp_path / "emb.flow", tmp_path / f"ray{workers}",
                                                  num_workers=workers, **options), ROWS)
-    _report(f"stored vectors, {ROWS:,} x 384", rates)
-    assert rates["ray_2"] >= 0.8 * rates["single"]
+    _report(record, goal, f"ray-npy-{ROWS}", f"stored vectors ({ROWS:,} x 384)", ROWS, rates)
