@@ -7,7 +7,8 @@ Both sides are timed end to end inside one process that already runs Ray (a job 
 running cluster; starting one is a fixed cost per cluster, not per job): loading the flow and
 the encoder, reading, encoding, calibrating and writing. Ray's time includes starting its actors
 (one model copy each), planning shards and joining the rejects. Ray runs on 2 workers (the
-cluster), and for stored vectors also on 1 (the single job's CPU count: pure overhead).
+cluster); $FLOWCORE_BENCH_RAY_WORKERS=1,2 adds 1 worker (the single job's CPU count: pure
+overhead; 30 s more of the suite per job).
 
 Sizes: $FLOWCORE_BENCH_SENTENCES (default 5000) sentences of the default encoder, and
 $FLOWCORE_BENCH_ROWS (default 300,000) x 384 stored vectors: each job runs 20-40 s, long
@@ -30,6 +31,7 @@ from flowcore.ray import calibrate_ray
 
 SENTENCES = int(os.environ.get("FLOWCORE_BENCH_SENTENCES", 5000))
 ROWS = int(os.environ.get("FLOWCORE_BENCH_ROWS", 300_000))
+WORKERS = tuple(sorted({int(count) for count in os.environ.get("FLOWCORE_BENCH_RAY_WORKERS", "2").split(",")} | {2}))
 WORDS = ("the a one two people man woman child dog cat car house city road river tree sun rain day night "
          "is are was walks runs sits plays eats reads writes looks big small old new red green quickly slowly "
          "near over under in on at with from into by after before and but or because while").split()
@@ -44,12 +46,12 @@ def ray_session():
     ray.shutdown()
 
 
-def _rates(run_single, run_ray, rows: int, workers_counts=(1, 2)) -> dict:
+def _rates(run_single, run_ray, rows: int) -> dict:
     started = time.perf_counter()
     run_single()
     single = rows / (time.perf_counter() - started)
     rates = {"single": single}
-    for workers in workers_counts:
+    for workers in WORKERS:
         started = time.perf_counter()
         run_ray(workers)
         rates[f"ray_{workers}"] = rows / (time.perf_counter() - started)
@@ -58,9 +60,9 @@ def _rates(run_single, run_ray, rows: int, workers_counts=(1, 2)) -> dict:
 
 def _report(record, goal, group: str, what: str, rows: int, rates: dict) -> None:
     """Times in the summary's table, the 2-worker share against its goal."""
-    labels = {"single": "single process", "ray_1": "Ray 1 worker", "ray_2": "Ray 2 workers"}
     for key, rate in rates.items():
-        record(group, labels[key], median=rows / rate, **{f"{labels[key]} rows/s": round(rate)})
+        label = "single process" if key == "single" else f"Ray {key[4:]} worker{'s' * (key != 'ray_1')}"
+        record(group, label, median=rows / rate, **{f"{label} rows/s": round(rate)})
     one = f"; 1 worker {rates['ray_1'] / rates['single']:.0%}" if "ray_1" in rates else ""
     goal(f"Ray engine, {what}: 2 workers' rows/s / single process", rates["ray_2"] / rates["single"], 0.8,
          how=f"{rates['ray_2']:,.0f} / {rates['single']:,.0f} rows/s{one}")
@@ -77,7 +79,7 @@ def test_text_engine_overhead(ray_session, tmp_path, record, goal):
     options = dict(input=corpus, threads=1, progress=False)
     rates = _rates(lambda: calibrate_file(tmp_path / "text.flow", tmp_path / "single.parquet", **options),
                    lambda workers: calibrate_ray(tmp_path / "text.flow", tmp_path / f"ray{workers}",
-                                                 num_workers=workers, **options), SENTENCES, workers_counts=(2,))
+                                                 num_workers=workers, **options), SENTENCES)
     _report(record, goal, f"ray-text-{SENTENCES}", f"text ({SENTENCES:,} sentences, default encoder)", SENTENCES,
             rates)
 
