@@ -11,11 +11,14 @@ Direction: `z, logdet = glow(x)` maps data -> latent, `logdet` = log|det dz/dx| 
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
 
+from flowcore._threads import available_cpus, pinned_threads
 from flowcore._torch_compat import functorch_transforms_active, has_forward_hooks
+from flowcore.backend import resolve
 from flowcore.flows.configs import CONFIGS
 from flowcore.flows.step import FlowStep
 from flowcore.kernels import accumulation_dtype, squared_norm
@@ -121,14 +124,7 @@ class Glow(nn.Module):
     def forward(self, x: torch.Tensor):
         self._check(x, "forward")
         if self._blocked_inference(x):
-            z = torch.empty_like(x, memory_format=torch.contiguous_format)
-            logdet = x.new_empty(x.shape[0], dtype=accumulation_dtype(x))
-            step = max(1, CPU_BLOCK_BYTES // (self.dim * x.element_size()))
-            for start in range(0, x.shape[0], step):
-                rows = slice(start, start + step)
-                parts, logdet[rows] = self._latent_parts(x[rows])
-                torch.cat(parts, dim=1, out=z[rows])
-            return z, logdet
+            return self._forward_in_blocks(x)
         parts, logdet = self._latent_parts(x)
         return torch.cat(parts, dim=1), logdet
 
@@ -140,6 +136,42 @@ class Glow(nn.Module):
         if functorch_transforms_active():
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
+
+    def _forward_in_blocks(self, x: torch.Tensor):
+        """(z, logdet) of CPU inference, block by block. With torch's thread count n > 1 (capped
+        at the CPUs this process may use), n blocks run side by side, each on one torch thread
+        (torch's count is 1 for the call): a core busy with other work then slows one block
+        instead of every op, and each block's values are those of a one-thread run, so the
+        output does not depend on n or on the machine's load. Forward hooks, autocast and the
+        Triton backend (the interpreter, on CPU) keep the blocks in this thread, one after the
+        other, on torch's threads."""
+        z = torch.empty_like(x, memory_format=torch.contiguous_format)
+        logdet = x.new_empty(x.shape[0], dtype=accumulation_dtype(x))
+        step = max(1, CPU_BLOCK_BYTES // (self.dim * x.element_size()))
+        starts = range(0, x.shape[0], step)
+        inference = torch.is_inference_mode_enabled()
+
+        def run(start: int) -> None:
+            with torch.inference_mode(inference), torch.no_grad():  # grad modes are per thread
+                rows = slice(start, start + step)
+                parts, logdet[rows] = self._latent_parts(x[rows])
+                torch.cat(parts, dim=1, out=z[rows])
+
+        workers = min(torch.get_num_threads(), available_cpus(), len(starts))
+        if workers < 2 or has_forward_hooks(self) or torch.is_autocast_enabled("cpu") or resolve(x) != "torch":
+            for start in starts:
+                run(start)
+            return z, logdet
+        with pinned_threads(1), ThreadPoolExecutor(workers) as pool:
+            running = [pool.submit(run, start) for start in starts]
+            try:
+                for block in running:
+                    block.result()  # in order: the first failure is raised
+            except BaseException:
+                for block in running:  # the blocks not started are dropped
+                    block.cancel()
+                raise
+        return z, logdet
 
     def _latent_parts(self, x: torch.Tensor):
         """z's column blocks (the last level's output, then the latents that left earlier, from

@@ -247,7 +247,7 @@ def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
     with torch.no_grad():
         z, logdet = glow(x)
         log_prob = glow.log_prob(x)
-    assert blocks == [128] * 7 + [104] + [128] * 7 + [104]
+    assert sorted(blocks) == sorted([128] * 7 + [104] + [128] * 7 + [104])  # side by side: any order
     torch.testing.assert_close(z, z_whole, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(logdet, logdet_whole, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(log_prob, log_prob_whole, rtol=1e-12, atol=1e-12)
@@ -255,6 +255,82 @@ def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
     blocks.clear()
     glow(x)
     assert blocks == [1000], "training runs the whole batch at once"
+
+
+def _side_by_side(monkeypatch, rows_per_block: int, dim: int, workers: int = 2):
+    """Row blocks of `rows_per_block` float32 rows, `workers` CPUs and torch threads."""
+    import flowcore.flows.glow as glow_module
+    monkeypatch.setattr(glow_module, "CPU_BLOCK_BYTES", rows_per_block * dim * 4)
+    monkeypatch.setattr(glow_module, "available_cpus", lambda: workers)
+    before = torch.get_num_threads()
+    torch.set_num_threads(workers)
+    return before
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_cpu_inference_blocks_run_side_by_side_as_one_thread_would(monkeypatch, mode):
+    """With 2 threads the blocks run in 2 worker threads of one torch thread each, and z, logdet
+    and log_prob equal bit for bit those of a one-thread run (no dependence on thread count)."""
+    import threading
+    glow = trained_like_glow(32).eval()
+    x = torch.randn(900, 32)
+    context = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    before = _side_by_side(monkeypatch, 64, 32)
+    try:
+        torch.set_num_threads(1)
+        with context():
+            z_one, logdet_one = glow(x)
+            log_prob_one = glow.log_prob(x)
+        torch.set_num_threads(2)
+        seen = []
+        latent_parts = glow._latent_parts
+        monkeypatch.setattr(glow, "_latent_parts", lambda rows: seen.append(
+            (threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled())) or latent_parts(rows))
+        with context():
+            z, logdet = glow(x)
+            log_prob = glow.log_prob(x)
+        assert torch.get_num_threads() == 2, "torch's thread count is restored"
+    finally:
+        torch.set_num_threads(before)
+    assert len(seen) == 2 * 15 and {threads for _, threads, _ in seen} == {1}
+    assert threading.get_ident() not in {ident for ident, _, _ in seen}, "blocks ran in worker threads"
+    assert not any(grad for _, _, grad in seen), "the workers run without autograd, as the caller"
+    assert torch.equal(z, z_one) and torch.equal(logdet, logdet_one) and torch.equal(log_prob, log_prob_one)
+
+
+def test_cpu_inference_block_failure_is_raised(monkeypatch):
+    glow = trained_like_glow(16).eval()
+    before = _side_by_side(monkeypatch, 32, 16)
+    calls = []
+    latent_parts = glow._latent_parts
+
+    def failing(rows):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("block 3 failed")
+        return latent_parts(rows)
+
+    monkeypatch.setattr(glow, "_latent_parts", failing)
+    try:
+        with torch.no_grad(), pytest.raises(RuntimeError, match="block 3 failed"):
+            glow(torch.randn(640, 16))
+        assert torch.get_num_threads() == 2, "torch's thread count is restored after a failure"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_cpu_inference_blocks_with_forward_hooks_stay_in_the_calling_thread(monkeypatch):
+    import threading
+    glow = trained_like_glow(16).eval()
+    before = _side_by_side(monkeypatch, 32, 16)
+    threads = []
+    glow.levels[0][0].register_forward_hook(lambda module, inputs, output: threads.append(threading.get_ident()))
+    try:
+        with torch.no_grad():
+            glow(torch.randn(320, 16))
+    finally:
+        torch.set_num_threads(before)
+    assert threads == [threading.get_ident()] * 10
 
 
 def test_custom_functions_have_exact_second_order_gradients():
