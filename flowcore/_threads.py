@@ -1,4 +1,5 @@
-"""torch's CPU thread count: how many CPUs this process may use, and pinning a count for a block.
+"""torch's CPU thread count: how many CPUs this process may use, pinning a count for a block, and
+running work items side by side in threads (`side_by_side`).
 
 Float results of torch's CPU ops depend on the thread count (reductions split differently), so
 a reproducible result needs a fixed count; nothing here follows the machine's load.
@@ -7,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["available_cpus", "check_threads", "pinned_threads"]
+__all__ = ["available_cpus", "check_threads", "pinned_threads", "side_by_side"]
+
+Item = TypeVar("Item")
 
 
 def available_cpus() -> int:
@@ -46,3 +49,30 @@ def pinned_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def side_by_side(workers: int, run: Callable[[Item], None], items: Iterable[Item]) -> None:
+    """`run(item)` for every item, on `workers` threads that each take the next item (in this
+    thread, in order, when `workers` is 1). The first failure in item order is raised, and the
+    items not started yet are dropped.
+
+    Example:
+        >>> with pinned_threads(1):
+        ...     side_by_side(2, encode_batch, batches)   # two batches at a time, one torch thread each
+    """
+    if workers <= 1:
+        for item in items:
+            run(item)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        running = [pool.submit(run, item) for item in items]
+        try:
+            for task in running:
+                task.result()
+        except BaseException:
+            for task in running:
+                task.cancel()
+            raise
+

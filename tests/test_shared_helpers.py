@@ -8,7 +8,7 @@ import torch
 
 from flowcore._fs import atomic_write, atomic_write_json, file_sha256, remove_temporaries
 from flowcore._lines import iter_lines, read_lines
-from flowcore._threads import available_cpus, check_threads, pinned_threads
+from flowcore._threads import available_cpus, check_threads, pinned_threads, side_by_side
 
 
 def test_atomic_write_replaces_whole_files_with_normal_permissions(tmp_path):
@@ -78,3 +78,35 @@ def test_pinned_threads_restore_and_none_leaves_torch_alone():
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="threads must be a positive integer"):
             check_threads(bad)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_side_by_side_runs_every_item_and_raises_the_first_failure(workers):
+    import threading
+    import time
+    done, threads = [], set()
+
+    def run(item):
+        threads.add(threading.get_ident())
+        time.sleep(0.002)
+        done.append(item)
+
+    side_by_side(workers, run, range(12))
+    assert sorted(done) == list(range(12))
+    assert (threads == {threading.get_ident()}) == (workers == 1), "one worker runs in this thread"
+    if workers == 1:
+        assert done == list(range(12)), "one worker runs the items in order"
+
+    started = []
+
+    def failing(item):
+        started.append(item)
+        if item in (2, 5):
+            time.sleep(0.01 * (5 - item))  # item 5 fails first in time, item 2 first in order
+            raise ValueError(f"item {item}")
+        time.sleep(0.01)
+
+    with pytest.raises(ValueError, match="item 2"):
+        side_by_side(workers, failing, range(200))
+    assert len(started) < 200, "the items not started yet are dropped"
+

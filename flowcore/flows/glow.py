@@ -11,12 +11,11 @@ Direction: `z, logdet = glow(x)` maps data -> latent, `logdet` = log|det dz/dx| 
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
 
-from flowcore._threads import available_cpus, pinned_threads
+from flowcore._threads import available_cpus, pinned_threads, side_by_side
 from flowcore._torch_compat import functorch_transforms_active, has_forward_hooks
 from flowcore.backend import resolve
 from flowcore.flows.configs import CONFIGS
@@ -158,19 +157,10 @@ class Glow(nn.Module):
                 torch.cat(parts, dim=1, out=z[rows])
 
         workers = min(torch.get_num_threads(), available_cpus(), len(starts))
-        if workers < 2 or has_forward_hooks(self) or torch.is_autocast_enabled("cpu") or resolve(x) != "torch":
-            for start in starts:
-                run(start)
-            return z, logdet
-        with pinned_threads(1), ThreadPoolExecutor(workers) as pool:
-            running = [pool.submit(run, start) for start in starts]
-            try:
-                for block in running:
-                    block.result()  # in order: the first failure is raised
-            except BaseException:
-                for block in running:  # the blocks not started are dropped
-                    block.cancel()
-                raise
+        if has_forward_hooks(self) or torch.is_autocast_enabled("cpu") or resolve(x) != "torch":
+            workers = 1
+        with pinned_threads(1 if workers > 1 else None):
+            side_by_side(workers, run, starts)
         return z, logdet
 
     def _latent_parts(self, x: torch.Tensor):

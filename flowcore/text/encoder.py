@@ -18,13 +18,12 @@ import os
 import re
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from flowcore._threads import available_cpus, check_threads, pinned_threads
+from flowcore._threads import available_cpus, check_threads, pinned_threads, side_by_side
 from flowcore._vectors import unit_rows
 from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
@@ -184,23 +183,12 @@ class Encoder:
                 bar.update(len(rows))
 
         with tqdm(total=len(distinct), unit="sent", desc="encode", disable=not show_progress_bar) as bar, \
-                pinned_threads(threads), ThreadPoolExecutor(workers) as pool:
+                pinned_threads(threads):
             for start in range(0, len(distinct), _TOKENIZE_WINDOW):
                 window = distinct[start:start + _TOKENIZE_WINDOW]
                 tokens, lengths, truncated[start:start + len(window)] = self._tokenize(window)
-                batches = _length_sorted_batches(lengths, batch_size, max_tokens)
-                if workers == 1:
-                    for rows in batches:
-                        encode_batch(tokens, lengths, start, rows)
-                else:
-                    running = [pool.submit(encode_batch, tokens, lengths, start, rows) for rows in batches]
-                    try:
-                        for done in running:
-                            done.result()  # in order: the first failure is raised, as on one thread
-                    except BaseException:
-                        for batch in running:  # the batches not started yet are dropped
-                            batch.cancel()
-                        raise
+                side_by_side(workers, lambda rows: encode_batch(tokens, lengths, start, rows),
+                             _length_sorted_batches(lengths, batch_size, max_tokens))
         _warn_truncated(int(truncated[inverse].sum()), len(texts), self.max_length)
         embeddings = vectors[inverse]
         return unit_rows(embeddings) if normalize else embeddings
