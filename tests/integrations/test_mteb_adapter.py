@@ -103,7 +103,10 @@ def test_mteb_sts_evaluator_equals_flowcore_sts_without_calibration(recorded, st
     mteb_spearman = 100 * scores["cosine_spearman"]
     assert record["n_pairs"] == len(stsb) == 1379
     assert mteb_spearman == pytest.approx(record["spearman"], abs=1e-6)
-    assert scores["spearman"] == scores["cosine_spearman"] == scores["main_score"]  # the model's similarity: cosine
+    # the model's similarity is cosine: MTEB's and the model's cosines round apart in the last bits on
+    # some CPUs (3e-7 apart on an AVX-512 EPYC), which can swap near-tied ranks, so not bit for bit
+    assert scores["main_score"] == scores["cosine_spearman"]
+    assert scores["spearman"] == pytest.approx(scores["cosine_spearman"], abs=1e-6)
     assert mteb_spearman == pytest.approx(README_FIRST_LAST_AVG_STSB, abs=0.006)
 
 
