@@ -13,8 +13,8 @@ are exact.
 `factored_linear(x, loc, logs, lu, diagonal, perm)` = ((x + loc) * exp(logs)) @ (P L U).T, with
 L and U packed in one matrix `lu` (`LULinear`), never forms W: it multiplies the batch by U.T,
 then L.T, then permutes the columns, and its hand-written backward gives the factors' gradients
-as rank-batch products, the strict triangles only. For a batch of B rows that is 12 B d^2 flops
-against about 4 d^3 for assembling W and differentiating the product, so training with batches
+as rank-batch products, the strict triangles only. For a batch of B rows that is at most 12 B d^2
+flops (`BLOCK_WIDTH`) against about 4 d^3 for assembling W and differentiating the product, so training with batches
 much smaller than d (the paper's 32) applies the factors (`FlowStep`); large batches fold W once
 and run one GEMM. At small batches its cost is memory traffic over d x d matrices, so it reads the
 off-diagonal blocks of L and U straight from `lu` and masks only the diagonal blocks.
@@ -144,102 +144,104 @@ class _FactoredLinear(torch.autograd.Function):
         return (*factored_backward(dy, lu, perm, saved, needs[:5]), None)
 
 
-BLOCKED_FROM_DIM = 384
-"""`factored_linear` applies L and U on their 2 x 2 block split from this width; narrower, as whole
-masked triangles: more flops, fewer and larger ops, which is what costs at small widths (batch 32,
-fp32, one thread: at d = 192 whole 373 us against blocked 682 us, forward and backward; 1161
-against 1084 at d = 384, 6133 against 4081 at d = 768)."""
+BLOCK_WIDTH = 192
+"""`factored_linear` applies L and U as k = max(1, d // BLOCK_WIDTH) diagonal blocks (d = 192: the
+whole masked triangles; 384: 2 x 2 blocks; 768: 4 x 4). Each diagonal block is masked, the rest
+of its block row or column is read straight from `lu` in one GEMM, and the zero blocks are never
+multiplied: flops fall from 12 B d^2 (whole) towards 6 B d^2 as k grows, for 2k - 1 GEMM calls a
+product. The width is measured, not derived (docs/design.md, lab notes)."""
+
+
+def _bounds(d: int, blocks: int) -> list[int]:
+    """The block edges 0 = b_0 < ... < b_blocks = d of near-equal diagonal blocks."""
+    return [index * d // blocks for index in range(blocks + 1)]
+
+
+def _column_blocks(matrix: torch.Tensor, bounds: list[int]) -> tuple[torch.Tensor, ...]:
+    """matrix's column blocks between `bounds`, as views (one call: a slice costs ~2.5 us)."""
+    return (matrix,) if len(bounds) == 2 else matrix.tensor_split(bounds[1:-1], dim=1)
+
+
+def _left_of(blocks: tuple[torch.Tensor, ...], matrix: torch.Tensor, index: int, lo: int) -> torch.Tensor:
+    """matrix[:, :lo], the columns left of block `index` (the first block's view when that is all)."""
+    return blocks[0] if index == 1 else matrix[:, :lo]
+
+
+def _right_of(blocks: tuple[torch.Tensor, ...], matrix: torch.Tensor, index: int, hi: int) -> torch.Tensor:
+    """matrix[:, hi:], the columns right of block `index` (the last block's view when that is all)."""
+    return blocks[-1] if index == len(blocks) - 2 else matrix[:, hi:]
 
 
 def factored_forward(x, loc, logs, lu, diagonal, perm):
-    """(y, saved) of `factored_linear` without autograd. From `BLOCKED_FROM_DIM` features on a 2 x 2
-    block split of L and U: the off-diagonal blocks are read straight from `lu`, only the diagonal
-    blocks are masked, and the zero blocks are never multiplied; below it on the whole masked
-    triangles. `saved` is what `factored_backward` needs."""
+    """(y, saved) of `factored_linear` without autograd, on the diagonal block split of
+    `BLOCK_WIDTH`: t = a @ U.T, then v = t @ L.T, one block row of t and of v at a time (the
+    diagonal block's masked factor, then the rest of the row from `lu` in one GEMM). `saved` is
+    what `factored_backward` needs: (scale, a, t, the diagonal blocks of L, those of U)."""
     scale = torch.exp(logs)
     a = torch.add(x, loc).mul_(scale)
     d = lu.shape[0]
-    if d < BLOCKED_FROM_DIM:
-        strictly_lower, strictly_upper, identity = _masks(d, lu.dtype, lu.device)
-        L = torch.addcmul(identity, lu, strictly_lower)
-        U = torch.diag(diagonal).addcmul_(lu, strictly_upper)
-        t = a @ U.T
-        return (t @ L.T).index_select(1, perm), (scale, a, t, L, U)
-    h = d // 2
-    (F11, U12), (L21, F22) = _blocks(lu, h)
-    L11, L22 = _unit_lower(F11), _unit_lower(F22)
-    U11, U22 = _upper(F11, diagonal[:h]), _upper(F22, diagonal[h:])
-    a1, a2 = a[:, :h], a[:, h:]
-    t = torch.empty_like(a)
-    t1, t2 = t[:, :h], t[:, h:]
-    torch.mm(a1, U11.T, out=t1).addmm_(a2, U12.T)
-    torch.mm(a2, U22.T, out=t2)
-    v = torch.empty_like(a)
-    torch.mm(t1, L11.T, out=v[:, :h])
-    torch.mm(t1, L21.T, out=v[:, h:]).addmm_(t2, L22.T)
-    return v.index_select(1, perm), (scale, a, t, L11, L22, U11, U22)
+    bounds = _bounds(d, max(1, d // BLOCK_WIDTH))
+    spans = list(zip(bounds, bounds[1:]))
+    blocks = [(lu, diagonal)] if len(spans) == 1 else [(lu[lo:hi, lo:hi], diagonal[lo:hi]) for lo, hi in spans]
+    lowers = [_unit_lower(block) for block, _ in blocks]
+    uppers = [_upper(block, block_diagonal) for block, block_diagonal in blocks]
+    t, v = torch.empty_like(a), torch.empty_like(a)
+    a_blocks, t_blocks, v_blocks = (_column_blocks(m, bounds) for m in (a, t, v))
+    for index, (lo, hi) in enumerate(spans):  # t[:, i] = sum over j >= i of a[:, j] U[i, j]
+        rows = torch.mm(a_blocks[index], uppers[index].T, out=t_blocks[index])
+        if hi < d:
+            rows.addmm_(_right_of(a_blocks, a, index, hi), lu[lo:hi, hi:].T)
+    for index, (lo, hi) in enumerate(spans):  # v[:, i] = sum over j <= i of t[:, j] L[i, j]
+        rows = torch.mm(t_blocks[index], lowers[index].T, out=v_blocks[index])
+        if lo:
+            rows.addmm_(_left_of(t_blocks, t, index, lo), lu[lo:hi, :lo].T)
+    return v.index_select(1, perm), (scale, a, t, *lowers, *uppers)
 
 
 def factored_backward(dy, lu, perm, saved, needs):
     """(dx, d loc, d logs, d lu, d diagonal) of `factored_linear` from dy and `factored_forward`'s
     `saved`, without autograd; `needs` flags which of them are wanted (None for the others). The
-    factors' gradients are rank-batch products, strict triangles only (block by block from
-    `BLOCKED_FROM_DIM` features)."""
+    factors' gradients are rank-batch products, strict triangles only, a block row at a time:
+    d L = dv.T @ t left of the diagonal blocks, d U = dt.T @ a right of them, both masked inside."""
+    scale, a, t, *factors = saved
+    blocks = len(factors) // 2
+    lowers, uppers = factors[:blocks], factors[blocks:]
+    d = lu.shape[0]
+    bounds = _bounds(d, blocks)
+    spans = list(zip(bounds, bounds[1:]))
     dv = dy.index_select(1, torch.argsort(perm))  # y = v[:, perm]
-    if lu.shape[0] < BLOCKED_FROM_DIM:
-        dt, da, d_lu, d_diagonal = _whole_backward(dv, lu, saved, needs)
-    else:
-        dt, da, d_lu, d_diagonal = _blocked_backward(dv, lu, saved, needs)
-    scale, a = saved[:2]
+    dt = torch.empty_like(dv)
+    dv_blocks, dt_blocks = _column_blocks(dv, bounds), _column_blocks(dt, bounds)
+    for index, (lo, hi) in enumerate(spans):  # dt = dv @ L, a block column at a time
+        columns = torch.mm(dv_blocks[index], lowers[index], out=dt_blocks[index])
+        if hi < d:
+            columns.addmm_(_right_of(dv_blocks, dv, index, hi), lu[hi:, lo:hi])
+    d_lu = d_diagonal = None
+    if needs[3] or needs[4]:
+        d_lu = torch.empty_like(lu)
+        a_blocks, t_blocks, diagonals = _column_blocks(a, bounds), _column_blocks(t, bounds), []
+        for index, (lo, hi) in enumerate(spans):
+            if lo:
+                torch.mm(dv_blocks[index].T, _left_of(t_blocks, t, index, lo), out=d_lu[lo:hi, :lo])  # d L
+            if hi < d:
+                torch.mm(dt_blocks[index].T, _right_of(a_blocks, a, index, hi), out=d_lu[lo:hi, hi:])  # d U
+            upper = dt_blocks[index].T @ a_blocks[index]  # d U's block with its diagonal
+            _strict_triangles(dv_blocks[index].T @ t_blocks[index], upper,
+                              out=d_lu if blocks == 1 else d_lu[lo:hi, lo:hi])
+            diagonals.append(upper.diagonal())
+        d_diagonal = diagonals[0] if blocks == 1 else torch.cat(diagonals)
     dx = d_loc = d_logs = None
-    if da is not None:
+    if needs[0] or needs[1] or needs[2]:
+        da = torch.empty_like(dt)
+        da_blocks = _column_blocks(da, bounds)
+        for index, (lo, hi) in enumerate(spans):  # da = dt @ U, a block column at a time
+            columns = torch.mm(dt_blocks[index], uppers[index], out=da_blocks[index])
+            if lo:
+                columns.addmm_(_left_of(dt_blocks, dt, index, lo), lu[:lo, lo:hi])
         d_logs = (da * a).sum(dim=0) if needs[2] else None
         dx = da.mul_(scale)
         d_loc = dx.sum(dim=0) if needs[1] else None
     return dx, d_loc, d_logs, d_lu if needs[3] else None, d_diagonal if needs[4] else None
-
-
-def _whole_backward(dv, lu, saved, needs):
-    """(dt, da, d lu, d diagonal) on the whole masked triangles (da and the factors' gradients
-    None when not wanted)."""
-    _, a, t, L, U = saved
-    dt = dv @ L
-    d_lu = d_diagonal = da = None
-    if needs[3] or needs[4]:
-        strictly_lower, strictly_upper, _ = _masks(lu.shape[0], lu.dtype, lu.device)
-        upper = dt.T @ a  # d U with its diagonal
-        d_lu = torch.mul(dv.T @ t, strictly_lower).addcmul_(upper, strictly_upper)
-        d_diagonal = upper.diagonal()
-    if needs[0] or needs[1] or needs[2]:
-        da = dt @ U
-    return dt, da, d_lu, d_diagonal
-
-
-def _blocked_backward(dv, lu, saved, needs):
-    """`_whole_backward` on the 2 x 2 block split."""
-    _, a, t, L11, L22, U11, U22 = saved
-    h = lu.shape[0] // 2
-    (_, U12), (L21, _) = _blocks(lu, h)
-    dv1, dv2, t1, t2, a1, a2 = dv[:, :h], dv[:, h:], t[:, :h], t[:, h:], a[:, :h], a[:, h:]
-    dt = torch.empty_like(dv)
-    dt1, dt2 = dt[:, :h], dt[:, h:]
-    torch.mm(dv1, L11, out=dt1).addmm_(dv2, L21)
-    torch.mm(dv2, L22, out=dt2)
-    d_lu = d_diagonal = da = None
-    if needs[3] or needs[4]:
-        d_lu = torch.empty_like(lu)
-        (G11, G12), (G21, G22) = _blocks(d_lu, h)
-        torch.mm(dv2.T, t1, out=G21)  # d L21
-        torch.mm(dt1.T, a2, out=G12)  # d U12
-        upper11, upper22 = dt1.T @ a1, dt2.T @ a2  # d U11, d U22 with their diagonals
-        _strict_triangles(dv1.T @ t1, upper11, out=G11)
-        _strict_triangles(dv2.T @ t2, upper22, out=G22)
-        d_diagonal = torch.cat([upper11.diagonal(), upper22.diagonal()])
-    if needs[0] or needs[1] or needs[2]:
-        da = torch.empty_like(dt)
-        torch.mm(dt1, U11, out=da[:, :h])
-        torch.mm(dt1, U12, out=da[:, h:]).addmm_(dt2, U22)
-    return dt, da, d_lu, d_diagonal
 
 
 def _unit_lower(block: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from helpers.kernel_checks import assert_as_accurate_as_ref, coupling_mlp
 
 @pytest.fixture(params=["whole", "blocked"])
 def factor_layout(request, monkeypatch):
-    monkeypatch.setattr(triangular, "BLOCKED_FROM_DIM", 1 << 30 if request.param == "whole" else 0)
+    monkeypatch.setattr(triangular, "BLOCK_WIDTH", 1 << 30 if request.param == "whole" else 3)
     return request.param
 
 

@@ -9,9 +9,9 @@ from flowcore.kernels.triangular import _FactoredLinear, _TriangularProduct
 
 @pytest.fixture(params=["whole", "blocked"])
 def factor_layout(request, monkeypatch):
-    """Run a test with the factors applied as whole masked triangles and on their 2 x 2 block split
-    (`triangular.BLOCKED_FROM_DIM` moved so that every width takes the one asked for)."""
-    monkeypatch.setattr(triangular, "BLOCKED_FROM_DIM", 1 << 30 if request.param == "whole" else 0)
+    """Run a test with the factors applied as whole masked triangles and on a split into diagonal
+    blocks of 3 or more features (`triangular.BLOCK_WIDTH` moved: uneven blocks, many of them)."""
+    monkeypatch.setattr(triangular, "BLOCK_WIDTH", 1 << 30 if request.param == "whole" else 3)
     return request.param
 
 
@@ -81,7 +81,7 @@ def _factored_inputs(rows, dim, seed=0, dtype=torch.float64):
 
 @pytest.mark.parametrize("rows, dim", [(1, 1), (1, 2), (3, 3), (5, 7), (32, 64), (17, 383)])
 def test_factored_linear_matches_the_dense_twin(factor_layout, rows, dim):
-    """factored_linear (whole triangles or 2 x 2 blocks, rank-batch gradients) equals
+    """factored_linear (whole triangles or diagonal blocks, rank-batch gradients) equals
     ((x + loc) * exp(logs)) @ (P L U).T composed densely, in value and in every input's gradient;
     lu's unused diagonal gets 0."""
     inputs, perm = _factored_inputs(rows, dim, seed=dim)
@@ -98,13 +98,16 @@ def test_factored_linear_matches_the_dense_twin(factor_layout, rows, dim):
     assert torch.equal(grads[3].diagonal(), torch.zeros(dim, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("dim, saved", [(383, 5), (384, 7)])
-def test_the_default_layout_blocks_from_384_features(dim, saved):
-    """Below `BLOCKED_FROM_DIM` the whole triangles are saved (5 tensors), from it the blocks (7)."""
-    assert triangular.BLOCKED_FROM_DIM == 384
+@pytest.mark.parametrize("dim, blocks", [(191, 1), (383, 1), (384, 2), (767, 3), (768, 4)])
+def test_the_default_layout_splits_every_192_features(dim, blocks):
+    """d // `BLOCK_WIDTH` diagonal blocks (at least one): the forward saves scale, a, t and each
+    block of L and of U."""
+    assert triangular.BLOCK_WIDTH == 192
     inputs, perm = _factored_inputs(2, dim)
     with torch.no_grad():
-        assert len(triangular.factored_forward(*inputs, perm)[1]) == saved
+        saved = triangular.factored_forward(*inputs, perm)[1]
+    assert len(saved) == 3 + 2 * blocks
+    assert sum(block.shape[0] for block in saved[3:3 + blocks]) == dim
 
 
 def test_factored_linear_in_float32_is_close_to_float64(factor_layout):
