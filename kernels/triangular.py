@@ -13,11 +13,12 @@ are exact.
 `factored_linear(x, loc, logs, lu, diagonal, perm)` = ((x + loc) * exp(logs)) @ (P L U).T, with
 L and U packed in one matrix `lu` (`LULinear`), never forms W: it multiplies the batch by U.T,
 then L.T, then permutes the columns, and its hand-written backward gives the factors' gradients
-as rank-batch products, the strict triangles only. For a batch of B rows that is at most 12 B d^2
-flops (`BLOCK_WIDTH`) against about 4 d^3 for assembling W and differentiating the product, so training with batches
-much smaller than d (the paper's 32) applies the factors (`FlowStep`); large batches fold W once
-and run one GEMM. At small batches its cost is memory traffic over d x d matrices, so it reads the
-off-diagonal blocks of L and U straight from `lu` and masks only the diagonal blocks.
+as rank-batch products, the strict triangles only. For a batch of B rows that is at most
+12 B d^2 flops (`BLOCK_WIDTH`) against about 4 d^3 for assembling W and differentiating the
+product, so training with batches much smaller than d (the paper's 32) applies the factors
+(`FlowStep`); large batches fold W once and run one GEMM. At small batches its cost is memory
+traffic over d x d matrices, so it reads the off-diagonal blocks of L and U straight from `lu`
+and masks only the diagonal blocks.
 """
 from __future__ import annotations
 
@@ -182,9 +183,10 @@ def factored_forward(x, loc, logs, lu, diagonal, perm):
     d = lu.shape[0]
     bounds = _bounds(d, max(1, d // BLOCK_WIDTH))
     spans = list(zip(bounds, bounds[1:]))
-    blocks = [(lu, diagonal)] if len(spans) == 1 else [(lu[lo:hi, lo:hi], diagonal[lo:hi]) for lo, hi in spans]
-    lowers = [_unit_lower(block) for block, _ in blocks]
-    uppers = [_upper(block, block_diagonal) for block, block_diagonal in blocks]
+    diagonal_blocks = ([(lu, diagonal)] if len(spans) == 1
+                       else [(lu[lo:hi, lo:hi], diagonal[lo:hi]) for lo, hi in spans])
+    lowers = [_unit_lower(block) for block, _ in diagonal_blocks]
+    uppers = [_upper(block, block_diagonal) for block, block_diagonal in diagonal_blocks]
     t, v = torch.empty_like(a), torch.empty_like(a)
     a_blocks, t_blocks, v_blocks = (_column_blocks(m, bounds) for m in (a, t, v))
     for index, (lo, hi) in enumerate(spans):  # t[:, i] = sum over j >= i of a[:, j] U[i, j]
