@@ -10,7 +10,7 @@ Peaks are `/usr/bin/time -v`'s "Maximum resident set size" of a child process (o
 `resource.getrusage` peak where /usr/bin/time is missing). Inputs are written in chunks to
 $FLOWCORE_BENCH_DIR (default /tmp) and deleted afterwards. The full sizes need ~25 GB of disk
 (8 M x 384 in and out) and take minutes, so they run only with FLOWCORE_BENCH_BIG=1; otherwise
-the same measurements run at 1/20 of the rows (50 000 against 400 000 rows for calibrate:
+the same measurements run at 1/40 of the rows (25 000 against 200 000 rows for calibrate:
 still an 8-fold growth of the input).
 
 Run: `FLOWCORE_BENCH_BIG=1 pytest bench/test_bench_memory.py -s`.
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 BIG = os.environ.get("FLOWCORE_BENCH_BIG") == "1"
-SCALE = 1 if BIG else 20
+SCALE = 1 if BIG else 40
 TIME = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
 WHITENING_FIT = """
 import sys, resource
