@@ -30,6 +30,7 @@ from typing import Callable
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore._fs import atomic_write_json, file_sha256
 from flowcore.batch.outputs import VECTOR_COLUMN, JobMismatchError, ParquetOutput, RejectsLog
 from flowcore.batch.rows import EMPTY_TEXT, MISSING_TEXT, MISSING_VECTOR, WRONG_WIDTH, Position, Reject
@@ -101,7 +102,7 @@ class Calibrate:
 
     def __init__(self, flow: str | os.PathLike, text_column: str = "text", vector_column: str | None = None,
                  output_column: str = VECTOR_COLUMN, model: str | None = None, pooling: str | None = None,
-                 batch_size: int = 64, normalize: bool = False, threads: int | None = 1, device=None):
+                 batch_size: int = defaults.BATCH_SIZE, normalize: bool = False, threads: int | None = 1, device=None):
         from flowcore.batch.job import encoder_for
         from flowcore.batch.pipeline import encode_with, normalized
         from flowcore.calibration.calibrator import FlowCalibrator
@@ -348,7 +349,8 @@ class RayCalibrationSummary:
 def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, input: str | None = None,
                   embeddings: str | None = None, text_field: str = "text", id_field: str | None = None,
                   vector_field: str = "embedding", model: str | None = None, pooling: str | None = None,
-                  batch_size: int = 64, chunk_rows: int | None = None, restart: bool = False, progress: bool = True,
+                  batch_size: int = defaults.BATCH_SIZE, chunk_rows: int | None = None, restart: bool = False,
+                  progress: bool = True,
                   threads: int | None = None, keep_columns=(), vector_column: str | None = None,
                   normalize: bool = False, address: str | None = None, num_workers: int | None = None,
                   gpus_per_worker: float = 0, on_shard: ShardHook | None = None) -> RayCalibrationSummary:

@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore.analysis.advice import ISOTROPY_CAVEAT, advise
 from flowcore.analysis.frequency import (
     BUCKETS,
@@ -50,7 +51,7 @@ def analyze(
     random_pairs: int = 10_000,
     seed: int = 0,
     cache: EmbeddingCache | None = None,
-    batch_size: int = 64,
+    batch_size: int = defaults.BATCH_SIZE,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Analyse sentence vectors and the encoder behind them.

@@ -38,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore._fs import (
     OutputWriteError,
     atomic_write_json,
@@ -485,7 +486,7 @@ def _check_space(path: Path, needed: int | None) -> None:
 def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, input: str | os.PathLike | None = None,
                    embeddings: str | os.PathLike | None = None, text_field: str = "text", id_field: str | None = None,
                    vector_field: str = "embedding", model: str | None = None, pooling: str | None = None,
-                   batch_size: int = 64, chunk_rows: int | None = None, restart: bool = False,
+                   batch_size: int = defaults.BATCH_SIZE, chunk_rows: int | None = None, restart: bool = False,
                    progress: bool = True, threads: int | None = None, encoder_factory: Callable | None = None,
                    on_chunk: ChunkHook | None = None, keep_columns=(), vector_column: str | None = None,
                    normalize: bool = False) -> CalibrationSummary:

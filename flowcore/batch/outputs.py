@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore._fs import atomic_write, fsync
 from flowcore.batch.pipeline import CalibratedChunk
 from flowcore.batch.rows import Reject
 
 __all__ = ["VECTOR_COLUMN", "JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog", "open_output"]
 
-VECTOR_COLUMN = "embedding"
+VECTOR_COLUMN = defaults.VECTOR_COLUMN
 """The default name of a parquet output's vector column."""
 
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore._vectors import unit_rows
 from flowcore.batch.rows import NON_FINITE_OUTPUT, Chunk, Position, Reject, reject_non_finite
 from flowcore.batch.text_sources import TextCorpus
@@ -25,8 +26,8 @@ __all__ = [
     "calibrate_chunks", "check_compatible", "default_chunk_rows", "encode_with", "iter_calibrated", "normalized",
 ]
 
-TEXT_CHUNK_ROWS = 1024
-EMBEDDING_CHUNK_BYTES = 8 << 20
+TEXT_CHUNK_ROWS = defaults.TEXT_CHUNK_ROWS
+EMBEDDING_CHUNK_BYTES = defaults.EMBEDDING_CHUNK_BYTES
 QUEUE_DEPTH = 2
 
 _END = object()
@@ -218,7 +219,7 @@ def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] |
 
 
 def iter_calibrated(calibrator, source: TextCorpus | EmbeddingFile, encoder=None, chunk_rows: int | None = None,
-                    batch_size: int = 64, normalize: bool = False) -> Iterator[CalibratedChunk]:
+                    batch_size: int = defaults.BATCH_SIZE, normalize: bool = False) -> Iterator[CalibratedChunk]:
     """Stream a whole source through a fitted `FlowCalibrator` (and `Encoder` for text), one
     `CalibratedChunk` at a time, with reading overlapped with compute; `normalize` scales the
     calibrated rows to unit length (rejected rows stay NaN)."""

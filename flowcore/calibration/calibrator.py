@@ -7,6 +7,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
+from flowcore import defaults
 from flowcore.calibration.cuda_streaming import map_on_cuda
 from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow, save_flow
 from flowcore.calibration.moments import MomentsAccumulator
@@ -19,8 +20,7 @@ from flowcore.validation import check_matrix
 
 __all__ = ["CHUNK_ROWS", "FlowCalibrator"]
 
-CHUNK_ROWS = 65536
-"""Rows mapped per step by `transform`/`inverse_transform` (bounds the working memory)."""
+CHUNK_ROWS = defaults.TRANSFORM_CHUNK_ROWS
 
 
 class FlowCalibrator:
@@ -62,7 +62,7 @@ class FlowCalibrator:
         >>> calibrator = FlowCalibrator.load("model.flow")
     """
 
-    def __init__(self, config: str = "l2_d3_w32", recipe: str = DEFAULT_RECIPE, epochs: int | None = None,
+    def __init__(self, config: str = defaults.CONFIG, recipe: str = DEFAULT_RECIPE, epochs: int | None = None,
                  batch_size: int | None = None, lr: float | None = None, seed: int = 0, device=None,
                  standardize: bool | None = None, holdout: float | None = None):
         if config not in CONFIGS:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from flowcore import defaults
+
 __all__ = ["DEFAULT_RECIPE", "FLOW_INPUTS", "RECIPES", "FlowRecipe", "recipe_named"]
 
 FLOW_INPUTS = ("whiten", "standardize", "raw")
@@ -65,7 +67,7 @@ RECIPES = {
     "standardized": FlowRecipe("standardized", input="standardize", lr=3e-4, batch_size=32, epochs=1),
     "paper": FlowRecipe("paper", input="raw", lr=1e-3, batch_size=32, epochs=1),
 }
-DEFAULT_RECIPE = "whitened"
+DEFAULT_RECIPE = defaults.RECIPE
 
 
 def recipe_named(name: str, **overrides) -> FlowRecipe:

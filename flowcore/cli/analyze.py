@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from flowcore import defaults
 from flowcore.cli import CLIError, check_device
 from flowcore.cli.arguments import (
     HelpFormatter,
@@ -51,7 +52,7 @@ def register(subparsers) -> None:
     parser.add_argument("--model", default=None,
                         help="'default' (all-MiniLM-L6-v2, used when not given except with --embeddings), a local "
                         "model folder, or a Hugging Face model name already in the local cache")
-    parser.add_argument("--pooling", default="first-last-avg",
+    parser.add_argument("--pooling", default=defaults.POOLING,
                         help="cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J")
     parser.add_argument("--pairs", default=None, action="extend", type=comma_files, metavar="FILE[,FILE...]",
                         help="labelled dev pairs (.tsv/.csv/.jsonl or SentEval files, as 'flowcore sts --pairs'): "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from flowcore import defaults
 from flowcore.sts.pairs import PairColumns
 
 __all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_encoding_arguments", "add_quantize_argument", "comma_files",
@@ -71,8 +72,9 @@ def add_encoding_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where encoded sentence vectors are cached (shared by 'flowcore sts' and 'flowcore "
                         "analyze'); if not given, $FLOWCORE_CACHE or ~/.cache/flowcore/embeddings")
     parser.add_argument("--no-cache", action="store_true", help="encode everything, keep nothing on disk")
-    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
-    parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
+    parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="encoding batch size")
+    parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
+                        help="longer texts are truncated to this many tokens")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     add_quantize_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")

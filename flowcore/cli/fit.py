@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
@@ -28,8 +29,8 @@ def register(subparsers) -> None:
     source.add_argument("--embeddings", type=Path, help="a (rows, dim) .npy array of sentence vectors")
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")
     parser.add_argument("--out", type=Path, required=True, help="where to write the flow file")
-    parser.add_argument("--config", default="l2_d3_w32", choices=sorted(CONFIGS), help="Glow levels/depth/width")
-    parser.add_argument("--recipe", default="whitened", choices=RECIPES,
+    parser.add_argument("--config", default=defaults.CONFIG, choices=sorted(CONFIGS), help="Glow levels/depth/width")
+    parser.add_argument("--recipe", default=defaults.RECIPE, choices=RECIPES,
                         help="fit recipe: 'whitened' (start at whitening, keep the epoch with the best held-out "
                         "likelihood), 'standardized', or 'paper' (raw input, lr 1e-3, batch 32, 1 epoch)")
     parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: the recipe's)")
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-rows", type=int, help="fit on a reproducible random sample of this many rows")
     parser.add_argument("--model", default="default", help="encoder for --input (Hugging Face name or folder)")
-    parser.add_argument("--pooling", default="first-last-avg", help="pooling for --input")
+    parser.add_argument("--pooling", default=defaults.POOLING, help="pooling for --input")
     parser.add_argument("--text-field", default="text", help="text column/field for .jsonl/.csv/.parquet input")
     parser.add_argument("--device", help="torch device, e.g. cuda")
     parser.add_argument("--checkpoint-every", type=int, default=1000, metavar="K",

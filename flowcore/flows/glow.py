@@ -15,6 +15,7 @@ import math
 import torch
 from torch import nn
 
+from flowcore import defaults
 from flowcore._threads import available_cpus, pinned_threads, side_by_side
 from flowcore._torch_compat import functorch_transforms_active, has_forward_hooks
 from flowcore.backend import resolve
@@ -24,8 +25,7 @@ from flowcore.kernels import accumulation_dtype, squared_norm
 
 __all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "LINEAR_START_SCALE", "Glow"]
 
-CPU_BLOCK_BYTES = 6 << 20
-"""Rows per block of CPU inference: about this many bytes of activations (2048 rows at d = 768)."""
+CPU_BLOCK_BYTES = defaults.CPU_BLOCK_BYTES
 
 LINEAR_START_SCALE = 0.999
 """Initial scale of each level's last coupling in `Glow.start_linear` (1 would be the identity,

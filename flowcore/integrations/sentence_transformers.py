@@ -47,6 +47,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling as STPooling
 
+from flowcore import defaults
 from flowcore.calibration.calibrator import FlowCalibrator
 from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits
 from flowcore.text.loading import DEFAULT_MODEL, resolve_model
@@ -56,7 +57,7 @@ __all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "
 
 FLOW_FILE = "flow.safetensors"
 """The calibrator's flow file inside the `FlowModule` module folder."""
-DEFAULT_MAX_LENGTH = 512  # flowcore.Encoder's default: the folder truncates as the Encoder does
+DEFAULT_MAX_LENGTH = defaults.MAX_LENGTH  # the folder truncates as the Encoder does
 _STOCK_POOLINGS = {"mean": "mean", "cls": "cls"}  # flowcore pooling -> sentence-transformers pooling_mode
 _OWN_CLASSES = ("FlowModule", "LayerPooling")
 
@@ -220,9 +221,9 @@ def build_model(flow=None, *, whitening=None, model: str | None = None, pooling:
                              "pass the model and pooling of the encoder that produced them")
         model = recorded.model if recorded is not None else DEFAULT_MODEL
     if pooling is None and layers is None:
-        pooling = recorded.pooling if recorded is not None else "first-last-avg"
+        pooling = recorded.pooling if recorded is not None else defaults.POOLING
     elif pooling is None:
-        pooling = "first-last-avg"
+        pooling = defaults.POOLING
     kind, requested = parse_pooling(pooling, layers)  # checked before any model is loaded
     model_id, source = resolve_model(model)
     needs_layers = kind not in _STOCK_POOLINGS

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore.calibration.whitening import Whitening
 
 __all__ = ["CALIBRATIONS", "CalibrationSettings", "FlowBaseline", "NoCalibration", "PreFitted", "build_calibrator",
@@ -75,8 +76,8 @@ class CalibrationSettings:
 
     whitening_dim: int | None = None
     abtt_k: int | None = None
-    flow_config: str = "l2_d3_w32"
-    flow_recipe: str = "whitened"  # `flowcore.calibration.recipes`; the None fields below are the recipe's
+    flow_config: str = defaults.CONFIG
+    flow_recipe: str = defaults.RECIPE  # `flowcore.calibration.recipes`; the None fields below are the recipe's
     flow_epochs: int | None = None
     flow_lr: float | None = None
     flow_batch_size: int | None = None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore._fs import atomic_write, atomic_write_json
 
 __all__ = ["CACHE_ENV", "EmbeddingCache", "default_cache_dir"]
@@ -80,7 +81,8 @@ class EmbeddingCache:
         atomic_write(folder / f"{stem}.npy", lambda handle: np.save(handle, vectors, allow_pickle=False))
         atomic_write_json(folder / f"{stem}.json", meta, ensure_ascii=False)
 
-    def embed(self, encoder, sentences: list[str], batch_size: int = 64, progress: bool = True) -> np.ndarray:
+    def embed(self, encoder, sentences: list[str], batch_size: int = defaults.BATCH_SIZE,
+              progress: bool = True) -> np.ndarray:
         """Vectors of `sentences` (rows aligned, repeats allowed), encoding only unseen ones.
 
         Args:

@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore.calibration.corpus_size import small_corpus_warning
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, PreFitted, build_calibrator, settings_record
 from flowcore.sts.cache import EmbeddingCache
@@ -37,7 +38,7 @@ def evaluate(
     sick_split: str = "test",
     settings: CalibrationSettings = CalibrationSettings(),
     cache: EmbeddingCache | None = None,
-    batch_size: int = 64,
+    batch_size: int = defaults.BATCH_SIZE,
     factories: dict[str, Callable[[], object]] | None = None,
     progress: bool = True,
     pairs: Iterable[STSPairs] | None = None,

