@@ -17,8 +17,8 @@ setup(
     packages=find_packages(include=["flowcore", "flowcore.*"]) + ["flowcore.kernels"],
     package_dir={"flowcore": "flowcore", "flowcore.kernels": "kernels"},
     install_requires=[
-        "torch>=2.1",
-        "triton>=3.0",
+        "torch>=2.6",  # torch.library.triton_op / wrap_triton
+        'triton>=3.4; platform_system == "Linux"',  # optional elsewhere: no wheels; the PyTorch backend runs
         "transformers>=4.40",
         "numpy>=1.24",
         "scipy>=1.10",

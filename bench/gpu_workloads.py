@@ -3,12 +3,13 @@
 implementation and the bytes and flops one call needs at minimum.
 
 Implementations: `triton` (flowcore's Triton backend: for the step, the fused training step
-`_TritonAffineStep`), `torch` (flowcore's PyTorch backend: for the step, its hand-written
-backward), `eager` (the composed PyTorch ops under autograd: `*_ref`), `compile` (torch.compile
-of `eager`, static shapes). `cublas` (step only) runs just the step's GEMMs, a floor for any
-implementation that keeps them on cuBLAS. Bytes count each input read once and each output
-written once, for the op itself: gradients of the outputs are given (`autograd.grad` with
-preallocated cotangents), so no loss or cast is charged to the kernels.
+`_TritonAffineStep`), `torch` (flowcore's PyTorch backend: for the step, the CPU Function
+`_AffineStep` with its hand-written backward, path "folded"), `eager` (the composed PyTorch ops
+under autograd: `*_ref`), `compile` (torch.compile of `eager`, static shapes). `cublas` (step
+only) runs just the step's GEMMs, a floor for any implementation that keeps them on cuBLAS.
+Bytes count each input read once and each output written once, for the op itself: gradients of
+the outputs are given (`autograd.grad` with preallocated cotangents), so no loss or cast is
+charged to the kernels.
 
 `bytes_moved(call)` counts what an implementation really moves: the bytes every op it
 dispatches reads and writes (views free), flowcore's registered Triton ops included.
@@ -32,11 +33,10 @@ from flowcore.kernels import (
     actnorm_ref,
     affine_coupling,
     affine_coupling_ref,
-    folded_affine_step,
-    folded_affine_step_ref,
     folded_linear,
     folded_linear_ref,
 )
+from flowcore.kernels.step import folded_step
 
 WIDTH = 32  # the conditioner's hidden width in the paper's l2_d3_w32 Glow
 
@@ -121,9 +121,9 @@ def flow_step_train(batch: int, d: int, dtype, device: str = "cuda") -> dict:
     dlogdet = torch.full((batch,), -1.0, device=device)
     inputs = [x, weight, bias, *net.parameters()]
 
-    def step(op):
+    def step(path):
         def run():
-            z, logdet = op(x, weight, bias, split, net)
+            z, logdet = folded_step(x, weight, bias, split, net, path=path)
             return torch.autograd.grad((z, logdet), inputs, (dz, dlogdet.to(logdet.dtype)))
         return run
 
@@ -135,10 +135,10 @@ def flow_step_train(batch: int, d: int, dtype, device: str = "cuda") -> dict:
     s = torch.finfo(dtype).bits // 8
     flops = 3 * 2 * batch * d * d + 3 * 2 * batch * (split * WIDTH + WIDTH * WIDTH + WIDTH * 2 * (d - split))
     return {
-        "calls": {"triton": _backend("triton", step(folded_affine_step)),
-                  "torch": _backend("torch", step(folded_affine_step)),
-                  "eager": _backend("torch", step(folded_affine_step_ref)),
-                  "compile": _compiled(step(folded_affine_step_ref)),
+        "calls": {"triton": _backend("triton", step("triton")),
+                  "torch": _backend("torch", step("folded")),
+                  "eager": _backend("torch", step("reference")),
+                  "compile": _compiled(step("reference")),
                   "cublas": gemms},
         # x and dz read, z and dx written once; h and dh (2 d2 wide) written and read once each
         "bytes": batch * s * (4 * d + 4 * 2 * (d - split)),

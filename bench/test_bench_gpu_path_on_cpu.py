@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-import flowcore.kernels.coupling as coupling
+import flowcore.kernels.triton.coupling as coupling
 
 
 def _seconds_per_call(fn, calls: int = 2000, rounds: int = 7) -> list[float]:

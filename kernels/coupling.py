@@ -1,62 +1,78 @@
-"""Affine and additive coupling on the second half of the features: kernels, launchers,
-autograd Functions, `_ref` twins and dispatchers. Owns `SCALE_OFFSET`.
+"""Affine and additive coupling on the second half of the features, data -> latent: the math in
+PyTorch (written once here), the `_ref` twins, and the dispatchers (the Triton kernels are in
+`triton/coupling.py`). Owns `SCALE_OFFSET`.
 
 Given x2 (B, d2) and the conditioner output h:
 - affine (h is (B, 2*d2)): shift = h[:, 0::2], logit = h[:, 1::2] + SCALE_OFFSET (the scale's
   logit), scale = sigmoid(logit), z2 = (x2 + shift) * scale, logdet = sum(log(scale)) per row
   (float32 whatever the input's dtype, float64 for float64); inverse x2 = z2 / scale - shift.
+  Its gradient, from the output: dx2 = d(shift) = dz2 * scale and
+  d(logit) = (1 - scale) * (dz2 * z2 + dlogdet) (`affine_coupling_backward`).
 - additive (h is (B, d2)): z2 = x2 + h, logdet 0.
-`*_ref` are the pure-PyTorch twins; the others dispatch on `flowcore.backend.resolve`.
-
-Triton path (x2/z2 and h: 2-D, any strides; outputs contiguous in the input's dtype; float64
-computes in float64, everything else in float32): one pass per row block reads h once,
-splits it into shift and scale, writes z2 and the row's log-det (summed in registers across
-the row, so deterministic); the backward recomputes scale from h and writes d(input) and the
-interleaved dh in one elementwise pass.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
-from torch.library import wrap_triton
 
-from flowcore.backend import resolve
-from flowcore.kernels import _utils
-from flowcore.kernels._utils import load_shift_logit, log_sigmoid, row_block
+from ._utils import accumulation_dtype, require_matrix
+from .dispatch import resolve, triton_ops
+
+__all__ = ["SCALE_OFFSET", "additive_coupling", "additive_coupling_inverse", "additive_coupling_inverse_ref",
+           "additive_coupling_ref", "affine_coupling", "affine_coupling_backward", "affine_coupling_forward",
+           "affine_coupling_inverse", "affine_coupling_inverse_ref", "affine_coupling_ref", "coupling_logdet",
+           "shift_and_logit"]
 
 SCALE_OFFSET = 2.0
-"""The affine coupling's scale is sigmoid(h[:, 1::2] + SCALE_OFFSET), as in the Glow code (0.88 while
-the zero-initialised conditioner outputs 0). Every implementation of the coupling (these kernels and `_ref` twins, the
-fused step and its PyTorch path) reads it from here."""
+"""The affine coupling's scale is sigmoid(h[:, 1::2] + SCALE_OFFSET), as in the Glow code (0.88
+while the zero-initialised conditioner outputs 0). Every implementation reads it from here."""
 
 
-def _interleaved(h):
-    """(h[:, 0::2], h[:, 1::2]) as one unbind, whose backward is a single stack instead of two
-    zero-filled full-size slice gradients."""
-    return h.unflatten(1, (-1, 2)).unbind(-1)
+def shift_and_logit(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h[:, 0::2], h[:, 1::2] + SCALE_OFFSET): one unbind, whose backward is a single stack
+    instead of two zero-filled full-size slice gradients."""
+    shift, logit = h.unflatten(1, (-1, 2)).unbind(-1)
+    return shift, logit + SCALE_OFFSET
 
 
-def row_log_sigmoid_sum(logit):
-    """sum(log sigmoid(logit)) per row, in float32 (float64 for float64): the coupling's log-det."""
-    return F.logsigmoid(logit.to(_utils.accumulation_dtype(logit))).sum(dim=1)
+def coupling_logdet(logit: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """sum(log sigmoid(logit)) per row, in float32 (float64 for float64). Given the `scale` =
+    sigmoid(logit) already computed, the log of it (one cheap pass) unless the scale is 16-bit (too
+    coarse) or underflows to 0; without it, log-sigmoid (exact, and free of data-dependent
+    branches, so `torch.func` transforms can trace it)."""
+    if scale is not None and scale.dtype not in (torch.float16, torch.bfloat16):
+        logdet = torch.log(scale).sum(dim=1)
+        if bool(torch.isfinite(logdet).all()):
+            return logdet
+    return F.logsigmoid(logit.to(accumulation_dtype(logit))).sum(dim=1)
+
+
+def affine_coupling_forward(x2, shift, logit, inplace: bool = False):
+    """(z2, logdet, scale) of the affine coupling from shift and logit. With `inplace`, z2
+    overwrites x2 (no autograd: the fused step's own forward)."""
+    scale = torch.sigmoid(logit)
+    if inplace:
+        return x2.add_(shift).mul_(scale), coupling_logdet(logit, scale), scale
+    return (x2 + shift) * scale, coupling_logdet(logit), scale
+
+
+def affine_coupling_backward(dz2, dlogdet, z2, scale, dx2_out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx2, dlogit) of the affine coupling from its output z2 and scale: dx2 (which is also
+    d(shift)) is written into `dx2_out` when given."""
+    dx2 = torch.mul(dz2, scale, out=dx2_out)
+    dlogit = torch.addcmul(dlogdet.to(z2.dtype)[:, None], dz2, z2)
+    return dx2, dlogit.addcmul_(dlogit, scale, value=-1.0)
 
 
 def affine_coupling_ref(x2, h):
-    shift, logit = _interleaved(h)
-    logit = logit + SCALE_OFFSET
-    scale = torch.sigmoid(logit)
-    z2 = (x2 + shift) * scale
-    return z2, row_log_sigmoid_sum(logit)
+    z2, logdet, _ = affine_coupling_forward(x2, *shift_and_logit(h))
+    return z2, logdet
 
 
 def affine_coupling_inverse_ref(z2, h):
     """Returns x2 and the log-det of the *forward* map (the inverse's is its negative)."""
-    shift, logit = _interleaved(h)
-    logit = logit + SCALE_OFFSET
-    x2 = z2 / torch.sigmoid(logit) - shift
-    return x2, row_log_sigmoid_sum(logit)
+    shift, logit = shift_and_logit(h)
+    return z2 / torch.sigmoid(logit) - shift, coupling_logdet(logit)
 
 
 def additive_coupling_ref(x2, h):
@@ -67,222 +83,36 @@ def additive_coupling_inverse_ref(z2, h):
     return z2 - h
 
 
-@triton.jit
-def _affine_fwd_kernel(
-    inp_ptr, h_ptr, out_ptr, logdet_ptr,
-    B, D2, stride_ib, stride_id, stride_hb, stride_hd, stride_ob,
-    SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """One program per row block: walks the columns, writes z2 (or x2) and the row log-dets. out
-    may be inp itself (each element is read before it is written, by the same program)."""
-    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rows = row_block(tl.program_id(0), BLOCK_B)
-    logdet = tl.zeros((BLOCK_B, BLOCK_D), dtype=compute)
-    for d0 in range(0, D2, BLOCK_D):
-        cols = d0 + tl.arange(0, BLOCK_D)
-        mask = (rows[:, None] < B) & (cols[None, :] < D2)
-        inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0)
-        shift, logit = load_shift_logit(h_ptr, rows, d0, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
-                                    BLOCK_B, BLOCK_D)
-        scale = 1.0 / (1.0 + tl.exp(-logit))
-        if INVERSE:
-            out = inp.to(compute) / scale - shift
-        else:
-            out = (inp.to(compute) + shift) * scale
-        tl.store(out_ptr + rows[:, None] * stride_ob + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
-        logdet += tl.where(mask, log_sigmoid(logit), 0.0)
-    tl.store(logdet_ptr + rows, tl.sum(logdet, axis=1).to(logdet_ptr.dtype.element_ty), mask=rows < B)
-
-
-@triton.jit
-def _affine_bwd_kernel(
-    grad_ptr, grad_logdet_ptr, inp_ptr, h_ptr, dinp_ptr, dh_ptr,
-    B, D2, stride_gb, stride_gd, stride_gl, stride_ib, stride_id, stride_hb, stride_hd, stride_dib,
-    SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FROM_OUTPUT: tl.constexpr, FP64: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """Elementwise: d(input) and the interleaved dh = [dshift, dlogit] from the output grad g and
-    the log-det grad gl. With s = sigmoid(logit) and ds/dlogit = s(1 - s):
-    forward  z = (x + shift) s : dx = dshift = g s,  dlogit = (1 - s)(g z + gl);
-    inverse  x = z / s - shift : dz = g / s, dshift = -g, dlogit = (1 - s)(gl - g z / s).
-    With FROM_OUTPUT (forward only) inp holds the output z instead of x (the fused training step
-    keeps z, not y2). d(input) rows are stride_dib apart (a column slice of the step's dy)."""
-    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rows = row_block(tl.program_id(0), BLOCK_B)
-    col_start = tl.program_id(1) * BLOCK_D
-    cols = col_start + tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < B) & (cols[None, :] < D2)
-    g = tl.load(grad_ptr + rows[:, None] * stride_gb + cols[None, :] * stride_gd, mask=mask, other=0.0).to(compute)
-    gl = tl.load(grad_logdet_ptr + rows * stride_gl, mask=rows < B, other=0.0).to(compute)[:, None]
-    inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
-    shift, logit = load_shift_logit(h_ptr, rows, col_start, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
-                                BLOCK_B, BLOCK_D)
-    scale = 1.0 / (1.0 + tl.exp(-logit))
-    if INVERSE:
-        dinp = g / scale
-        dshift = -g
-        dlogit = (1.0 - scale) * (gl - g * inp / scale)
-    else:
-        dinp = g * scale
-        dshift = dinp
-        z = inp if FROM_OUTPUT else (inp + shift) * scale
-        dlogit = (1.0 - scale) * (g * z + gl)
-    tl.store(dinp_ptr + rows[:, None] * stride_dib + cols[None, :], dinp.to(dinp_ptr.dtype.element_ty), mask=mask)
-    dh = tl.reshape(tl.join(dshift, dlogit), (BLOCK_B, 2 * BLOCK_D))
-    cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
-    mask2 = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
-    tl.store(dh_ptr + rows[:, None] * (2 * D2) + cols2[None, :], dh.to(dh_ptr.dtype.element_ty), mask=mask2)
-
-
-@triton.jit
-def _additive_kernel(
-    inp_ptr, h_ptr, out_ptr, B, D2, stride_ib, stride_id, stride_hb, stride_hd,
-    SUBTRACT: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rows = row_block(tl.program_id(0), BLOCK_B)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < B) & (cols[None, :] < D2)
-    inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
-    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :] * stride_hd, mask=mask, other=0.0).to(compute)
-    out = inp - h if SUBTRACT else inp + h
-    tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def _launch_affine_fwd(inp, h, out, logdet, inverse: bool) -> None:
-    B, D2 = inp.shape
-    block_b, block_d = _utils.coupling_tiles(D2)
-    wrap_triton(_affine_fwd_kernel)[(triton.cdiv(B, block_b),)](
-        inp, h, out, logdet, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1), out.stride(0),
-        SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FP64=_utils.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
-    )
-
-
-@_utils.registered_op("flowcore::affine_coupling_fwd", mutates_args=())
-def _affine_fwd(inp: torch.Tensor, h: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
-    logdet = torch.empty((inp.shape[0],), dtype=_utils.accumulation_dtype(inp), device=inp.device)
-    _utils.record_launch("affine_coupling_inverse" if inverse else "affine_coupling")
-    _launch_affine_fwd(inp, h, out, logdet, inverse)
-    return out, logdet
-
-
-@_utils.registered_op("flowcore::affine_coupling_fwd_into", mutates_args=("out",))
-def _affine_fwd_into(inp: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out = the forward coupling of inp (out may be inp: in place, rows of any stride, unit
-    column stride); returns the row log-dets."""
-    logdet = torch.empty((inp.shape[0],), dtype=_utils.accumulation_dtype(inp), device=inp.device)
-    _utils.record_launch("affine_coupling_into")
-    _launch_affine_fwd(inp, h, out, logdet, inverse=False)
-    return logdet
-
-
-def _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse: bool, from_output: bool) -> None:
-    B, D2 = inp.shape
-    block_b, block_d = _utils.coupling_tiles(D2)
-    wrap_triton(_affine_bwd_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
-        grad, grad_logdet, inp, h, dinp, dh,
-        B, D2, grad.stride(0), grad.stride(1), grad_logdet.stride(0), inp.stride(0), inp.stride(1),
-        h.stride(0), h.stride(1), dinp.stride(0),
-        SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FROM_OUTPUT=from_output, FP64=_utils.is_fp64(inp),
-        BLOCK_B=block_b, BLOCK_D=block_d,
-    )
-
-
-@_utils.registered_op("flowcore::affine_coupling_bwd", mutates_args=())
-def _affine_bwd(
-    grad: torch.Tensor, grad_logdet: torch.Tensor, inp: torch.Tensor, h: torch.Tensor, inverse: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    dinp = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
-    dh = torch.empty((inp.shape[0], 2 * inp.shape[1]), dtype=h.dtype, device=h.device)
-    _utils.record_launch("affine_coupling_inverse_backward" if inverse else "affine_coupling_backward")
-    _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse, from_output=False)
-    return dinp, dh
-
-
-@_utils.registered_op("flowcore::affine_coupling_bwd_from_output", mutates_args=("dinp",))
-def _affine_bwd_from_output(grad: torch.Tensor, grad_logdet: torch.Tensor, out: torch.Tensor, h: torch.Tensor,
-                            dinp: torch.Tensor) -> torch.Tensor:
-    """The forward coupling's backward from its output z2 (not its input): writes d(input) into
-    `dinp` (rows of any stride, unit column stride) and returns the interleaved dh."""
-    dh = torch.empty((out.shape[0], 2 * out.shape[1]), dtype=h.dtype, device=h.device)
-    _utils.record_launch("affine_coupling_backward_from_output")
-    _launch_affine_bwd(grad, grad_logdet, out, h, dinp, dh, inverse=False, from_output=True)
-    return dh
-
-
-@_utils.registered_op("flowcore::additive_coupling_fwd", mutates_args=())
-def _additive_fwd(inp: torch.Tensor, h: torch.Tensor, subtract: bool) -> torch.Tensor:
-    B, D2 = inp.shape
-    out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
-    block_b, block_d = _utils.coupling_tiles(D2)
-    _utils.record_launch("additive_coupling_inverse" if subtract else "additive_coupling")
-    wrap_triton(_additive_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
-        inp, h, out, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1),
-        SUBTRACT=subtract, FP64=_utils.is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
-    )
-    return out
-
-
-class _AffineCoupling(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, inp, h, inverse):
-        ctx.save_for_backward(inp, h)
-        ctx.inverse = inverse
-        return _affine_fwd(inp, h, inverse)
-
-    @staticmethod
-    def backward(ctx, grad, grad_logdet):
-        inp, h = ctx.saved_tensors
-        dinp, dh = _affine_bwd(grad, grad_logdet, inp, h, ctx.inverse)
-        return dinp, dh, None
-
-
-class _AdditiveCoupling(torch.autograd.Function):
-    """The backward is the identity (and -identity for h when subtracting): no kernel needed."""
-
-    @staticmethod
-    def forward(ctx, inp, h, subtract):
-        ctx.subtract = subtract
-        return _additive_fwd(inp, h, subtract)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, (-grad if ctx.subtract else grad), None
-
-
-def _check_coupling(op: str, inp, h, h_width_factor: int) -> None:
-    _utils.require_matrix(f"{op} input", inp)
-    _utils.require_matrix(f"{op} conditioner output h", h, h_width_factor * inp.shape[1])
+def _check(op: str, inp, h, h_width_factor: int) -> None:
+    require_matrix(f"{op} input", inp)
+    require_matrix(f"{op} conditioner output h", h, h_width_factor * inp.shape[1])
     if h.shape[0] != inp.shape[0]:
         raise ValueError(f"{op}: input has {inp.shape[0]} rows but h has {h.shape[0]}")
-    _utils.require_launchable(inp, op)
 
 
 def affine_coupling(x2, h):
     if resolve(x2) == "triton":
-        _check_coupling("affine_coupling", x2, h, 2)
-        return _AffineCoupling.apply(x2, h, False)
+        _check("affine_coupling", x2, h, 2)
+        return triton_ops().coupling.affine_coupling(x2, h, inverse=False)
     return affine_coupling_ref(x2, h)
 
 
 def affine_coupling_inverse(z2, h):
     if resolve(z2) == "triton":
-        _check_coupling("affine_coupling_inverse", z2, h, 2)
-        return _AffineCoupling.apply(z2, h, True)
+        _check("affine_coupling_inverse", z2, h, 2)
+        return triton_ops().coupling.affine_coupling(z2, h, inverse=True)
     return affine_coupling_inverse_ref(z2, h)
 
 
 def additive_coupling(x2, h):
     if resolve(x2) == "triton":
-        _check_coupling("additive_coupling", x2, h, 1)
-        return _AdditiveCoupling.apply(x2, h, False)
+        _check("additive_coupling", x2, h, 1)
+        return triton_ops().coupling.additive_coupling(x2, h, subtract=False)
     return additive_coupling_ref(x2, h)
 
 
 def additive_coupling_inverse(z2, h):
     if resolve(z2) == "triton":
-        _check_coupling("additive_coupling_inverse", z2, h, 1)
-        return _AdditiveCoupling.apply(z2, h, True)
+        _check("additive_coupling_inverse", z2, h, 1)
+        return triton_ops().coupling.additive_coupling(z2, h, subtract=True)
     return additive_coupling_inverse_ref(z2, h)

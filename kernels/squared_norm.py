@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from flowcore._torch_compat import composed_autograd_only
-from flowcore.kernels._utils import accumulation_dtype
+from ._utils import accumulation_dtype
+from .compat import composed_autograd_only
 
 
 def squared_norm_ref(z: torch.Tensor) -> torch.Tensor:

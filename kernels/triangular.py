@@ -1,7 +1,7 @@
 """The LU ops of `LULinear`, with L = tril(lower, -1) + I and U = triu(upper, 1) + diag(diagonal),
 all pure PyTorch: `lu_factors` (L and U, built here only); `lu_product` (W = L @ U) and its
-`lu_product_ref`; `factored_linear` (an ActNorm + LU linear applied factor by factor) and its
-`factored_linear_ref`.
+`lu_product_ref`; the factored linear map (an ActNorm + LU linear applied factor by factor:
+`factored_forward`, `factored_backward`, the CPU step's linear part) and its `factored_linear_ref`.
 
 `lu_product` runs `_TriangularProduct`, a blocked product with a hand-written backward that
 skips the zero blocks of L and U (W is rebuilt at every training step): with a 2 x 2 block split
@@ -10,8 +10,8 @@ the product and each of its two gradients are 5 half-size GEMMs instead of 8. In
 `create_graph=True` the backward differentiates `lu_product_ref`, so higher-order gradients
 are exact.
 
-`factored_linear(x, loc, logs, lu, diagonal, perm)` = ((x + loc) * exp(logs)) @ (P L U).T, with
-L and U packed in one matrix `lu` (`LULinear`), never forms W: it multiplies the batch by U.T,
+The factored linear map ((x + loc) * exp(logs)) @ (P L U).T, with L and U packed in one matrix
+`lu` (`LULinear`), never forms W: it multiplies the batch by U.T,
 then L.T, then permutes the columns, and its hand-written backward gives the factors' gradients
 as rank-batch products, the strict triangles only. For a batch of B rows that is at most
 12 B d^2 flops (`BLOCK_WIDTH`) against about 4 d^3 for assembling W and differentiating the
@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from flowcore._torch_compat import composed_autograd_only, composed_backward
+from .compat import composed_autograd_only, composed_backward
 
 
 def lu_factors(lower: torch.Tensor, upper: torch.Tensor, diagonal: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,13 +101,7 @@ def _blocks(matrix: torch.Tensor, h: int):
 
 
 def factored_linear_ref(x, loc, logs, lu, diagonal, perm):
-    """((x + loc) * exp(logs)) @ (P L U).T with L, U from the packed `lu` (see `factored_linear`),
-    composed under autograd."""
-    return ((x + loc) * torch.exp(logs)) @ lu_product_ref(lu, lu, diagonal)[perm].T
-
-
-def factored_linear(x, loc, logs, lu, diagonal, perm):
-    """a = (x + loc) * exp(logs), then y = a @ (P L U).T applied factor by factor.
+    """((x + loc) * exp(logs)) @ (P L U).T, composed under autograd.
 
     Args:
         x: (B, d) batch.
@@ -116,41 +110,16 @@ def factored_linear(x, loc, logs, lu, diagonal, perm):
             diagonal is not used (its gradient is 0).
         diagonal: (d,) U's diagonal.
         perm: (d,) int64 row order of W, W[i] = (L U)[perm[i]].
-
-    Example:
-        >>> y = factored_linear(x, loc, logs, mixing.lu, mixing.diagonal(), mixing.perm)
     """
-    if composed_autograd_only(x):
-        return factored_linear_ref(x, loc, logs, lu, diagonal, perm)
-    return _FactoredLinear.apply(x, loc, logs, lu, diagonal, perm)
-
-
-class _FactoredLinear(torch.autograd.Function):
-    """The factor-by-factor product (`factored_forward`, `factored_backward`)."""
-
-    @staticmethod
-    def forward(ctx, x, loc, logs, lu, diagonal, perm):
-        y, saved = factored_forward(x, loc, logs, lu, diagonal, perm)
-        ctx.save_for_backward(x, loc, logs, lu, diagonal, perm, *saved)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, loc, logs, lu, diagonal, perm, *saved = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        if torch.is_grad_enabled():
-            # create_graph=True: differentiate the composed twin, so higher-order gradients are exact
-            return (*composed_backward(factored_linear_ref(x, loc, logs, lu, diagonal, perm),
-                                       (x, loc, logs, lu, diagonal), needs[:5], dy), None)
-        return (*factored_backward(dy, lu, perm, saved, needs[:5]), None)
+    return ((x + loc) * torch.exp(logs)) @ lu_product_ref(lu, lu, diagonal)[perm].T
 
 
 BLOCK_WIDTH = 192
-"""`factored_linear` applies L and U as k = max(1, d // BLOCK_WIDTH) diagonal blocks (d = 192: the
+"""The factored linear map applies L and U as k = max(1, d // BLOCK_WIDTH) diagonal blocks (d = 192: the
 whole masked triangles; 384: 2 x 2 blocks; 768: 4 x 4). Each diagonal block is masked, the rest
 of its block row or column is read straight from `lu` in one GEMM, and the zero blocks are never
 multiplied: flops fall from 12 B d^2 (whole) towards 6 B d^2 as k grows, for 2k - 1 GEMM calls a
-product. The width is measured, not derived (docs/design.md, lab notes)."""
+product. The width was chosen by measurement (docs/lab-notes.md)."""
 
 
 def _bounds(d: int, blocks: int) -> list[int]:
@@ -159,7 +128,7 @@ def _bounds(d: int, blocks: int) -> list[int]:
 
 
 def _column_blocks(matrix: torch.Tensor, bounds: list[int]) -> tuple[torch.Tensor, ...]:
-    """matrix's column blocks between `bounds`, as views (one call: a slice costs ~2.5 us)."""
+    """matrix's column blocks between `bounds`, as views (one call, not one slice per block)."""
     return (matrix,) if len(bounds) == 2 else matrix.tensor_split(bounds[1:-1], dim=1)
 
 
@@ -174,7 +143,7 @@ def _right_of(blocks: tuple[torch.Tensor, ...], matrix: torch.Tensor, index: int
 
 
 def factored_forward(x, loc, logs, lu, diagonal, perm):
-    """(y, saved) of `factored_linear` without autograd, on the diagonal block split of
+    """(y, saved) of the factored linear map without autograd, on the diagonal block split of
     `BLOCK_WIDTH`: t = a @ U.T, then v = t @ L.T, one block row of t and of v at a time (the
     diagonal block's masked factor, then the rest of the row from `lu` in one GEMM). `saved` is
     what `factored_backward` needs: (scale, a, t, the diagonal blocks of L, those of U)."""
@@ -201,7 +170,7 @@ def factored_forward(x, loc, logs, lu, diagonal, perm):
 
 
 def factored_backward(dy, lu, perm, saved, needs):
-    """(dx, d loc, d logs, d lu, d diagonal) of `factored_linear` from dy and `factored_forward`'s
+    """(dx, d loc, d logs, d lu, d diagonal) of the factored linear map from dy and `factored_forward`'s
     `saved`, without autograd; `needs` flags which of them are wanted (None for the others). The
     factors' gradients are rank-batch products, strict triangles only, a block row at a time:
     d L = dv.T @ t left of the diagonal blocks, d U = dt.T @ a right of them, both masked inside."""

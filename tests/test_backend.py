@@ -9,8 +9,11 @@ import torch
 
 import flowcore
 from flowcore import backend
-from flowcore.backend import BackendUnavailableError, resolve, use_backend
-from flowcore.kernels import actnorm, launch_counts
+from flowcore.backend import BackendUnavailableError, use_backend
+from flowcore.kernels import actnorm
+from flowcore.kernels.dispatch import resolve
+
+from helpers.launches import triton_launches
 
 
 @pytest.fixture(autouse=True)
@@ -21,27 +24,22 @@ def _no_pinned_backend(monkeypatch):
     backend.set_backend(None)
 
 
-def _launches(op="actnorm"):
-    return launch_counts.get(op, 0)
-
-
-def _run_actnorm():
-    return actnorm(torch.randn(5, 12), torch.zeros(12), torch.zeros(12))
+def _launches() -> int:
+    """Triton launches made by one ActNorm forward."""
+    with triton_launches() as launched:
+        actnorm(torch.randn(5, 12), torch.zeros(12), torch.zeros(12))
+    return launched["_actnorm_fwd_kernel"]
 
 
 def test_auto_runs_pytorch_on_cpu_tensors():
     assert flowcore.get_backend() == "auto" and resolve(torch.zeros(1)) == "torch"
-    before = _launches()
-    _run_actnorm()
-    assert _launches() == before
+    assert _launches() == 0
 
 
 def test_explicit_triton_launches_kernels_under_the_interpreter():
-    before = _launches()
     with use_backend("triton"):
         assert resolve(torch.zeros(1)) == "triton"
-        _run_actnorm()
-    assert _launches() == before + 1
+        assert _launches() == 1
 
 
 def test_use_backend_nests_and_restores():
@@ -60,15 +58,11 @@ def test_use_backend_nests_and_restores():
 
 def test_environment_variable_is_read_when_the_op_runs(monkeypatch):
     monkeypatch.setenv(backend.ENV_VAR, "triton")
-    before = _launches()
-    _run_actnorm()
-    assert _launches() == before + 1
+    assert _launches() == 1
     monkeypatch.setenv(backend.ENV_VAR, "torch")
-    _run_actnorm()
-    assert _launches() == before + 1
+    assert _launches() == 0
     with use_backend("triton"):  # the context manager wins over the environment
-        _run_actnorm()
-    assert _launches() == before + 2
+        assert _launches() == 1
 
 
 def test_set_backend_pins_until_cleared(monkeypatch):
@@ -84,7 +78,7 @@ def test_unknown_backend_names_are_rejected(monkeypatch):
         flowcore.set_backend("cuda")
     monkeypatch.setenv(backend.ENV_VAR, "fast")
     with pytest.raises(ValueError, match="unknown flowcore backend 'fast'"):
-        _run_actnorm()
+        _launches()
 
 
 def _run_in_subprocess(code: str, **env) -> subprocess.CompletedProcess:
@@ -110,22 +104,29 @@ def test_explicit_triton_without_gpu_or_interpreter_raises_a_clear_error():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
-def test_interpreter_switched_on_after_import_is_reported():
-    """The kernels were built for the GPU at import; enabling the interpreter later cannot help."""
+@pytest.mark.parametrize("built_first", [True, False], ids=["kernels-built", "kernels-not-built-yet"])
+def test_interpreter_switched_on_late(built_first):
+    """The Triton kernels are built when the first Triton op runs: enabling the interpreter before
+    that works; once they were built for the GPU, enabling it cannot help and is reported."""
     code = (
         "import os, torch\n"
         "from flowcore.backend import BackendUnavailableError, use_backend\n"
         "from flowcore.kernels import actnorm\n"
-        "os.environ['TRITON_INTERPRET'] = '1'\n"
+        + ("import flowcore.kernels.triton\n" if built_first else "")
+        + "os.environ['TRITON_INTERPRET'] = '1'\n"
         "try:\n"
         "    with use_backend('triton'):\n"
         "        actnorm(torch.randn(3, 4), torch.zeros(4), torch.zeros(4))\n"
+        "    print('RAN')\n"
         "except BackendUnavailableError as error:\n"
         "    print('ERROR:', error)\n"
     )
     result = _run_in_subprocess(code, TRITON_INTERPRET="0")
     assert result.returncode == 0, result.stderr
-    assert "ERROR: actnorm: the Triton kernels were built for the GPU" in result.stdout
+    if built_first:
+        assert "ERROR: actnorm: the Triton kernels were built for the GPU" in result.stdout
+    else:
+        assert "RAN" in result.stdout
 
 
 def test_backend_unavailable_is_a_runtime_error():

@@ -17,11 +17,11 @@ from torch import nn
 
 from flowcore import defaults
 from flowcore._threads import available_cpus, pinned_threads, side_by_side
-from flowcore._torch_compat import functorch_transforms_active, has_forward_hooks
-from flowcore.backend import resolve
 from flowcore.flows.configs import CONFIGS
 from flowcore.flows.step import FlowStep
-from flowcore.kernels import accumulation_dtype, squared_norm
+from flowcore.kernels import accumulation_dtype, squared_norm, step_path
+from flowcore.kernels.compat import functorch_transforms_active, has_forward_hooks
+from flowcore.kernels.dispatch import resolve
 
 __all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "LINEAR_START_SCALE", "Glow"]
 
@@ -129,7 +129,7 @@ class Glow(nn.Module):
 
     def _blocked_inference(self, x: torch.Tensor) -> bool:
         """CPU inference runs the whole flow on one block of rows at a time, so that a block's
-        activations stay in cache from step to step (docs/design.md, lab notes)."""
+        activations stay in cache from step to step (docs/lab-notes.md)."""
         if self.training or x.device.type != "cpu" or x.shape[0] * self.dim * x.element_size() <= CPU_BLOCK_BYTES:
             return False
         if functorch_transforms_active():
@@ -165,11 +165,16 @@ class Glow(nn.Module):
 
     def _latent_parts(self, x: torch.Tensor):
         """z's column blocks (the last level's output, then the latents that left earlier, from
-        the latest to the first) and the log-det; `log_prob` needs no concatenated z."""
+        the latest to the first) and the log-det; `log_prob` needs no concatenated z. The default
+        steps all run on the one path `kernels.step_path` chooses here."""
         h, logdet, leaving = x, x.new_zeros(x.shape[0], dtype=accumulation_dtype(x)), []
+        path = None
+        if self.levels[0][0].fused:
+            conditioners = [step.coupling.net for steps in self.levels for step in steps]
+            path = step_path(x, self.dim, conditioners, self.training and torch.is_grad_enabled())
         for index, steps in enumerate(self.levels):
             for step in steps:
-                h, step_logdet = step(h)
+                h, step_logdet = step(h, path)
                 logdet = logdet + step_logdet
             if index + 1 < len(self.levels):
                 keep = self.level_dims[index + 1]

@@ -7,14 +7,14 @@
   as a random permutation (L = U = I), as nflows/normflows do; inverted with two triangular solves.
 - `ReversePermutation`: the fixed reversal of the features (log-det 0).
 
-`LULinear.weight()` lets a flow step fold its ActNorm into one GEMM; the reversal stays a flip.
-In training the step either rebuilds W at every step (`kernels.lu_product`) or, for batches much
-smaller than d, applies the factors to the batch (`kernels.factored_linear`); see `FlowStep`.
+In the default step the factors are read by `kernels.affine_step` (W assembled by
+`kernels.lu_product` and folded with ActNorm, or applied to the batch factor by factor for small
+training batches); `forward` is the reference composition the contract tests run.
 
-Why not the LU factors of a random rotation (Glow's start): at d = 768 they have condition
-number ~1500 (141 at d = 96), so Adam's equal-sized steps on their entries change W by far more
-than the learning rate suggests, and a batch-32 fit at lr 1e-3 jumped to ~1000 bits/dim before
-recovering; from a permutation the same fit descends smoothly (docs/design.md, lab notes).
+Why not the LU factors of a random rotation (Glow's start): at large d they are badly
+conditioned, so Adam's equal-sized steps on their entries change W by far more than the learning
+rate suggests and the loss jumps before recovering; from a permutation the fit descends smoothly
+(docs/lab-notes.md).
 """
 from __future__ import annotations
 
@@ -42,7 +42,6 @@ class LULinear(nn.Module):
         self.register_buffer("sign", torch.ones(dim, dtype=dtype))
         self.lu = nn.Parameter(torch.zeros(dim, dim, dtype=dtype))
         self.log_s = nn.Parameter(torch.zeros(dim, dtype=dtype))
-        self._register_load_state_dict_pre_hook(_pack_lower_upper)
 
     @torch.no_grad()
     def set_factors(self, lower: torch.Tensor, upper: torch.Tensor) -> None:
@@ -76,13 +75,6 @@ class LULinear(nn.Module):
         y = torch.linalg.solve_triangular(lower.T, y, upper=True, left=False, unitriangular=True)
         x = torch.linalg.solve_triangular(upper.T, y, upper=False, left=False)
         return x, (-self.logdet()).expand(z.shape[0])
-
-
-def _pack_lower_upper(state_dict, prefix, *args) -> None:
-    """Read flows saved before L and U were packed (separate `lower` and `upper` parameters)."""
-    if prefix + "lower" in state_dict and prefix + "upper" in state_dict and prefix + "lu" not in state_dict:
-        lower, upper = state_dict.pop(prefix + "lower"), state_dict.pop(prefix + "upper")
-        state_dict[prefix + "lu"] = torch.tril(lower, -1) + torch.triu(upper, 1)
 
 
 class ReversePermutation(nn.Module):

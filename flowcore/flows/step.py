@@ -1,19 +1,12 @@
 """One Glow step, data -> latent: ActNorm -> invertible linear -> coupling.
 
-What runs depends on the step's variant, and `FlowStep.forward` shows it:
-- LU mixing (the default), training on a batch of fewer than `FACTORED_ROWS_PER_FEATURE` x d rows
-  on the PyTorch backend (the paper's batch 32): W is never assembled; ActNorm, U, L and P are
-  applied to the batch factor by factor. With the affine coupling the whole step is one autograd
-  node (`kernels.factored_affine_step`); with the additive one `kernels.factored_linear` is
-  followed by `Coupling.forward`.
-- LU mixing otherwise: ActNorm is folded into the assembled LU weight, W' = W diag(exp(logs)),
-  b = W' loc, so ActNorm + 1x1 cost one GEMM + bias and no pass over the batch of their own. With
-  the affine coupling (the default) the GEMM and the coupling run fused in
-  `kernels.folded_affine_step`, in training and in inference; with the additive coupling the GEMM
-  (`kernels.folded_linear`) is followed by `Coupling.forward`. In training the fold is
-  differentiated through (d x d work, cheaper than back-propagating through an elementwise
-  ActNorm on batch x d).
-- Reverse mixing: the layers' own forwards, one after the other.
+The default step (LU mixing, affine coupling) runs in one call, `kernels.affine_step`, on the
+path `kernels.step_path` chooses (the table is `kernels.PATHS`); a `Glow` chooses once per
+forward and passes the path to each of its steps. The variants are composed from the layer
+modules: with LU mixing, ActNorm is folded into the 1x1 weight, W' = W diag(exp(logs)),
+b = W' loc (one GEMM + bias, `kernels.folded_linear`), then the additive `Coupling`; with the
+reverse mixing, `ActNorm`, `ReversePermutation` and `Coupling`, one after the other.
+
 In inference (eval mode, no gradient wanted) the folded weight is cached and rebuilt whenever a
 parameter changes (the tensors' version counters) or the module returns to training. Writes through
 `.data` bypass version counters: after such surgery call `train()` (or `eval()`) to drop the cache.
@@ -24,20 +17,14 @@ import torch
 from torch import nn
 
 from flowcore import kernels
-from flowcore._torch_compat import version_key
-from flowcore.backend import resolve
 from flowcore.flows.actnorm import ActNorm
 from flowcore.flows.coupling import Coupling
 from flowcore.flows.invertible_linear import LULinear, ReversePermutation
+from flowcore.kernels.compat import version_key
 
-__all__ = ["FACTORED_ROWS_PER_FEATURE", "PERMUTATIONS", "FlowStep"]
+__all__ = ["PERMUTATIONS", "FlowStep"]
 
 PERMUTATIONS = ("lu", "reverse")
-
-FACTORED_ROWS_PER_FEATURE = 0.5
-"""Training batches of fewer than this many rows per feature apply the LU factors to the batch
-(12 B d^2 flops a step) instead of assembling W (about 4 d^3 with the gradient, plus 6 B d^2 for the
-folded GEMMs): chosen below the flop counts' crossover near 0.6 d, not tuned by measurement."""
 
 
 class FlowStep(nn.Module):
@@ -86,30 +73,30 @@ class FlowStep(nn.Module):
         mixing.set_factors(lower, upper)
         mixing.log_s.copy_(torch.log(diagonal.abs()))
 
-    def forward(self, x: torch.Tensor):
-        if isinstance(self.mixing, LULinear) and self._factored(x):
-            self.actnorm.maybe_initialize(x)
-            mixing = self.mixing
-            if self.coupling.kind == "affine":
-                return kernels.factored_affine_step(x, self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.log_s,
-                                                    mixing.sign, mixing.perm, self.coupling.split, self.coupling.net)
-            y = kernels.factored_linear(x, self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.diagonal(),
-                                        mixing.perm)
-            z, coupling_logdet = self.coupling(y)
-            return z, coupling_logdet + (self.actnorm.logdet() + mixing.logdet())
-        if isinstance(self.mixing, LULinear):
-            weight, bias, logdet = self._folded(x)
-            if self.coupling.kind == "affine":
-                z, coupling_logdet = kernels.folded_affine_step(x, weight, bias, self.coupling.split,
-                                                                self.coupling.net)
-                return z, coupling_logdet + logdet
-            y = kernels.folded_linear(x, weight, bias)
-        else:
+    @property
+    def fused(self) -> bool:
+        """The default step (LU mixing, affine coupling), run in one call by `kernels.affine_step`."""
+        return isinstance(self.mixing, LULinear) and self.coupling.kind == "affine"
+
+    def forward(self, x: torch.Tensor, path: str | None = None):
+        """(z, logdet per row). `path`: the `kernels.PATHS` entry that runs the default step, as
+        chosen once per flow forward by its `Glow`; None: this step chooses for itself."""
+        if not isinstance(self.mixing, LULinear):
             y, logdet = self.actnorm(x)
             y, mixing_logdet = self.mixing(y)
-            logdet = logdet + mixing_logdet
-        z, coupling_logdet = self.coupling(y)
-        return z, coupling_logdet + logdet
+            z, coupling_logdet = self.coupling(y)
+            return z, coupling_logdet + (logdet + mixing_logdet)
+        self.actnorm.maybe_initialize(x)
+        if not self.fused:
+            weight, bias, logdet = self._fold()
+            z, coupling_logdet = self.coupling(kernels.folded_linear(x, weight, bias))
+            return z, coupling_logdet + logdet
+        if path is None:
+            path = kernels.step_path(x, x.shape[1], [self.coupling.net], self.training and torch.is_grad_enabled())
+        mixing = self.mixing
+        return kernels.affine_step(x, self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.log_s, mixing.sign,
+                                   mixing.perm, self.coupling.split, self.coupling.net, path=path,
+                                   folded=self._fold() if path in ("folded", "triton") else None)
 
     def inverse(self, z: torch.Tensor):
         y, logdet = self.coupling.inverse(z)
@@ -117,29 +104,17 @@ class FlowStep(nn.Module):
         x, actnorm_logdet = self.actnorm.inverse(y)
         return x, logdet + mixing_logdet + actnorm_logdet
 
-    def _factored(self, x: torch.Tensor) -> bool:
-        """Apply the LU factors to the batch rather than fold W (see the module docstring)?"""
-        return (self.training and torch.is_grad_enabled() and x.shape[0] < FACTORED_ROWS_PER_FEATURE * x.shape[1]
-                and resolve(x) == "torch")
-
-    def _folded(self, x: torch.Tensor):
-        """(W', b, logdet) of ActNorm + LU linear for input `x`: the cached fold in inference;
-        in training, after ActNorm's data-dependent initialisation from `x`, differentiable."""
-        if not self.training and not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())):
-            return self._cached_fold()
-        self.actnorm.maybe_initialize(x)
-        return self._fold()
-
     def _fold(self):
-        weight = self.mixing.weight() * torch.exp(self.actnorm.logs)
-        return weight, weight @ self.actnorm.loc, self.actnorm.logdet() + self.mixing.logdet()
-
-    def _cached_fold(self):
-        """`_fold()` without autograd, rebuilt only when one of its parameters changed."""
-        key = version_key((self.actnorm.loc, self.actnorm.logs, *self.mixing.parameters()))
+        """(W', b, logdet) of ActNorm folded into the LU linear (`kernels.fold`): cached in
+        inference, rebuilt only when one of its parameters changed; differentiable otherwise."""
+        mixing = self.mixing
+        parameters = (self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.log_s, mixing.sign, mixing.perm)
+        if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())):
+            return kernels.fold(*parameters)
+        key = version_key(parameters)
         if self._fold_cache is None or self._fold_cache[0] != key:
             # a normal tensor even when first built under inference_mode, so that a later
             # gradient-enabled call with frozen parameters may still use it
             with torch.inference_mode(False), torch.no_grad():
-                self._fold_cache = (key, *self._fold())
+                self._fold_cache = (key, *kernels.fold(*parameters))
         return self._fold_cache[1:]

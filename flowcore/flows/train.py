@@ -42,7 +42,7 @@ class CheckpointMismatchError(ValueError):
 def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
         device=None, progress: bool = True, init_rows: int = 1024,
         on_epoch: Callable[[int, float], bool | None] | None = None, *, checkpoint: str | os.PathLike | None = None,
-        checkpoint_every: int = 1000, on_checkpoint: Callable[[int], None] | None = None, rows=None,
+        checkpoint_every: int = 1000, rows=None,
         prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int | None = None) -> list[float]:
     """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
@@ -78,8 +78,6 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
             a true result stops training (e.g. early stopping on held-out data).
         checkpoint: a file to checkpoint to and resume from; None: no checkpoints.
         checkpoint_every: optimizer steps between checkpoints.
-        on_checkpoint: called with the number of steps done after each checkpoint is written
-            (a hook for progress reports or fault injection).
         rows: the row numbers of X to train on, in this order (the shuffle permutes them); None: all.
         prepare: applied to each batch of X's rows before it reaches the flow (e.g. standardisation
             keeping some coordinates); it must map rows independently, so that results do not depend
@@ -107,7 +105,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         threads = training_threads(batch_size)
     with pinned_threads(threads):
         return _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, checkpoint,
-                    checkpoint_every, on_checkpoint, rows, prepare, parameter)
+                    checkpoint_every, rows, prepare, parameter)
 
 
 def training_threads(batch_size: int) -> int:
@@ -115,8 +113,9 @@ def training_threads(batch_size: int) -> int:
     capped at the CPUs this process may use.
 
     A small batch makes every op small: a second thread saves little, and each op waits at a
-    barrier for the slowest thread, so one busy core elsewhere slowed a 2-thread batch-32 fit 20- to
-    50-fold (docs/design.md). The choice depends on the batch only, so results are reproducible.
+    barrier for the slowest thread, so one busy core elsewhere slows a multi-threaded small-batch
+    fit many-fold (docs/lab-notes.md). The choice depends on the batch only, so results are
+    reproducible.
 
     Example:
         >>> training_threads(32)
@@ -128,7 +127,7 @@ def training_threads(batch_size: int) -> int:
 
 
 def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, checkpoint, checkpoint_every,
-         on_checkpoint, rows, prepare, parameter) -> list[float]:
+         rows, prepare, parameter) -> list[float]:
     flow_dim = getattr(flow, "dim", None)
     data = training_matrix(X, dim=flow_dim if prepare is None else None, rows=rows)
     index = None if rows is None else row_index(rows, data.shape[0])
@@ -141,7 +140,7 @@ def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, c
         return batch.to(device=parameter.device, dtype=parameter.dtype)
 
     generator = torch.Generator().manual_seed(seed)
-    parameters = list(flow.parameters())  # walked once: a module walk per step costs ~0.3 ms at batch 32
+    parameters = list(flow.parameters())  # walked once, not at every step
     optimizer = torch.optim.Adam(parameters, lr=lr, fused=True)  # one pass per tensor
     steps_per_epoch = math.ceil(count / batch_size)
     identity = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed, "init_rows": init_rows,
@@ -155,8 +154,6 @@ def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, c
 
     def save(generator_state: torch.Tensor) -> None:
         _save_checkpoint(Path(checkpoint), identity, flow, optimizer, generator_state, state, on_epoch)
-        if on_checkpoint is not None:
-            on_checkpoint(state.epoch * steps_per_epoch + state.step)
 
 
     bar = tqdm(total=epochs * steps_per_epoch, initial=state.epoch * steps_per_epoch + state.step,
@@ -279,8 +276,8 @@ class _TrainingState:
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
     """Whether every element of `tensors` is finite. Their sums are non-finite whenever an
     element is (NaN and infinities propagate), and only then but for an overflow, which the
-    element-wise check that follows rules out: one small op per tensor in the usual case, where
-    an infinity norm per tensor cost 6-8 % of a batch-32 training step."""
+    element-wise check that follows rules out: one small op per tensor in the usual case, far
+    cheaper than an infinity norm per tensor at small batches."""
     if bool(torch.isfinite(torch.stack([t.sum() for t in tensors]).sum())):
         return True
     return all(bool(torch.isfinite(t).all()) for t in tensors)

@@ -118,19 +118,6 @@ def test_lu_initialisation_is_a_random_permutation():
     assert torch.equal(layer.lu, torch.zeros(12, 12, dtype=torch.float64)) and layer.logdet() == 0
 
 
-def test_lu_layer_saved_with_separate_lower_and_upper_still_loads():
-    """Flows saved before L and U were packed into `lu` (parameters `lower` and `upper`) load to the
-    same weight."""
-    from flowcore.flows.invertible_linear import LULinear
-    layer = randomize(LULinear(9).double(), std=0.3)
-    state = {key: value for key, value in layer.state_dict().items() if key != "lu"}
-    state["lower"] = layer.lu.detach() + torch.triu(torch.randn(9, 9, dtype=torch.float64))  # upper part unused
-    state["upper"] = layer.lu.detach() + torch.tril(torch.randn(9, 9, dtype=torch.float64))  # lower part unused
-    loaded = LULinear(9).double()
-    loaded.load_state_dict(state)
-    torch.testing.assert_close(loaded.weight(), layer.weight(), rtol=1e-12, atol=1e-12)
-
-
 def test_cache_built_in_inference_mode_still_serves_gradients_to_inputs():
     """A frozen flow used for calibration (inference_mode) can afterwards give input gradients."""
     glow = trained_like_glow(16).eval().requires_grad_(False)
@@ -174,15 +161,17 @@ def test_log_prob_gradient_equals_autograd_of_the_formula():
     torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [20, 300], ids=["factored", "folded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-def test_fused_training_step_equals_the_composed_layers(dtype):
-    """FlowStep (lu, affine) trains through the fused step; it equals ActNorm + LU + coupling
-    composed under autograd, in value and in every parameter's gradient."""
+def test_fused_training_step_equals_the_composed_layers(dtype, rows):
+    """FlowStep (lu, affine) trains through the CPU step Function, its factors applied to small
+    batches and folded into one GEMM for larger ones; it equals ActNorm + LU + coupling composed
+    under autograd, in value and in every parameter's gradient."""
     from flowcore.flows.step import FlowStep
     torch.manual_seed(0)
     step = randomize(FlowStep(95, width=16), std=0.2).to(dtype)
-    x = (torch.randn(300, 95) * 2 + 1).to(dtype)
-    step(x)  # data-dependent ActNorm initialisation
+    step.actnorm.initialize((torch.randn(300, 95) * 2 + 1).to(dtype))
+    x = (torch.randn(rows, 95) * 2 + 1).to(dtype)
 
     def composed(v):
         y, actnorm_logdet = step.actnorm(v)
@@ -195,7 +184,7 @@ def test_fused_training_step_equals_the_composed_layers(dtype):
         z, logdet = run(x)
         results.append((z, logdet, torch.autograd.grad(z.square().sum() + logdet.sum(), list(step.parameters()))))
     (z, logdet, grads), (z_ref, logdet_ref, grads_ref) = results
-    assert type(z.grad_fn).__name__ == "_TorchAffineStepBackward"
+    assert type(z.grad_fn).__name__ == "_AffineStepBackward"
     tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(z, z_ref, **tolerance)
     torch.testing.assert_close(logdet, logdet_ref, **tolerance)
@@ -204,33 +193,28 @@ def test_fused_training_step_equals_the_composed_layers(dtype):
         torch.testing.assert_close(grad, grad_ref, rtol=tolerance["rtol"], atol=tolerance["atol"] * max(scale, 1.0))
 
 
-@pytest.mark.parametrize("coupling", ["affine", "additive"])
 @pytest.mark.parametrize("dim", [3, 7, 40])
-def test_small_batch_training_applies_the_factors_and_equals_the_folded_step(coupling, dim):
-    """A training batch smaller than FACTORED_ROWS_PER_FEATURE x d applies the LU factors to the
-    batch (`factored_linear`) instead of folding W; value and every gradient equal the folded
-    step's, in float64."""
-    from flowcore.flows import step as step_module
+def test_small_batch_training_applies_the_factors_and_equals_the_folded_step(dim):
+    """A training batch smaller than FACTORED_ROWS_PER_FEATURE x d takes the factored path; value
+    and every gradient equal the folded path's, in float64."""
+    from flowcore.flows.step import FlowStep
+    from flowcore.kernels import step_path
+    from flowcore.kernels.step import FACTORED_ROWS_PER_FEATURE
     torch.manual_seed(dim)
-    step = randomize(step_module.FlowStep(dim, width=8, coupling=coupling), std=0.3).double()
+    step = randomize(FlowStep(dim, width=8), std=0.3).double()
     step.actnorm.initialize(torch.randn(50, dim, dtype=torch.float64) * 2 + 1)
     x = torch.randn(max(1, dim // 4), dim, dtype=torch.float64) * 2 + 1
-    assert x.shape[0] < step_module.FACTORED_ROWS_PER_FEATURE * dim
+    assert x.shape[0] < FACTORED_ROWS_PER_FEATURE * dim
+    assert step_path(x, dim, [step.coupling.net], training=True) == "factored"
     results = []
-    for factored in (True, False):
-        step._factored = lambda batch, factored=factored: factored
-        z, logdet = step(x)
-        grads = torch.autograd.grad(z.square().sum() + logdet.sum(), list(step.parameters()))
-        results.append((z, logdet, grads, z.grad_fn))
-    (z, logdet, grads, _), (z_ref, logdet_ref, grads_ref, _) = results
+    for path in ("factored", "folded"):
+        z, logdet = step(x, path)
+        results.append((z, logdet, torch.autograd.grad(z.square().sum() + logdet.sum(), list(step.parameters()))))
+    (z, logdet, grads), (z_ref, logdet_ref, grads_ref) = results
     torch.testing.assert_close(z, z_ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(logdet, logdet_ref, rtol=1e-10, atol=1e-10)
     for grad, grad_ref in zip(grads, grads_ref):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-9, atol=1e-9)
-    del step._factored
-    assert step._factored(x) and not step._factored(torch.randn(dim, dim, dtype=torch.float64))
-    with torch.no_grad():
-        assert not step._factored(x)
 
 
 def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
@@ -336,7 +320,7 @@ def test_cpu_inference_blocks_with_forward_hooks_stay_in_the_calling_thread(monk
 def test_custom_functions_have_exact_second_order_gradients():
     """The hand-written backwards (blocked L @ U, the fused step, the squared norm) fall back to
     autograd under create_graph, so double backward is exact (each Function on its own:
-    tests/kernels/test_triangular.py, test_squared_norm.py, test_torch_step.py)."""
+    tests/kernels/test_triangular.py, test_squared_norm.py, test_step_paths.py)."""
     generator = torch.Generator().manual_seed(0)
     glow = trained_like_glow(8, depth=1, width=4).double()
     x = torch.randn(3, 8, generator=generator, dtype=torch.float64, requires_grad=True)

@@ -5,6 +5,7 @@ import torch
 
 import flowcore
 from flowcore.flows.actnorm import ActNorm
+from flowcore.flows import train as train_module
 from flowcore.flows.train import TrainingDivergedError
 
 
@@ -114,29 +115,30 @@ def _state(glow):
     return {name: value.clone() for name, value in glow.state_dict().items()}
 
 
-def test_killed_and_resumed_training_ends_with_the_same_weights_bit_for_bit(tmp_path):
+def test_killed_and_resumed_training_ends_with_the_same_weights_bit_for_bit(tmp_path, monkeypatch):
     X = anisotropic_gaussian(rows=256, dim=8)
     options = dict(epochs=3, batch_size=32, lr=2e-3, seed=1, progress=False)  # 24 steps
     reference = _tiny_glow()
     expected_losses = flowcore.fit(reference, X, **options)
 
     checkpoint = tmp_path / "fit.ckpt"
-    seen = []
+    seen, kill_at = [], 13
+    save_checkpoint = train_module._save_checkpoint
 
-    def kill_at_step_13(done):
-        seen.append(done)
-        if done == 13:
+    def save_then_maybe_die(*args):  # a checkpoint is written, then the process dies
+        save_checkpoint(*args)
+        seen.append(args[-2].epoch * 8 + args[-2].step)  # steps done (8 a epoch)
+        if seen[-1] == kill_at:
             raise _Killed
 
+    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_maybe_die)
     with pytest.raises(_Killed):
-        flowcore.fit(_tiny_glow(), X, checkpoint=checkpoint, checkpoint_every=13, on_checkpoint=kill_at_step_13,
-                     **options)
+        flowcore.fit(_tiny_glow(), X, checkpoint=checkpoint, checkpoint_every=13, **options)
     assert seen == [8, 13]  # after epoch 1 and at step 13 (mid-epoch 2)
-    resumed = _tiny_glow()
-    after_resume = []
+    resumed, seen[:], kill_at = _tiny_glow(), [], None
     losses = flowcore.fit(resumed, np.load(_saved(tmp_path, X), mmap_mode="r"), checkpoint=checkpoint,
-                          checkpoint_every=13, on_checkpoint=after_resume.append, **options)
-    assert after_resume == [16, 24]  # epoch 2's end, then the final checkpoint
+                          checkpoint_every=13, **options)
+    assert seen == [16, 24]  # epoch 2's end, then the final checkpoint
     assert losses == expected_losses
     for name, value in _state(reference).items():
         assert torch.equal(resumed.state_dict()[name], value), name

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from flowcore.backend import use_backend
-from flowcore.kernels import launch_counts
+
+from helpers.launches import triton_launches
 
 # Max |error| allowed, relative to the largest |value| of the float64 reference.
 TOLERANCE = {torch.float64: 1e-11, torch.float32: 5e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
@@ -65,10 +66,9 @@ def check_op(op, ref, inputs: tuple, what: str, grad_seed: int = 1, backward_ker
     leaves = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
     leaves64 = tuple(t.detach().double().requires_grad_(t.is_floating_point()) for t in inputs)
     leaves_ref = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
-    before = sum(launch_counts.values())
-    with use_backend("triton"):
+    with use_backend("triton"), triton_launches() as launched:
         outputs = as_tuple(op(*leaves))
-    assert sum(launch_counts.values()) > before, f"{what}: no Triton kernel was launched"
+    assert launched, f"{what}: no Triton kernel was launched"
     expected = as_tuple(ref(*leaves_ref))
     expected64 = as_tuple(ref(*leaves64))
     generator = torch.Generator().manual_seed(grad_seed)
@@ -81,11 +81,10 @@ def check_op(op, ref, inputs: tuple, what: str, grad_seed: int = 1, backward_ker
         wrt = [t for t in leaves_ if t.requires_grad]
         return torch.autograd.grad(outs, wrt, [c.to(device=o.device, dtype=o.dtype) for c, o in zip(cotangents, outs)])
 
-    before = sum(launch_counts.values())
-    with use_backend("triton"):
+    with use_backend("triton"), triton_launches() as launched:
         actual_grads = grads(outputs, leaves)
     if backward_kernels:
-        assert sum(launch_counts.values()) > before, f"{what}: the backward launched no Triton kernel"
+        assert launched, f"{what}: the backward launched no Triton kernel"
     reference_grads = zip(actual_grads, grads(expected, leaves_ref), grads(expected64, leaves64))
     for index, (g, g_ref, g64) in enumerate(reference_grads):
         assert g.dtype == g_ref.dtype and g.shape == g_ref.shape, f"{what}: gradient {index} dtype/shape"

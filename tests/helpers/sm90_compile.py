@@ -89,7 +89,7 @@ def _run_entry_points(dtype_name: str, precision: str, shapes) -> None:
         additive_coupling,
         affine_coupling,
         affine_coupling_inverse,
-        folded_affine_step,
+        affine_step,
         folded_linear,
         squared_norm,
     )
@@ -103,13 +103,15 @@ def _run_entry_points(dtype_name: str, precision: str, shapes) -> None:
             weight = torch.randn(d, d).to(dtype).requires_grad_()
             bias = torch.randn(d).to(dtype).requires_grad_()
             net = nn.Sequential(nn.Linear(split, 64), nn.ReLU(), nn.Linear(64, 2 * (d - split))).to(dtype)
-            z, logdet = folded_affine_step(x, weight, bias, split, net)  # the fused training step
-            torch.autograd.grad(squared_norm(z).sum() - logdet.sum(), [x, weight, bias])  # a Glow's loss
+            loc, logs = torch.randn(d).to(dtype).requires_grad_(), torch.randn(d).to(dtype).requires_grad_()
+            lu, log_s = torch.randn(d, d).to(dtype).requires_grad_(), torch.randn(d).to(dtype).requires_grad_()
+            params = (loc, logs, lu, log_s, torch.ones(d, dtype=dtype), torch.randperm(d))
+            z, logdet = affine_step(x, *params, split, net, path="triton")  # the fused training step
+            torch.autograd.grad(squared_norm(z).sum() - logdet.sum(), [x, loc, lu])  # a Glow's loss
             with torch.no_grad():
-                folded_affine_step(x, weight, bias, split, net)  # the fused inference step
+                affine_step(x, *params, split, net, path="triton")  # the fused inference step
             y = folded_linear(x, weight, bias)
             torch.autograd.grad(y.float().sum(), [x, weight, bias])
-            loc, logs = torch.randn(d).to(dtype).requires_grad_(), torch.randn(d).to(dtype).requires_grad_()
             for op in (actnorm, actnorm_inverse):
                 torch.autograd.grad(op(x, loc, logs).float().sum(), [x, loc, logs])
             x2 = x[:, split:].detach().contiguous().requires_grad_()
@@ -128,10 +130,10 @@ def compile_case(case) -> list[dict]:
     from triton.runtime.jit import JITFunction
 
     driver.set_active(_Sm90Driver())
-    import flowcore.backend
-    import flowcore.kernels._utils as kernel_utils
+    import flowcore.kernels.dispatch
+    import flowcore.kernels.triton._utils as kernel_utils
 
-    flowcore.backend.interpreter_enabled = lambda: True  # let backend "triton" take CPU tensors
+    flowcore.kernels.dispatch.interpreter_enabled = lambda: True  # let backend "triton" take CPU tensors
     kernel_utils._sm_count = lambda index: H200_SMS
     kernel_utils.require_launchable = lambda tensor, op: None
     compiled: dict[tuple, dict] = {}

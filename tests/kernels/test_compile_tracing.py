@@ -1,8 +1,9 @@
 """torch.compile traces the Triton backend without graph breaks, no GPU needed: with the real
 (not interpreted) kernels, a stand-in sm_90 driver and launches made no-ops, Dynamo captures a
-folded affine step (training, so the composed differentiable ops) and an ActNorm in one graph
-(`fullgraph=True`), and AOTAutograd runs its forward and backward. The host-side checks that
-choose between Triton and cuBLAS GEMMs must not break the graph. Runs in a subprocess: the
+folded linear map, an affine coupling and an ActNorm (training: their differentiable ops) in one
+graph (`fullgraph=True`), and AOTAutograd runs its forward and backward. The host-side checks
+that choose between Triton and cuBLAS GEMMs must not break the graph. (The fused step itself
+takes the reference path under torch.compile: `kernels.step.step_path`.) Runs in a subprocess: the
 kernels must be imported with TRITON_INTERPRET=0."""
 import os
 import subprocess
@@ -21,18 +22,20 @@ SCRIPT = textwrap.dedent(
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: None  # launches are no-ops
     import torch
     import flowcore.backend
-    import flowcore.kernels._utils as kernel_utils
-    flowcore.backend.interpreter_enabled = lambda: True
+    import flowcore.kernels.dispatch
+    import flowcore.kernels.triton._utils as kernel_utils
+    flowcore.kernels.dispatch.interpreter_enabled = lambda: True
     kernel_utils._sm_count = lambda index: 132
     kernel_utils.require_launchable = lambda tensor, op: None
-    from flowcore.kernels import actnorm, folded_affine_step
+    from flowcore.kernels import actnorm, affine_coupling, folded_linear
 
     torch.set_float32_matmul_precision("high")  # float32 GEMMs on Triton (TF32)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
 
     def step(x, weight, bias, loc, logs):
-        z, logdet = folded_affine_step(x, weight, bias, 8, net)
-        return actnorm(z, loc, logs).sum() + logdet.sum()
+        y = folded_linear(x, weight, bias)
+        z2, logdet = affine_coupling(y[:, 8:], net(y[:, :8]))
+        return actnorm(torch.cat([y[:, :8], z2], dim=1), loc, logs).sum() + logdet.sum()
 
     args = [torch.randn(32, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True),
             torch.randn(16, requires_grad=True), torch.randn(16), torch.randn(16)]

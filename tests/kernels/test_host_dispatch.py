@@ -8,7 +8,7 @@ import torch
 from torch._library.custom_ops import CustomOpDef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import flowcore.kernels._utils as kernel_utils
+import flowcore.kernels.triton._utils as kernel_utils
 from flowcore.backend import use_backend
 from flowcore.kernels import affine_coupling, affine_coupling_ref
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from flowcore.kernels import factored_linear, factored_linear_ref, lu_factors, lu_product, lu_product_ref, triangular
-from flowcore.kernels.triangular import _FactoredLinear, _TriangularProduct
+from flowcore.kernels import lu_factors, lu_product, lu_product_ref, triangular
+from flowcore.kernels.triangular import _TriangularProduct, factored_linear_ref
 
 
 @pytest.fixture(params=["whole", "blocked"])
@@ -80,22 +80,24 @@ def _factored_inputs(rows, dim, seed=0, dtype=torch.float64):
 
 
 @pytest.mark.parametrize("rows, dim", [(1, 1), (1, 2), (3, 3), (5, 7), (32, 64), (17, 383)])
-def test_factored_linear_matches_the_dense_twin(factor_layout, rows, dim):
-    """factored_linear (whole triangles or diagonal blocks, rank-batch gradients) equals
-    ((x + loc) * exp(logs)) @ (P L U).T composed densely, in value and in every input's gradient;
-    lu's unused diagonal gets 0."""
+def test_the_factored_map_and_its_backward_match_the_dense_twin(factor_layout, rows, dim):
+    """`factored_forward` and `factored_backward` (whole triangles or diagonal blocks, rank-batch
+    gradients) equal ((x + loc) * exp(logs)) @ (P L U).T composed densely and its autograd
+    gradients; lu's unused diagonal gets 0."""
     inputs, perm = _factored_inputs(rows, dim, seed=dim)
     cotangent = torch.randn(rows, dim, dtype=torch.float64)
-    results = []
-    for run in (factored_linear, factored_linear_ref):
-        y = run(*inputs, perm)
-        results.append((y, torch.autograd.grad((y * cotangent).sum(), inputs)))
-    (y, grads), (expected, expected_grads) = results
-    assert type(y.grad_fn).__name__ == "_FactoredLinearBackward"
+    expected = factored_linear_ref(*inputs, perm)
+    expected_grads = torch.autograd.grad((expected * cotangent).sum(), inputs)
+    with torch.no_grad():
+        y, saved = triangular.factored_forward(*inputs, perm)
+        grads = triangular.factored_backward(cotangent, inputs[3], perm, saved, (True,) * 5)
     torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
     for grad, expected_grad in zip(grads, expected_grads):
         torch.testing.assert_close(grad, expected_grad, rtol=1e-11, atol=1e-11)
     assert torch.equal(grads[3].diagonal(), torch.zeros(dim, dtype=torch.float64))
+    with torch.no_grad():
+        wanted = triangular.factored_backward(cotangent, inputs[3], perm, saved, (False, False, True, False, True))
+    assert wanted[1] is None and wanted[3] is None and wanted[2] is not None and wanted[4] is not None
 
 
 @pytest.mark.parametrize("dim, blocks", [(191, 1), (383, 1), (384, 2), (767, 3), (768, 4)])
@@ -108,27 +110,3 @@ def test_the_default_layout_splits_every_192_features(dim, blocks):
         saved = triangular.factored_forward(*inputs, perm)[1]
     assert len(saved) == 3 + 2 * blocks
     assert sum(block.shape[0] for block in saved[3:3 + blocks]) == dim
-
-
-def test_factored_linear_in_float32_is_close_to_float64(factor_layout):
-    inputs, perm = _factored_inputs(32, 200, seed=1)
-    expected = factored_linear_ref(*inputs, perm)
-    single = factored_linear(*[t.detach().float() for t in inputs], perm)
-    torch.testing.assert_close(single.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
-
-
-def test_factored_linear_passes_gradcheck_and_gradgradcheck(factor_layout):
-    inputs, perm = _factored_inputs(4, 6, seed=2)
-    function = lambda *args: _FactoredLinear.apply(*args, perm)  # noqa: E731
-    assert torch.autograd.gradcheck(function, inputs)
-    assert torch.autograd.gradgradcheck(function, inputs)
-
-
-def test_torch_func_transforms_run_the_dense_factored_twin():
-    inputs, perm = _factored_inputs(3, 5, seed=3)
-    inputs = [t.detach() for t in inputs]
-    jacobian = torch.func.jacrev(lambda lu: factored_linear(inputs[0], inputs[1], inputs[2], lu, inputs[4], perm))(
-        inputs[3])
-    expected = torch.autograd.functional.jacobian(
-        lambda lu: factored_linear_ref(inputs[0], inputs[1], inputs[2], lu, inputs[4], perm), inputs[3])
-    torch.testing.assert_close(jacobian, expected, rtol=1e-12, atol=1e-12)

@@ -1,32 +1,21 @@
-"""One affine Glow step with its ActNorm folded into the 1x1 weight, fused:
-y = x @ weight.T + bias, y1 = y[:, :split], h = conditioner(y1),
-z = [y1, (y2 + h[:, 0::2]) * sigmoid(h[:, 1::2] + SCALE_OFFSET)], logdet = sum(log sigmoid(...)) per row.
+"""The default step on the Triton kernels, with its ActNorm folded into the 1x1 weight
+(`flowcore.kernels.step` has the math and chooses this path): y = x @ weight.T + bias, then the
+affine coupling of y's halves. `affine_step(x, weight, bias, split, conditioner)` returns (z,
+coupling logdet); x: (B, d), any strides; z is contiguous, in x's dtype; row log-dets are
+float32 (float64 for float64).
 
-This file owns the Triton fused step, its `folded_affine_step_ref` twin (plain autograd) and the
-`folded_affine_step(x, weight, bias, split, conditioner)` dispatcher, which returns (z, coupling
-logdet); the step's own ActNorm + 1x1 log-det (a constant) is the caller's. x: (B, d), any
-strides; z is contiguous, in x's dtype.
-
-- Triton path, forward (inference and training alike): the first GEMM writes y1 straight into
-  z, and the second GEMM computes y2 tile by tile and applies the coupling in its epilogue, so
-  y2 never touches memory and no concatenation pass is needed. Row log-dets are summed from one
-  partial per column block (fixed order, deterministic) and returned in float32 (float64 for
-  float64). Where a Triton GEMM would not use tensor cores (float32 under torch's "highest"
-  precision, float64: `_utils.triton_gemm`), cuBLAS computes y into z and one elementwise
-  kernel applies the coupling in place.
-- Triton path, training (`_TritonAffineStep`, for an `nn.Module` conditioner): the forward above
-  keeps z and h; the backward is one elementwise kernel that writes dy2 = dz2 * scale into dy's
-  second half and the interleaved dh from z2 (no y2 is kept), the conditioner's own backward,
-  one add writing dy1 = dz1 + the conditioner's input gradient into dy's first half, and the
-  two weight GEMMs on cuBLAS: no concatenation, slice gradient or accumulation pass. Composed
-  differentiable ops (`folded_linear`, `affine_coupling`) run instead under torch.compile,
-  for tensor subclasses, inside `torch.func` transforms and under autocast, for conditioners that
-  are not modules, and to differentiate the backward itself (`create_graph=True`).
-- PyTorch path: `flowcore.kernels.torch_step` (in place, with a hand-written training backward).
+- Forward (inference and training alike): the first GEMM writes y1 straight into z, and the
+  second GEMM computes y2 tile by tile and applies the coupling in its epilogue, so y2 never
+  touches memory and no concatenation pass is needed. Row log-dets are summed from one partial
+  per column block (fixed order, deterministic). Where a Triton GEMM would not use tensor cores
+  (float32 under torch's "highest" precision, float64: `_utils.triton_gemm`), cuBLAS computes y
+  into z and one elementwise kernel applies the coupling in place.
+- Training (`_TritonAffineStep`): the forward above keeps z and h; the backward is one
+  elementwise kernel that writes dy2 = dz2 * scale into dy's second half and the interleaved dh
+  from z2 (no y2 is kept), the conditioner's own backward, one add writing dy1 = dz1 + the
+  conditioner's input gradient into dy's first half, and the two weight GEMMs on cuBLAS.
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import triton
@@ -34,26 +23,13 @@ import triton.language as tl
 from torch import nn
 from torch.library import wrap_triton
 
-from flowcore._torch_compat import composed_autograd_only, composed_backward, plain_tensors
-from flowcore.backend import resolve
-from flowcore.kernels import _utils
-from flowcore.kernels._utils import linear_tile, load_shift_logit, log_sigmoid, row_block
-from flowcore.kernels.coupling import (
-    SCALE_OFFSET,
-    _affine_bwd_from_output,
-    _affine_fwd_into,
-    affine_coupling,
-    affine_coupling_ref,
-)
-from flowcore.kernels.folded_linear import folded_linear, folded_linear_ref
-from flowcore.kernels.torch_step import torch_affine_step
-
-
-def folded_affine_step_ref(x, weight, bias, split: int, conditioner: Callable):
-    y = folded_linear_ref(x, weight, bias)
-    y1, y2 = y.split([split, y.shape[1] - split], dim=1)
-    z2, logdet = affine_coupling_ref(y2, conditioner(y1))
-    return torch.cat([y1, z2], dim=1), logdet
+from .._utils import accumulation_dtype, is_fp64, require_matrix
+from ..compat import composed_backward
+from ..coupling import SCALE_OFFSET
+from ..step import folded_step_ref
+from . import _utils
+from ._utils import affine_couple, linear_tile, load_shift_logit, row_block
+from .coupling import _affine_bwd_from_output, _affine_fwd_into
 
 
 @triton.jit
@@ -77,8 +53,8 @@ def _folded_gemm_kernel(
     if COUPLING:
         shift, logit = load_shift_logit(h_ptr, rows, col_block * BLOCK_N, B, N, stride_hb, stride_hd,
                                     SCALE_OFFSET, compute, BLOCK_B, BLOCK_N)
-        acc = (acc + shift) / (1.0 + tl.exp(-logit))
-        partial = tl.sum(tl.where(mask, log_sigmoid(logit), 0.0), axis=1)
+        acc, log_scale = affine_couple(acc, shift, logit, False)
+        partial = tl.sum(tl.where(mask, log_scale, 0.0), axis=1)
         tl.store(part_logdet_ptr + col_block * B + rows, partial, mask=rows < B)
     tl.store(z_ptr + rows[:, None] * stride_zb + ns[None, :], acc.to(z_ptr.dtype.element_ty), mask=mask)
 
@@ -92,7 +68,7 @@ def _launch_gemm(x, weight, bias, h, z, part_logdet, coupling: bool) -> None:
         x, weight, bias, h, z, part_logdet,
         B, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), bias.stride(0),
         h.stride(0), h.stride(1), z.stride(0),
-        SCALE_OFFSET=SCALE_OFFSET, COUPLING=coupling, FP64=_utils.is_fp64(x), TF32=_utils.allow_tf32(x),
+        SCALE_OFFSET=SCALE_OFFSET, COUPLING=coupling, FP64=is_fp64(x), TF32=_utils.allow_tf32(x),
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, **options,
     )
 
@@ -100,7 +76,6 @@ def _launch_gemm(x, weight, bias, h, z, part_logdet, coupling: bool) -> None:
 @_utils.registered_op("flowcore::folded_gemm_into", mutates_args=("z",))
 def _folded_gemm_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> None:
     """z[:, :n] = x @ weight.T + bias, n = weight.shape[0] (z's other columns untouched)."""
-    _utils.record_launch("folded_step_first_half")
     # No coupling here: bias stands in for the h and log-det pointers, which are never read.
     _launch_gemm(x, weight, bias, bias[None, :], z, bias, coupling=False)
 
@@ -111,8 +86,7 @@ def _folded_gemm_coupling_into(x: torch.Tensor, weight: torch.Tensor, bias: torc
     """z[:, split:] = affine coupling of x @ weight.T + bias with h; returns the row log-dets."""
     B, N = x.shape[0], weight.shape[0]
     block_n = _utils.fused_step_tiles(x.dtype, B, max(N, x.shape[1]))[1]
-    part_logdet = torch.empty((triton.cdiv(N, block_n), B), dtype=_utils.accumulation_dtype(x), device=x.device)
-    _utils.record_launch("folded_step_coupling")
+    part_logdet = torch.empty((triton.cdiv(N, block_n), B), dtype=accumulation_dtype(x), device=x.device)
     _launch_gemm(x, weight, bias, h, z, part_logdet, coupling=True)
     return part_logdet.sum(dim=0)
 
@@ -129,7 +103,7 @@ def _first_half(x, weight, bias, split: int) -> torch.Tensor:
 
 def _second_half(x, weight, bias, split: int, h, z) -> torch.Tensor:
     """z[:, split:] = the coupling of y2 with h (after `_first_half`); returns the row log-dets."""
-    _utils.require_matrix("folded_affine_step conditioner output", h, 2 * (weight.shape[0] - split))
+    require_matrix("affine_step conditioner output", h, 2 * (weight.shape[0] - split))
     if _utils.triton_gemm(x):
         return _folded_gemm_coupling_into(x, weight[split:], bias[split:], h, z[:, split:])
     return _affine_fwd_into(z[:, split:], h, z[:, split:])
@@ -161,12 +135,12 @@ class _TritonAffineStep(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         need_params = ctx.needs_input_grad[5:]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the composed twin
-            outputs = folded_affine_step_ref(x, weight, bias, split, ctx.conditioner)
+            outputs = folded_step_ref(x, weight, bias, split, ctx.conditioner)
             grads = composed_backward(outputs, (x, weight, bias, *params), (need_x, need_w, need_b, *need_params),
                                       (dz, dlogdet))
             return (*grads[:3], None, None, *grads[3:])
         dz = torch.zeros_like(z) if dz is None else dz
-        dlogdet = z.new_zeros(z.shape[0], dtype=_utils.accumulation_dtype(z)) if dlogdet is None else dlogdet
+        dlogdet = z.new_zeros(z.shape[0], dtype=accumulation_dtype(z)) if dlogdet is None else dlogdet
         dy = torch.empty_like(z)
         dh = _affine_bwd_from_output(dz[:, split:], dlogdet, z[:, split:], h.detach(), dy[:, split:])
         wanted = [y1, *(p for p, needed in zip(params, need_params) if needed)]
@@ -183,32 +157,11 @@ class _TritonAffineStep(torch.autograd.Function):
         return dx, dweight, dbias, None, None, *param_grads
 
 
-def folded_affine_step(x, weight, bias, split: int, conditioner: Callable):
-    """(z, coupling logdet) of one folded affine step; see the module docstring."""
-    _utils.require_matrix("folded_affine_step input", x)
-    _utils.require_matrix("folded_affine_step weight", weight, x.shape[1])
-    _utils.require_vector("folded_affine_step bias", bias, weight.shape[0])
-    if not 0 < split < weight.shape[0]:
-        raise ValueError(f"folded_affine_step split must be in 1..{weight.shape[0] - 1}, got {split}")
-    if resolve(x) != "triton":
-        return torch_affine_step(x, weight, bias, split, conditioner, folded_affine_step_ref)
-    _utils.require_launchable(x, "folded_affine_step")
+def affine_step(x, weight, bias, split: int, conditioner):
+    """(z, coupling logdet) of the folded step on the Triton kernels (arguments checked by the caller)."""
+    _utils.require_launchable(x, "affine_step")
     params = list(conditioner.parameters()) if isinstance(conditioner, nn.Module) else []
-    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias, *params))
-    if wants_grad:
-        if isinstance(conditioner, nn.Module) and plain_tensors((x, weight, bias)) and not composed_autograd_only(x):
-            return _TritonAffineStep.apply(x, weight, bias, split, conditioner, *params)
-        return _composed_step(x, weight, bias, split, conditioner)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, bias, *params)):
+        return _TritonAffineStep.apply(x, weight, bias, split, conditioner, *params)
     z = _first_half(x, weight, bias, split)
-    h = conditioner(z[:, :split])
-    if h.requires_grad:  # a conditioner that closes over trainable tensors: keep h's gradient path
-        return _composed_step(x, weight, bias, split, conditioner)
-    return z, _second_half(x, weight, bias, split, h, z)
-
-
-def _composed_step(x, weight, bias, split: int, conditioner: Callable):
-    """The step as composed differentiable Triton ops (autograd joins them)."""
-    y = folded_linear(x, weight, bias)
-    y1 = y[:, :split]
-    z2, logdet = affine_coupling(y[:, split:], conditioner(y1))
-    return torch.cat([y1, z2], dim=1), logdet
+    return z, _second_half(x, weight, bias, split, conditioner(z[:, :split]), z)

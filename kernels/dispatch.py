@@ -1,0 +1,100 @@
+"""Which implementation runs the flow ops: fused Triton kernels or plain PyTorch.
+
+Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then the
+`FLOWCORE_BACKEND` environment variable (read each time an op runs), then `auto`.
+
+- `auto`   : Triton on CUDA tensors when Triton is installed, PyTorch otherwise.
+- `triton` : always Triton. On CPU tensors that needs the Triton interpreter
+             (`TRITON_INTERPRET=1` set before the first Triton op runs); otherwise a
+             `BackendUnavailableError` says why.
+- `torch`  : PyTorch ops.
+
+Triton is optional: without it everything runs on PyTorch, and only asking for `triton` fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from typing import Iterator
+
+import torch
+
+__all__ = ["BACKENDS", "ENV_VAR", "HAS_TRITON", "BackendUnavailableError", "get_backend", "interpreter_enabled",
+           "resolve", "set_backend", "triton_ops", "use_backend"]
+
+BACKENDS = ("auto", "triton", "torch")
+ENV_VAR = "FLOWCORE_BACKEND"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+"""Whether Triton is installed (its kernels are imported only when a Triton op first runs)."""
+
+_override: str | None = None
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run here."""
+
+
+def _check_name(name: str) -> str:
+    name = str(name).strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"unknown flowcore backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return name
+
+
+def get_backend() -> str:
+    """The requested backend name (`auto`, `triton` or `torch`), before resolution."""
+    if _override is not None:
+        return _override
+    return _check_name(os.environ.get(ENV_VAR, "auto") or "auto")
+
+
+def set_backend(name: str | None) -> None:
+    """Pin the backend for this process; `None` returns control to `FLOWCORE_BACKEND`."""
+    global _override
+    _override = None if name is None else _check_name(name)
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run the enclosed code on backend `name`, restoring the previous choice afterwards."""
+    global _override
+    previous = _override
+    _override = _check_name(name)
+    try:
+        yield
+    finally:
+        _override = previous
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve(tensor: torch.Tensor) -> str:
+    """The backend that will actually run an op on `tensor`: `triton` or `torch`."""
+    name = get_backend()
+    if name == "torch":
+        return "torch"
+    on_gpu = tensor.is_cuda
+    if name == "auto":
+        return "triton" if on_gpu and HAS_TRITON else "torch"
+    if not HAS_TRITON:
+        raise BackendUnavailableError(
+            "the Triton backend was requested (FLOWCORE_BACKEND=triton or use_backend('triton')) but Triton is "
+            "not installed; pip install triton (Linux), or use the 'auto' or 'torch' backend"
+        )
+    if not on_gpu and not interpreter_enabled():
+        raise BackendUnavailableError(
+            f"FLOWCORE_BACKEND=triton on a {tensor.device.type} tensor needs a CUDA GPU, or the Triton "
+            "interpreter (set TRITON_INTERPRET=1 before importing flowcore); use FLOWCORE_BACKEND=auto "
+            "to fall back to PyTorch"
+        )
+    return "triton"
+
+
+def triton_ops():
+    """The Triton kernels (`flowcore.kernels.triton`), imported when a Triton op first runs."""
+    from . import triton
+
+    return triton

@@ -1,0 +1,260 @@
+"""Helpers shared by the Triton kernel files, in one place (Liger-Kernel's `ops/utils.py`):
+
+- host side: `registered_op` (a launcher registered with `torch.library.triton_op` and called
+  directly in eager mode), the device guard and launchability check, the GEMM routing policy
+  and grid sizing;
+- the tile tables of every launcher (block sizes and launch options per dtype), interpreter
+  tables included;
+- `@triton.jit` helpers used by more than one kernel: `load_shift_logit` (the coupling's
+  interleaved conditioner output), `affine_couple` (the coupling's forward math), a numerically
+  stable `log_sigmoid` and the shared GEMM tile.
+
+The Triton decorators pick the interpreter or the GPU compiler when a kernel module is
+imported, so `INTERPRETED` is read once, here, at that same moment.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op
+
+from ..compat import plain_eager
+from ..dispatch import BackendUnavailableError
+
+INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+INTERPRETER_DOT_UPCAST = tl.constexpr(INTERPRETED)
+"""The interpreter's bfloat16 `tl.dot` returns garbage, so there 16-bit dot operands are widened
+to float32 (`dot_operand`): the same products and float32 accumulation as a 16-bit MMA, so the
+CPU tests cover the 16-bit GEMM code."""
+
+
+def registered_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
+    """Register a host launcher as the custom op `name` (`torch.library.triton_op`, so that
+    torch.compile and torch.export trace into its kernels) and return a function that calls the
+    launcher directly in plain eager mode, skipping the custom-op layers' host cost (autograd and
+    backend redispatch, a Dynamo-disable wrapper). Under compilation, a dispatch mode or tensor
+    subclasses the registered op runs. Inside the launcher `wrap_triton(kernel)` is the plain
+    kernel in eager mode and the traceable wrapper under the op. Every call launches on its first
+    tensor's device (`device_guard`)."""
+    def decorate(launcher: Callable) -> Callable:
+        @functools.wraps(launcher)
+        def guarded(*args):
+            with device_guard(next(a for a in args if isinstance(a, torch.Tensor))):
+                return launcher(*args)
+
+        op = triton_op(name, mutates_args=mutates_args)(guarded)
+
+        @functools.wraps(launcher)
+        def call(*args):
+            return guarded(*args) if plain_eager(args) else op(*args)
+
+        call.op = op
+        return call
+    return decorate
+
+
+def device_guard(tensor: torch.Tensor):
+    """Launch on `tensor`'s GPU: Triton launches on the current device, so a tensor on cuda:1
+    while cuda:0 is current would be an illegal memory access."""
+    if tensor.device.type == "cuda" and tensor.device.index not in (None, torch.cuda.current_device()):
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
+
+
+def require_launchable(tensor: torch.Tensor, op: str) -> None:
+    """Fail clearly when the kernels cannot run on `tensor`'s device."""
+    if tensor.device.type != "cuda" and not INTERPRETED:
+        raise BackendUnavailableError(
+            f"{op}: the Triton kernels were built for the GPU (TRITON_INTERPRET was not set when "
+            f"the first Triton op ran) and cannot run on a {tensor.device.type} tensor"
+        )
+
+
+@torch.compiler.assume_constant_result
+def _float32_matmul_precision() -> str:
+    """torch's float32 matmul precision, a constant to torch.compile (reading it would break the
+    graph; a compiled graph keeps the routing it was traced with)."""
+    return torch.get_float32_matmul_precision()
+
+
+def allow_tf32(tensor: torch.Tensor) -> bool:
+    """Follow torch's own float32 matmul policy (`torch.set_float32_matmul_precision`)."""
+    return tensor.dtype == torch.float32 and _float32_matmul_precision() != "highest"
+
+
+def triton_gemm(tensor: torch.Tensor) -> bool:
+    """Whether a GEMM over `tensor` runs as a Triton kernel (else on cuBLAS through torch):
+    only where its `tl.dot` uses tensor cores (16-bit operands, or float32 with TF32 allowed).
+    A float32 GEMM under torch's default "highest" precision compiles to an FMA loop at a
+    fraction of cuBLAS's speed, and float64 has no tensor-core path; both go to cuBLAS. The
+    interpreter runs every dtype, so the CPU tests cover the kernels."""
+    return INTERPRETED or tensor.dtype in (torch.float16, torch.bfloat16) or allow_tf32(tensor)
+
+
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    device = torch.cuda.current_device() if index is None else index
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def parallel_programs(device: torch.device) -> int:
+    """How many programs keep the device busy: 8 per SM, so that a grid of kernels with 2-5
+    resident programs per SM ends in a short tail wave rather than a full second one; a
+    handful in the interpreter."""
+    if INTERPRETED:
+        return 4
+    return 8 * _sm_count(device.index)
+
+
+def row_splits(row_blocks: int, other_programs: int, device: torch.device) -> int:
+    """Number of row ranges a batch reduction is split into (one fp32 partial each)."""
+    wanted = triton.cdiv(parallel_programs(device), max(other_programs, 1))
+    return max(1, min(row_blocks, wanted))
+
+
+# --- tile tables: (BLOCK_B, BLOCK_D) for elementwise kernels, (BLOCK_B, BLOCK_N, BLOCK_K,
+# launch options) for GEMMs. In the interpreter: few, large programs (it pays per program). The
+# GPU GEMM tables cover float32 (TF32) and 16-bit only: other GEMMs run on cuBLAS (`triton_gemm`).
+
+
+def actnorm_tiles(D: int) -> tuple[int, int]:
+    """(BLOCK_B, BLOCK_D) of the ActNorm kernels for D features."""
+    if INTERPRETED:
+        return 128, min(triton.next_power_of_2(D), 512)
+    return 16, min(triton.next_power_of_2(D), 256)
+
+
+def actnorm_bwd_tiles(D: int) -> tuple[int, int]:
+    """(BLOCK_B, BLOCK_D) of the ActNorm backward, whose two (BLOCK_B, BLOCK_D) partial-sum
+    accumulators live across its row loop: 128 columns (256 spill registers in float32)."""
+    if INTERPRETED:
+        return actnorm_tiles(D)
+    return 16, min(triton.next_power_of_2(D), 128)
+
+
+def coupling_tiles(D2: int) -> tuple[int, int]:
+    """(BLOCK_B, BLOCK_D) of the coupling kernels for a coupled half of width D2."""
+    if INTERPRETED:
+        return 128, min(triton.next_power_of_2(D2), 512)
+    return 16, min(triton.next_power_of_2(D2), 64)  # 16 x 128 spilled registers in the fp32 backward
+
+
+def interpreter_gemm_tiles(B: int, D: int) -> tuple[int, int, int, dict]:
+    """Few, large tiles (the interpreter pays per program), shrunk to small inputs because its
+    dot products cost per padded element."""
+    block_b = min(max(triton.next_power_of_2(B), 16), 128)
+    block_d = min(max(triton.next_power_of_2(D), 16), 128)
+    return block_b, block_d, block_d, {}
+
+
+def gemm_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    """Tiles of the folded-linear forward GEMM: a 128 x 128 output tile over 32-wide K chunks
+    (64-wide chunks spill registers in 16-bit at unaligned shapes)."""
+    if INTERPRETED:
+        return interpreter_gemm_tiles(B, D)
+    return 128, 128, 32, {"num_warps": 8, "num_stages": 3}
+
+
+def dx_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    """Tiles of the folded-linear dx GEMM, whose BLOCK_N is the reduction chunk and BLOCK_K the
+    output width: a 128 x 128 output tile over a short reduction chunk keeps 3 stages of operands
+    within Hopper's shared memory (the forward's tiles would not fit in fp32/TF32)."""
+    if INTERPRETED:
+        return interpreter_gemm_tiles(B, D)
+    if dtype == torch.float32:
+        return 128, 32, 128, {"num_warps": 8, "num_stages": 3}
+    return 128, 64, 128, {"num_warps": 8, "num_stages": 3}
+
+
+def dw_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    """Tiles of the split-batch dW GEMM."""
+    if INTERPRETED:
+        return interpreter_gemm_tiles(B, D)
+    return 64, 64, 64, {"num_warps": 4, "num_stages": 3}
+
+
+def fused_step_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
+    """Tiles of the fused step's GEMMs (narrower column blocks: the coupling epilogue)."""
+    if INTERPRETED:
+        return interpreter_gemm_tiles(B, D)
+    return 128, 64, 32 if dtype == torch.float32 else 64, {"num_warps": 8, "num_stages": 3}
+
+
+# --- @triton.jit helpers shared by kernels
+
+
+@triton.jit
+def row_block(block, BLOCK_B: tl.constexpr):
+    """Rows block * BLOCK_B + [0, BLOCK_B) as int64, so that row x stride offsets stay right past
+    2**31 elements (2.8 M rows at d = 768); 32-bit offsets would wrap. (Row numbers themselves
+    stay below 2**31.)"""
+    return block * BLOCK_B + tl.arange(0, BLOCK_B).to(tl.int64)
+
+
+@triton.jit
+def load_shift_logit(
+    h_ptr, rows, col_start, B, D2, stride_hb, stride_hd,
+    offset: tl.constexpr, compute: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """shift = h[rows, 2c], logit = h[rows, 2c + 1] + offset (the coupling's `SCALE_OFFSET`) for the
+    BLOCK_D columns c from col_start, read as one contiguous (BLOCK_B, 2 * BLOCK_D) tile of h."""
+    cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
+    mask = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
+    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols2[None, :] * stride_hd, mask=mask, other=0.0)
+    shift, logit = tl.split(tl.reshape(h.to(compute), (BLOCK_B, BLOCK_D, 2)))
+    return shift, logit + offset
+
+
+@triton.jit
+def log_sigmoid(x):
+    """log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), finite for any x."""
+    return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def affine_couple(inp, shift, logit, INVERSE: tl.constexpr):
+    """The affine coupling of one tile (`flowcore.kernels.coupling` has the math): z = (x + shift)
+    * sigmoid(logit), or with INVERSE x = z / sigmoid(logit) - shift; returns (out, log sigmoid(logit))."""
+    reciprocal_scale = 1.0 + tl.exp(-logit)
+    if INVERSE:
+        out = inp * reciprocal_scale - shift
+    else:
+        out = (inp + shift) / reciprocal_scale
+    return out, log_sigmoid(logit)
+
+
+@triton.jit
+def dot_operand(t, dtype: tl.constexpr):
+    """`t` rounded to `dtype`, a GEMM's operand type (then widened to float32 in the interpreter
+    for 16-bit types: `INTERPRETER_DOT_UPCAST`)."""
+    t = t.to(dtype)
+    if INTERPRETER_DOT_UPCAST:
+        if dtype.is_fp16() or dtype.is_bf16():
+            t = t.to(tl.float32)
+    return t
+
+
+@triton.jit
+def linear_tile(
+    x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias,
+    compute: tl.constexpr, TF32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """x[rows] @ W[ns].T + bias[ns] as a (BLOCK_B, BLOCK_N) tile in `compute` precision (rows
+    past B and columns past N hold junk that the caller masks): the GEMM of `folded_linear` and
+    of the fused step."""
+    operand: tl.constexpr = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * stride_xb + ks[None, :] * stride_xk,
+                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + ns[None, :] * stride_wn + ks[:, None] * stride_wk,
+                    mask=(ns[None, :] < N) & (ks[:, None] < K), other=0.0)
+        acc = tl.dot(dot_operand(x, operand), dot_operand(w, operand), acc,
+                     input_precision="tf32" if TF32 else "ieee", out_dtype=compute)
+    return acc + tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]

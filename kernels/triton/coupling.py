@@ -1,0 +1,208 @@
+"""The Triton coupling kernels (the math: `flowcore.kernels.coupling`): launchers and autograd
+Functions of the affine and additive coupling, and the in-place forward and from-output
+backward the fused step uses.
+
+x2/z2 and h: 2-D, any strides; outputs contiguous in the input's dtype; float64 computes in
+float64, everything else in float32. One pass per row block reads h once, splits it into shift
+and logit, writes z2 and the row's log-det (summed in registers across the row, so
+deterministic); the backward recomputes the scale from h and writes d(input) and the
+interleaved dh in one elementwise pass.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from .._utils import accumulation_dtype, is_fp64
+from ..coupling import SCALE_OFFSET
+from . import _utils
+from ._utils import affine_couple, load_shift_logit, row_block
+
+
+@triton.jit
+def _affine_fwd_kernel(
+    inp_ptr, h_ptr, out_ptr, logdet_ptr,
+    B, D2, stride_ib, stride_id, stride_hb, stride_hd, stride_ob,
+    SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One program per row block: walks the columns, writes z2 (or x2) and the row log-dets. out
+    may be inp itself (each element is read before it is written, by the same program)."""
+    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
+    rows = row_block(tl.program_id(0), BLOCK_B)
+    logdet = tl.zeros((BLOCK_B, BLOCK_D), dtype=compute)
+    for d0 in range(0, D2, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        mask = (rows[:, None] < B) & (cols[None, :] < D2)
+        inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0)
+        shift, logit = load_shift_logit(h_ptr, rows, d0, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
+                                    BLOCK_B, BLOCK_D)
+        out, log_scale = affine_couple(inp.to(compute), shift, logit, INVERSE)
+        tl.store(out_ptr + rows[:, None] * stride_ob + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+        logdet += tl.where(mask, log_scale, 0.0)
+    tl.store(logdet_ptr + rows, tl.sum(logdet, axis=1).to(logdet_ptr.dtype.element_ty), mask=rows < B)
+
+
+@triton.jit
+def _affine_bwd_kernel(
+    grad_ptr, grad_logdet_ptr, inp_ptr, h_ptr, dinp_ptr, dh_ptr,
+    B, D2, stride_gb, stride_gd, stride_gl, stride_ib, stride_id, stride_hb, stride_hd, stride_dib,
+    SCALE_OFFSET: tl.constexpr, INVERSE: tl.constexpr, FROM_OUTPUT: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Elementwise: d(input) and the interleaved dh = [dshift, dlogit] from the output grad g and
+    the log-det grad gl. With s = sigmoid(logit) and ds/dlogit = s(1 - s):
+    forward  z = (x + shift) s : dx = dshift = g s,  dlogit = (1 - s)(g z + gl);
+    inverse  x = z / s - shift : dz = g / s, dshift = -g, dlogit = (1 - s)(gl - g z / s).
+    With FROM_OUTPUT (forward only) inp holds the output z instead of x (the fused training step
+    keeps z, not y2). d(input) rows are stride_dib apart (a column slice of the step's dy)."""
+    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
+    rows = row_block(tl.program_id(0), BLOCK_B)
+    col_start = tl.program_id(1) * BLOCK_D
+    cols = col_start + tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < B) & (cols[None, :] < D2)
+    g = tl.load(grad_ptr + rows[:, None] * stride_gb + cols[None, :] * stride_gd, mask=mask, other=0.0).to(compute)
+    gl = tl.load(grad_logdet_ptr + rows * stride_gl, mask=rows < B, other=0.0).to(compute)[:, None]
+    inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
+    shift, logit = load_shift_logit(h_ptr, rows, col_start, B, D2, stride_hb, stride_hd, SCALE_OFFSET, compute,
+                                BLOCK_B, BLOCK_D)
+    scale = 1.0 / (1.0 + tl.exp(-logit))
+    if INVERSE:
+        dinp = g / scale
+        dshift = -g
+        dlogit = (1.0 - scale) * (gl - g * inp / scale)
+    else:
+        dinp = g * scale
+        dshift = dinp
+        z = inp if FROM_OUTPUT else (inp + shift) * scale
+        dlogit = (1.0 - scale) * (g * z + gl)
+    tl.store(dinp_ptr + rows[:, None] * stride_dib + cols[None, :], dinp.to(dinp_ptr.dtype.element_ty), mask=mask)
+    dh = tl.reshape(tl.join(dshift, dlogit), (BLOCK_B, 2 * BLOCK_D))
+    cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
+    mask2 = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
+    tl.store(dh_ptr + rows[:, None] * (2 * D2) + cols2[None, :], dh.to(dh_ptr.dtype.element_ty), mask=mask2)
+
+
+@triton.jit
+def _additive_kernel(
+    inp_ptr, h_ptr, out_ptr, B, D2, stride_ib, stride_id, stride_hb, stride_hd,
+    SUBTRACT: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
+    rows = row_block(tl.program_id(0), BLOCK_B)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < B) & (cols[None, :] < D2)
+    inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
+    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :] * stride_hd, mask=mask, other=0.0).to(compute)
+    out = inp - h if SUBTRACT else inp + h
+    tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_affine_fwd(inp, h, out, logdet, inverse: bool) -> None:
+    B, D2 = inp.shape
+    block_b, block_d = _utils.coupling_tiles(D2)
+    wrap_triton(_affine_fwd_kernel)[(triton.cdiv(B, block_b),)](
+        inp, h, out, logdet, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1), out.stride(0),
+        SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FP64=is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+    )
+
+
+@_utils.registered_op("flowcore::affine_coupling_fwd", mutates_args=())
+def _affine_fwd(inp: torch.Tensor, h: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
+    logdet = torch.empty((inp.shape[0],), dtype=accumulation_dtype(inp), device=inp.device)
+    _launch_affine_fwd(inp, h, out, logdet, inverse)
+    return out, logdet
+
+
+@_utils.registered_op("flowcore::affine_coupling_fwd_into", mutates_args=("out",))
+def _affine_fwd_into(inp: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = the forward coupling of inp (out may be inp: in place, rows of any stride, unit
+    column stride); returns the row log-dets."""
+    logdet = torch.empty((inp.shape[0],), dtype=accumulation_dtype(inp), device=inp.device)
+    _launch_affine_fwd(inp, h, out, logdet, inverse=False)
+    return logdet
+
+
+def _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse: bool, from_output: bool) -> None:
+    B, D2 = inp.shape
+    block_b, block_d = _utils.coupling_tiles(D2)
+    wrap_triton(_affine_bwd_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
+        grad, grad_logdet, inp, h, dinp, dh,
+        B, D2, grad.stride(0), grad.stride(1), grad_logdet.stride(0), inp.stride(0), inp.stride(1),
+        h.stride(0), h.stride(1), dinp.stride(0),
+        SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FROM_OUTPUT=from_output, FP64=is_fp64(inp),
+        BLOCK_B=block_b, BLOCK_D=block_d,
+    )
+
+
+@_utils.registered_op("flowcore::affine_coupling_bwd", mutates_args=())
+def _affine_bwd(
+    grad: torch.Tensor, grad_logdet: torch.Tensor, inp: torch.Tensor, h: torch.Tensor, inverse: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dinp = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
+    dh = torch.empty((inp.shape[0], 2 * inp.shape[1]), dtype=h.dtype, device=h.device)
+    _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse, from_output=False)
+    return dinp, dh
+
+
+@_utils.registered_op("flowcore::affine_coupling_bwd_from_output", mutates_args=("dinp",))
+def _affine_bwd_from_output(grad: torch.Tensor, grad_logdet: torch.Tensor, out: torch.Tensor, h: torch.Tensor,
+                            dinp: torch.Tensor) -> torch.Tensor:
+    """The forward coupling's backward from its output z2 (not its input): writes d(input) into
+    `dinp` (rows of any stride, unit column stride) and returns the interleaved dh."""
+    dh = torch.empty((out.shape[0], 2 * out.shape[1]), dtype=h.dtype, device=h.device)
+    _launch_affine_bwd(grad, grad_logdet, out, h, dinp, dh, inverse=False, from_output=True)
+    return dh
+
+
+@_utils.registered_op("flowcore::additive_coupling_fwd", mutates_args=())
+def _additive_fwd(inp: torch.Tensor, h: torch.Tensor, subtract: bool) -> torch.Tensor:
+    B, D2 = inp.shape
+    out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
+    block_b, block_d = _utils.coupling_tiles(D2)
+    wrap_triton(_additive_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
+        inp, h, out, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1),
+        SUBTRACT=subtract, FP64=is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+    )
+    return out
+
+
+class _AffineCoupling(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, h, inverse):
+        ctx.save_for_backward(inp, h)
+        ctx.inverse = inverse
+        return _affine_fwd(inp, h, inverse)
+
+    @staticmethod
+    def backward(ctx, grad, grad_logdet):
+        inp, h = ctx.saved_tensors
+        dinp, dh = _affine_bwd(grad, grad_logdet, inp, h, ctx.inverse)
+        return dinp, dh, None
+
+
+class _AdditiveCoupling(torch.autograd.Function):
+    """The backward is the identity (and -identity for h when subtracting): no kernel needed."""
+
+    @staticmethod
+    def forward(ctx, inp, h, subtract):
+        ctx.subtract = subtract
+        return _additive_fwd(inp, h, subtract)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, (-grad if ctx.subtract else grad), None
+
+
+def affine_coupling(inp, h, inverse: bool):
+    """(out, forward log-det) of the affine coupling (or its inverse), arguments checked."""
+    _utils.require_launchable(inp, "affine_coupling_inverse" if inverse else "affine_coupling")
+    return _AffineCoupling.apply(inp, h, inverse)
+
+
+def additive_coupling(inp, h, subtract: bool):
+    _utils.require_launchable(inp, "additive_coupling_inverse" if subtract else "additive_coupling")
+    return _AdditiveCoupling.apply(inp, h, subtract)
