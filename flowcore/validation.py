@@ -1,12 +1,23 @@
 """Input checks shared by training, the calibrator and the CLI: clear errors that name the row."""
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
 import torch
 
-__all__ = ["as_tensor", "check_matrix"]
+__all__ = ["as_tensor", "check_matrix", "lone_surrogate"]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The position of the first lone surrogate in `text` (a JSON "\\ud800" escape, or bytes decoded
+    with "surrogateescape"), which is not Unicode text and which no UTF-8 writer or tokenizer
+    accepts; None when there is none."""
+    match = _SURROGATE.search(text)
+    return match.start() if match else None
 
 
 def as_tensor(X, name: str = "X") -> torch.Tensor:

@@ -29,6 +29,7 @@ from flowcore._vectors import unit_rows
 from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 from flowcore.text.quantize import check_quantize, load_quantized
+from flowcore.validation import lone_surrogate
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "Encoder",
            "default_model_path"]
@@ -37,6 +38,11 @@ DEFAULT_BATCH_SIZE = defaults.BATCH_SIZE
 DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
 PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None shows a bar from this many distinct texts
 _TOKENIZE_WINDOW = 20_000  # texts tokenized, sorted and encoded together (bounds host memory)
+CHARACTERS_PER_TOKEN = 64
+"""Texts are cut to max_length x this many characters (at the last whitespace before the cut)
+before they are tokenized, so that one huge line costs bounded time and memory: natural text
+needs far fewer characters per token, so its first max_length tokens are those of the whole text."""
+_LAST_SPACE = re.compile(r"\s(?=\S*$)")
 
 
 class Encoder:
@@ -202,13 +208,17 @@ class Encoder:
     def _tokenize(self, texts: list[str]):
         """Token ids (per model input) and lengths of `texts`, truncated to max_length, plus which were cut."""
         tokenizer = self._loaded.tokenizer
+        budget = self.max_length * CHARACTERS_PER_TOKEN
+        cut = np.fromiter((len(text) > budget for text in texts), dtype=bool, count=len(texts))
+        if cut.any():
+            texts = [_cut(text, budget) if long else text for text, long in zip(texts, cut)]
         encoded = tokenizer(texts, truncation=True, max_length=self.max_length, padding=False,
                             return_attention_mask=False,
                             return_token_type_ids="token_type_ids" in self._loaded.input_names)
         tokens = {name: encoded[name] for name in self._loaded.input_names if name != "attention_mask"}
         lengths = np.fromiter(map(len, tokens["input_ids"]), dtype=np.int64, count=len(texts))
-        truncated = np.zeros(len(texts), dtype=bool)
-        at_limit = np.flatnonzero(lengths >= self.max_length)
+        truncated = cut.copy()
+        at_limit = np.flatnonzero((lengths >= self.max_length) & ~cut)
         if at_limit.size:  # only texts that fill max_length can have been cut: re-count those in full
             full = tokenizer([texts[i] for i in at_limit], truncation=False, padding=False, verbose=False,
                              return_attention_mask=False)["input_ids"]
@@ -298,7 +308,19 @@ def _check_sentences(sentences) -> list[str]:
         if not isinstance(text, str):
             raise TypeError(f"sentences[{index}] is {type(text).__name__} ({text!r:.60}), not str; "
                             "every item must be a string")
+        surrogate = lone_surrogate(text)
+        if surrogate is not None:
+            raise ValueError(f"sentences[{index}] holds a lone surrogate {text[surrogate]!r} at character "
+                             f"{surrogate}, which is not Unicode text (decode its bytes as UTF-8 first)")
     return texts
+
+
+def _cut(text: str, budget: int) -> str:
+    """The first `budget` characters of `text`, ended at the last whitespace among them (no word is
+    split), or all of them if they hold none."""
+    head = text[:budget]
+    space = _LAST_SPACE.search(head)
+    return head[:space.start()] if space and space.start() > 0 else head
 
 
 def _warn_truncated(count: int, total: int, max_length: int) -> None:

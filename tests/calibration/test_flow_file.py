@@ -106,26 +106,3 @@ def test_a_damaged_header_is_refused_naming_the_file(fitted, tmp_path):
     (tmp_path / "m.flow").write_bytes(data[:40])
     with pytest.raises(FlowFileError, match=r"m.flow: not a readable flow file: its header claims"):
         flowcore.FlowCalibrator.load(tmp_path / "m.flow")
-
-
-def test_a_version_2_file_with_separate_lower_and_upper_factors_loads(fitted, tmp_path):
-    """Version 2 kept each LU layer's L and U as `lower` and `upper` tensors; they are packed on load."""
-    import torch
-
-    from flowcore.calibration.flow_file import _digest
-
-    data, calibrator = fitted
-    calibrator.save(tmp_path / "v3.flow")
-    with safe_open(str(tmp_path / "v3.flow"), framework="pt") as reader:
-        metadata = dict(reader.metadata())
-        tensors = {name: reader.get_tensor(name) for name in reader.keys()}
-    packed = [name for name in tensors if name.endswith(".mixing.lu")]
-    assert packed
-    for name in packed:
-        lu = tensors.pop(name)
-        tensors[name[:-2] + "lower"] = torch.tril(lu, -1) + torch.eye(len(lu))  # v2 kept L's unit diagonal
-        tensors[name[:-2] + "upper"] = torch.triu(lu, 1)
-    metadata.update(format_version="2", sha256=_digest(tensors))
-    save_file(tensors, str(tmp_path / "v2.flow"), metadata=metadata)
-    loaded = flowcore.FlowCalibrator.load(tmp_path / "v2.flow")
-    np.testing.assert_array_equal(loaded.transform(data), calibrator.transform(data))

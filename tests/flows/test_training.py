@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import flowcore
-from flowcore.flows.actnorm import ActNorm
 from flowcore.flows import train as train_module
+from flowcore.flows.actnorm import ActNorm
 from flowcore.flows.train import TrainingDivergedError
 
 

@@ -316,6 +316,32 @@ def test_empty_whitespace_and_over_long_texts(tiny_bert):
         encoder.encode([" ".join(WORDS[:8])])
 
 
+def test_a_huge_text_is_cut_before_it_is_tokenized_and_keeps_its_vector(tiny_bert, monkeypatch):
+    """One huge line costs bounded time and memory: at most max_length x CHARACTERS_PER_TOKEN
+    characters reach the tokenizer (cut at a space), and the vector equals that of the whole text
+    tokenized then truncated, bit for bit; the text counts as truncated."""
+    from flowcore.text import encoder as encoder_module
+    encoder = Encoder(tiny_bert, pooling="mean", max_length=10)
+    huge = " ".join(WORDS * 20000)  # ~10^6 characters
+    seen = []
+    tokenizer = encoder._loaded.tokenizer
+    original = type(tokenizer).__call__
+
+    def spy(self, texts, *args, **kwargs):
+        seen.append(max(len(text) for text in texts))
+        return original(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", spy)
+    with pytest.warns(UserWarning, match=r"1 of 2 texts were longer than 10 tokens"):
+        cut = encoder.encode([huge, "the cat"])
+    assert max(seen) <= 10 * encoder_module.CHARACTERS_PER_TOKEN
+    monkeypatch.setattr(encoder_module, "CHARACTERS_PER_TOKEN", 10**9)  # the whole text tokenized
+    with pytest.warns(UserWarning, match=r"1 of 2 texts"):
+        whole = encoder.encode([huge, "the cat"])
+    assert max(seen) == len(huge)
+    np.testing.assert_array_equal(cut, whole)
+
+
 def test_explicit_dtype_runs_the_model_in_it_and_returns_float32(tiny_bert):
     sentences = _random_sentences(10, seed=5)
     half = Encoder(tiny_bert, pooling="mean", dtype="bfloat16")
@@ -410,6 +436,8 @@ def test_bad_sentences_give_clear_errors(tiny_bert):
         encoder.encode("the cat")
     with pytest.raises(ValueError, match="batch_size"):
         encoder.encode(["a"], batch_size=0)
+    with pytest.raises(ValueError, match=r"sentences\[1\] holds a lone surrogate '\\ud800' at character 3"):
+        encoder.encode(["fine", "bad\ud800text"])
 
 
 def test_bad_pooling_and_model_give_clear_errors(tiny_bert, tmp_path):
