@@ -4,15 +4,35 @@
 (Hugging Face's `kernels` library owns the top-level name), for `pip install .` and
 `pip install -e .` alike.
 """
+import re
+
 from setuptools import find_packages, setup
+
+VERSION = re.search(r'^__version__ = "([^"]+)"', open("flowcore/__init__.py", encoding="utf-8").read(), re.M).group(1)
 
 setup(
     name="flowcore",
-    version="0.1.0",
-    description="Unsupervised normalizing-flow calibration of sentence embeddings (BERT-flow), "
+    version=VERSION,
+    description="Unsupervised calibration of sentence embeddings: BERT-flow, tempered whitening and friends, "
     "with fused Triton kernels",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    keywords=["sentence embeddings", "normalizing flows", "BERT-flow", "whitening", "STS", "triton"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Science/Research",
+        "Intended Audience :: Developers",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: OS Independent",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Text Processing :: Linguistic",
+    ],
     python_requires=">=3.10",
     packages=find_packages(include=["flowcore", "flowcore.*"]) + ["flowcore.kernels"],
     package_dir={"flowcore": "flowcore", "flowcore.kernels": "kernels"},

@@ -1,5 +1,6 @@
 """The kernels are installed as `flowcore.kernels`, never as a top-level `kernels` module (that name
 belongs to Hugging Face's `kernels` library, which transformers probes for)."""
+import os
 import subprocess
 import sys
 
@@ -20,3 +21,20 @@ def test_console_script_lists_every_subcommand():
     assert result.returncode == 0
     for command in ("fit", "encode", "calibrate", "sts", "export"):
         assert f"    {command}" in result.stdout
+
+
+def test_version_and_package_metadata():
+    import importlib.metadata
+
+    import flowcore
+
+    script = os.path.join(os.path.dirname(sys.executable), "flowcore")  # the console script beside python
+    for command in ([sys.executable, "-m", "flowcore", "--version"], [script, "--version"]):
+        result = subprocess.run(command, capture_output=True, text=True)
+        assert result.returncode == 0 and result.stdout.strip() == f"flowcore {flowcore.__version__}", result
+    metadata = importlib.metadata.metadata("flowcore")
+    assert metadata["Version"] == flowcore.__version__
+    assert metadata["License"] == "Apache-2.0" or "Apache-2.0" in (metadata.get("License-Expression") or "")
+    assert any("Apache Software License" in line for line in metadata.get_all("Classifier"))
+    requires = importlib.metadata.requires("flowcore")
+    assert any(line.startswith("triton") and 'platform_system == "Linux"' in line for line in requires), requires

@@ -28,10 +28,13 @@ def check_device(name: str | None) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from flowcore import __version__
+
     parser = argparse.ArgumentParser(
         prog="flowcore",
         description="Calibrate sentence embeddings with an unsupervised normalizing flow (BERT-flow).",
     )
+    parser.add_argument("--version", action="version", version=f"flowcore {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(f"flowcore.cli.{name}").register(subparsers)
