@@ -42,10 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flowcore.extras import MissingExtraError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (CLIError, ValueError, FileNotFoundError, OSError) as error:
+    except (CLIError, MissingExtraError, ValueError, FileNotFoundError, OSError) as error:
         print(f"flowcore {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:  # a batch job's JobInterrupted says where it stopped, and by which signal

@@ -26,10 +26,12 @@ import weakref
 
 import torch
 
+from flowcore.extras import require
+
 __all__ = ["QUANTIZE_MODES", "QuantizedModel", "check_quantize", "load_quantized", "weight_type"]
 
 QUANTIZE_MODES = ("int8",)
-_NEEDS = "pip install 'flowcore[onnx]' (onnxruntime, onnx, onnxscript)"
+_FEATURE = "quantize='int8' (--quantize int8)"
 
 
 def check_quantize(quantize, device: torch.device, dtype) -> str | None:
@@ -43,6 +45,8 @@ def check_quantize(quantize, device: torch.device, dtype) -> str | None:
                          "for: drop quantize on CUDA, where bf16/fp16 autocast is the fast path")
     if dtype is not None and dtype != torch.float32:
         raise ValueError(f"quantize={quantize!r} quantises the float32 model; dtype {dtype} cannot be combined with it")
+    for module in ("onnxruntime", "onnx", "onnxscript"):
+        require(module, _FEATURE, "onnx")
     return quantize
 
 
@@ -130,12 +134,10 @@ class _HiddenStates(torch.nn.Module):
 
 
 def _build(source: str, input_names: tuple[str, ...], num_layers: int) -> QuantizedModel:
-    try:
-        import onnx
-        import onnxscript  # noqa: F401
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-    except ImportError as error:
-        raise ImportError(f"Encoder(quantize='int8') needs ONNX Runtime: {_NEEDS} ({error})") from None
+    onnx = require("onnx", _FEATURE, "onnx")
+    require("onnxscript", _FEATURE, "onnx")
+    quantization = require("onnxruntime.quantization", _FEATURE, "onnx")
+    QuantType, quantize_dynamic = quantization.QuantType, quantization.quantize_dynamic
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True).eval()
