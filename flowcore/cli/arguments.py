@@ -1,13 +1,44 @@
-"""Argument types and the help formatter that several subcommands share (`sts`, `analyze`)."""
+"""Argument types, checks and the help formatter that several subcommands share."""
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from flowcore import defaults
 from flowcore.sts.pairs import PairColumns
 
-__all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_encoding_arguments", "add_quantize_argument", "comma_files",
-           "comma_names", "pair_columns", "quantize_options"]
+__all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_encoding_arguments", "add_quantize_argument", "check_output",
+           "comma_files", "comma_names", "pair_columns", "quantize_options"]
+
+
+def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
+    """`out` checked before any work, as a `CLIError` naming it: a file output is no existing
+    directory (a `folder` output no existing file), its parent folder exists, it is none of
+    `inputs` (the same path, a symlink to it or a hard link), and it ends in one of `suffixes`."""
+    from flowcore.cli import CLIError
+
+    path = Path(out)
+    if folder and path.exists() and not path.is_dir():
+        raise CLIError(f"{flag} {out} is an existing file; give a folder to write into")
+    if not folder and path.is_dir():
+        raise CLIError(f"{flag} {out} is a directory; give the path of the file to write")
+    if not path.absolute().parent.is_dir():
+        raise CLIError(f"{flag} {out}: the folder {path.absolute().parent} does not exist")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise CLIError(f"{flag} {out} must end in {' or '.join(suffixes)}")
+    for source in inputs:
+        if source is not None and _same_file(path, Path(source)):
+            raise CLIError(f"{flag} {out} is the input {source} itself; writing it would destroy the input")
+    return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same path, a symlink to it, or a hard link."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return a.absolute() == b.absolute()
 
 
 def comma_names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:

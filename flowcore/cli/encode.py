@@ -42,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
 
     from flowcore._fs import atomic_write, write_error
     from flowcore.cli import check_device
+    from flowcore.cli.arguments import check_output
     from flowcore.text.encoder import Encoder
 
+    check_output(args.out, inputs=[args.input], suffixes=(".npy",))
     sentences, undecodable = read_sentences(args.input)
     encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=check_device(args.device),
                       **quantize_options(args))

@@ -63,3 +63,26 @@ def test_cli_encode_normalize_gives_unit_rows_and_keeps_nan_rows(tiny_bert, tmp_
     raw = Encoder(tiny_bert).encode(["the cat sat", "red blue house", ""])
     np.testing.assert_allclose(written[[0, 2, 3]], raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-6)
     assert "wrote 4 unit-length embeddings (4 x 16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["same-path", "symlink", "hard-link", "directory", "suffix", "no-folder"])
+def test_cli_encode_refuses_a_bad_output_before_any_work(kind, tmp_path, capsys):
+    """Never its own input (same path, symlink, hard link), never a directory, only .npy, in an
+    existing folder: one line, exit 2, the input untouched."""
+    corpus = tmp_path / "corpus.npy"  # a text file, named like an output so that only the same-file check can refuse
+    corpus.write_text("the cat\n")
+    out = {"same-path": corpus, "symlink": tmp_path / "link.npy", "hard-link": tmp_path / "hard.npy",
+           "directory": tmp_path / "folder.npy", "suffix": tmp_path / "out.txt",
+           "no-folder": tmp_path / "missing" / "out.npy"}[kind]
+    if kind == "symlink":
+        out.symlink_to(corpus)
+    elif kind == "hard-link":
+        out.hardlink_to(corpus)
+    elif kind == "directory":
+        out.mkdir()
+    assert _run_encode_cli(["--input", str(corpus), "--out", str(out), "--model", "/nonexistent/model"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and str(out) in error, error
+    expected = {"directory": "is a directory", "suffix": "must end in .npy", "no-folder": "does not exist"}
+    assert expected.get(kind, "is the input") in error
+    assert corpus.read_text() == "the cat\n"
