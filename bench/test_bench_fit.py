@@ -4,7 +4,7 @@ users write), interleaved in one process, on 2 torch threads and on 1, then with
 
 Each library keeps its own thread policy under the machine's setting: `torch.set_num_threads(n)`
 is what a user sets; flowcore's `fit` then trains small batches on one thread
-(`flowcore.flows.train.training_threads`) whatever n is, and `threads=n` forces n (timed too at
+(`flowcore.runtime.training_threads`) whatever n is, and `threads=n` forces n (timed too at
 d = 384, "forced"). So flowcore's fit is one run per d, timed once, between normflows on 2
 threads and on 1 (the 2- and 1-thread groups share it; timing the same 1-thread fit twice cost
 45 s of the suite). Step times are taken between consecutive loss evaluations, so min and median

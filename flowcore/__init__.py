@@ -5,7 +5,7 @@ is log|det dz/dx| per row; `flow.inverse(z)` maps back.
 
 The house, from the top down (docs/design.md): `cli` -> `sts`, `batch` -> `calibration` ->
 `flows`, `text` -> `flowcore.kernels`, with `backend`, `validation` and the private helpers
-(`_fs`, `_lines`, `_threads`, `_torch_compat`) at the bottom. `flowcore.kernels` (the Triton
+(`_fs`, `_lines`, `runtime`, `defaults`) at the bottom. `flowcore.kernels` (the Triton
 kernels and their PyTorch twins) lives in the checkout's top-level `kernels/` folder and is
 installed as `flowcore.kernels` (see setup.py); it is never a top-level `kernels` module.
 

@@ -378,10 +378,10 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, input
     Example:
         >>> calibrate_ray("model.flow", "vectors/", input="corpus/*.jsonl", id_field="id", num_workers=8)
     """
-    from flowcore._threads import check_threads
     from flowcore.batch.job import encoder_for
     from flowcore.batch.pipeline import check_compatible, default_chunk_rows
     from flowcore.calibration.calibrator import FlowCalibrator
+    from flowcore.runtime import check_threads
 
     ray = _ray()
     if (input is None) == (embeddings is None):

@@ -8,7 +8,7 @@ import torch
 
 from flowcore._fs import atomic_write, atomic_write_json, file_sha256, remove_temporaries
 from flowcore._lines import iter_lines, read_lines
-from flowcore._threads import available_cpus, check_threads, pinned_threads, side_by_side
+from flowcore.runtime import available_cpus, check_threads, pinned_threads, side_by_side
 
 
 def test_atomic_write_replaces_whole_files_with_normal_permissions(tmp_path):

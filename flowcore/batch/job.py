@@ -48,7 +48,6 @@ from flowcore._fs import (
     remove_temporaries,
     write_error,
 )
-from flowcore._threads import available_cpus, check_threads, pinned_threads
 from flowcore.batch.interrupts import JobInterrupted, StopSignals
 from flowcore.batch.lock import OutputLock, OutputLockedError
 from flowcore.batch.outputs import VECTOR_COLUMN, JobMismatchError, RejectsLog, open_output
@@ -65,6 +64,7 @@ from flowcore.batch.pipeline import (
 from flowcore.batch.rows import Position, count_reasons, detect_format, file_changed
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
+from flowcore.runtime import check_threads, job_threads, pinned_threads
 
 __all__ = [
     "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "PROGRESS_FORMAT", "PROGRESS_VERSION", "STAGES",
@@ -577,13 +577,9 @@ def default_threads(text: bool) -> int:
     must be byte-identical to an uninterrupted one). Embeddings: one fewer than the CPUs
     available, so that the reader and writer threads keep a core and never deschedule torch's
     threads, which wait for each other at every operator. Text: 1, given to the encoder as a
-    fixed count, the safe count for byte-identical resumes (docs/design.md, lab notes); more
+    fixed count, the safe count for byte-identical resumes (docs/lab-notes.md); more
     threads for text are an explicit `--threads` choice."""
-    import torch
-
-    if text:
-        return 1
-    return max(1, min(torch.get_num_threads(), available_cpus() - 1))
+    return job_threads(text)
 
 
 def encoder_for(calibrator, model: str | None, pooling: str | None, encoder_factory: Callable | None,

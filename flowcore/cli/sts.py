@@ -12,7 +12,6 @@ import sys
 import time
 
 from flowcore import defaults
-from flowcore._threads import available_cpus
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
 from flowcore.cli.arguments import (
@@ -23,6 +22,7 @@ from flowcore.cli.arguments import (
     pair_columns,
     quantize_options,
 )
+from flowcore.runtime import parallel_jobs
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV, DATASETS
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
                                 settings=settings, cache=cache, batch_size=args.batch_size, progress=not args.quiet,
-                                pairs=pairs, fitted=fitted, jobs=args.jobs or available_cpus())
+                                pairs=pairs, fitted=fitted, jobs=parallel_jobs(args.jobs))
     seconds = time.perf_counter() - started
     if pairs is not None:
         print("Spearman x100 of cosine similarity on your pairs: "

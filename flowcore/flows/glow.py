@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from flowcore import defaults
-from flowcore._threads import available_cpus, pinned_threads, side_by_side
 from flowcore.flows.configs import CONFIGS
 from flowcore.flows.step import FlowStep
 from flowcore.kernels import accumulation_dtype, squared_norm, step_path
 from flowcore.kernels.compat import functorch_transforms_active, has_forward_hooks
 from flowcore.kernels.dispatch import resolve
+from flowcore.runtime import inference_workers, pinned_threads, side_by_side
 
 __all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "LINEAR_START_SCALE", "Glow"]
 
@@ -156,7 +156,7 @@ class Glow(nn.Module):
                 parts, logdet[rows] = self._latent_parts(x[rows])
                 torch.cat(parts, dim=1, out=z[rows])
 
-        workers = min(torch.get_num_threads(), available_cpus(), len(starts))
+        workers = inference_workers(len(starts))
         if has_forward_hooks(self) or torch.is_autocast_enabled("cpu") or resolve(x) != "torch":
             workers = 1
         with pinned_threads(1 if workers > 1 else None):

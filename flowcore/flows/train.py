@@ -14,14 +14,11 @@ import torch
 from tqdm.auto import tqdm
 
 from flowcore._fs import atomic_write
-from flowcore._threads import available_cpus, check_threads, pinned_threads
+from flowcore.runtime import check_threads, pinned_threads, training_threads
 from flowcore.validation import as_tensor, check_matrix
 
-__all__ = ["CHECKPOINT_FORMAT", "SMALL_BATCH_ROWS", "CheckpointMismatchError", "TrainingDivergedError", "fit",
-           "row_index", "training_matrix", "training_threads"]
-
-SMALL_BATCH_ROWS = 256
-"""CPU training with batches of fewer rows runs on one torch thread by default (`training_threads`)."""
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointMismatchError", "TrainingDivergedError", "fit", "row_index",
+           "training_matrix"]
 
 CHECKPOINT_FORMAT = "flowcore-training-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -82,8 +79,8 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         prepare: applied to each batch of X's rows before it reaches the flow (e.g. standardisation
             keeping some coordinates); it must map rows independently, so that results do not depend
             on how rows are batched. None: the rows as they are.
-        threads: torch CPU threads while training; None: `training_threads(batch_size)` (one for
-            small batches). Results depend on the count, never on the machine's load.
+        threads: torch CPU threads while training; None: `flowcore.runtime.training_threads`
+            (one for small batches). Results depend on the count, never on the machine's load.
 
     Returns:
         The mean loss (bits per dimension) of each epoch.
@@ -106,24 +103,6 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     with pinned_threads(threads):
         return _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, checkpoint,
                     checkpoint_every, rows, prepare, parameter)
-
-
-def training_threads(batch_size: int) -> int:
-    """torch threads for CPU training: 1 below `SMALL_BATCH_ROWS` rows a batch, else torch's count
-    capped at the CPUs this process may use.
-
-    A small batch makes every op small: a second thread saves little, and each op waits at a
-    barrier for the slowest thread, so one busy core elsewhere slows a multi-threaded small-batch
-    fit many-fold (docs/lab-notes.md). The choice depends on the batch only, so results are
-    reproducible.
-
-    Example:
-        >>> training_threads(32)
-        1
-    """
-    if batch_size < SMALL_BATCH_ROWS:
-        return 1
-    return max(1, min(torch.get_num_threads(), available_cpus()))
 
 
 def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, checkpoint, checkpoint_every,

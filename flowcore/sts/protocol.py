@@ -19,6 +19,7 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore.calibration.corpus_size import small_corpus_warning
+from flowcore.runtime import training_threads, use_one_thread_in_this_process
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, PreFitted, build_calibrator, settings_record
 from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.data import DATASETS, STSPairs, default_data_dir, fit_corpus_sentences, load_test
@@ -227,13 +228,12 @@ def _flow_fits_in_parallel(calibrations, settings: CalibrationSettings, scorer: 
     """Worth and safe to fit the datasets' flows side by side in forked processes of one torch
     thread: a flow is fitted here (with the built-in calibrator), on CPU, where fork exists (CUDA
     cannot be used in a forked child, nor OpenMP with more than one thread), and its batches train
-    on one thread anyway (`flows.train.training_threads`), so its results are those of one process."""
+    on one thread anyway (`runtime.training_threads`), so its results are those of one process."""
     if "flow" not in calibrations or "flow" in scorer.fitted or "flow" in scorer.factories:
         return False
     if "fork" not in multiprocessing.get_all_start_methods() or settings.device not in (None, "cpu"):
         return False
     from flowcore.calibration.recipes import recipe_named
-    from flowcore.flows.train import training_threads  # imports torch: only when a flow is fitted
 
     return training_threads(recipe_named(settings.flow_recipe, batch_size=settings.flow_batch_size).batch_size) == 1
 
@@ -246,23 +246,17 @@ them is pickled: a factory may be a lambda)."""
 def _score_in_processes(scorer: _Scorer, prepared: list[_Dataset], workers: int) -> list[dict]:
     """`scorer` on each dataset in `workers` forked processes of one torch thread each, largest fit
     corpus first; the records come back in the datasets' order. Each flow fit already runs on one
-    thread at small batches (`flows.train.training_threads`), so the results are those of one
+    thread at small batches (`runtime.training_threads`), so the results are those of one
     process."""
     global _WORK
     _WORK = (dataclasses.replace(scorer, bars=False), prepared)  # parallel progress bars would interleave
     order = sorted(range(len(prepared)), key=lambda index: -len(prepared[index].corpus_vectors))
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_one_thread) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=use_one_thread_in_this_process) as pool:
             results = dict(zip(order, pool.map(_score_one, order, chunksize=1)))
     finally:
         _WORK = None
     return [record for index in range(len(prepared)) for record in results[index]]
-
-
-def _one_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)
 
 
 def _score_one(index: int) -> list[dict]:

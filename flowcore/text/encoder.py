@@ -24,8 +24,8 @@ import torch
 from tqdm.auto import tqdm
 
 from flowcore import defaults
-from flowcore._threads import available_cpus, check_threads, pinned_threads, side_by_side
 from flowcore._vectors import unit_rows
+from flowcore.runtime import check_threads, encoder_threads, pinned_threads, side_by_side
 from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 from flowcore.text.quantize import check_quantize, load_quantized
@@ -174,10 +174,8 @@ class Encoder:
         if show_progress_bar is None:
             show_progress_bar = len(distinct) >= PROGRESS_MIN_SENTENCES
         threads, workers = None, 1
-        if self.device.type == "cpu":
-            threads = self.threads or min(torch.get_num_threads(), available_cpus())
-            if self._quantized is None and threads > 1:
-                threads, workers = 1, threads  # batches side by side, one torch thread each
+        if self.device.type == "cpu":  # n threads: n batches side by side, one torch thread each (not int8)
+            threads, workers = encoder_threads(self.threads, quantized=self._quantized is not None)
         counted = threading.Lock()
 
         def encode_batch(tokens, lengths, start, rows) -> None:

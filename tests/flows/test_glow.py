@@ -244,8 +244,9 @@ def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
 def _side_by_side(monkeypatch, rows_per_block: int, dim: int, workers: int = 2):
     """Row blocks of `rows_per_block` float32 rows, `workers` CPUs and torch threads."""
     import flowcore.flows.glow as glow_module
+    import flowcore.runtime as runtime
     monkeypatch.setattr(glow_module, "CPU_BLOCK_BYTES", rows_per_block * dim * 4)
-    monkeypatch.setattr(glow_module, "available_cpus", lambda: workers)
+    monkeypatch.setattr(runtime, "available_cpus", lambda: workers)
     before = torch.get_num_threads()
     torch.set_num_threads(workers)
     return before

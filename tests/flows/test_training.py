@@ -222,8 +222,7 @@ def test_paper_setting_fit_descends_without_a_spike():
 def test_fit_pins_its_thread_count_and_restores_it(batch_size, threads, expected):
     """Small batches train on one thread (each op too small to share, and a busy core would stall
     every op's barrier); `threads` overrides; torch's setting is restored afterwards."""
-    from flowcore._threads import available_cpus
-    from flowcore.flows.train import training_threads
+    from flowcore.runtime import available_cpus, training_threads
     X = anisotropic_gaussian(rows=600, dim=8)
     glow = flowcore.Glow(8, levels=2, depth=2, width=8)
     before = torch.get_num_threads()

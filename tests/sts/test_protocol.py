@@ -232,7 +232,7 @@ def test_datasets_fit_their_flows_side_by_side_with_the_same_records(sts_data_di
 def test_flows_are_fitted_side_by_side_only_where_that_is_safe_and_the_same(sts_data_dir, tmp_path, monkeypatch):
     """One process for: no flow, a flow from a factory or a file, a file corpus, CUDA, or batches that
     would train on several threads (their results depend on the thread count)."""
-    from flowcore.flows.train import training_threads
+    from flowcore.runtime import training_threads
     from flowcore.sts import protocol
 
     calls = []

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from flowcore._threads import available_cpus
+from flowcore.runtime import available_cpus
 from flowcore.text.encoder import Encoder, default_model_path
 
 from helpers.tiny_models import save_tiny_bert

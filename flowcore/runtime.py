@@ -1,0 +1,151 @@
+"""The execution policy, in one place: how many CPU threads each kind of work gets, and the only
+calls that change torch's thread count (`pinned_threads`, restored after the block; and
+`use_one_thread_in_this_process` for worker processes).
+
+torch's CPU results depend on the thread count (reductions split differently), so every count
+is fixed by the work and the CPUs this process may use, never by the machine's load; a count a
+user passes wins. The policies:
+
+- `training_threads(batch_size)`: CPU training on batches under `SMALL_BATCH_ROWS` rows runs on
+  one thread (a second one gains little on small ops, and each op waits at a barrier for the
+  slowest thread, so a busy core elsewhere slows a multi-threaded small-batch fit many-fold);
+  larger batches on torch's count.
+- `encoder_threads(requested, quantized)`: the encoder's n threads as n batches side by side on
+  one torch thread each (bit for bit the one-thread vectors); int8 (ONNX Runtime) keeps n
+  threads in one session.
+- `inference_workers(blocks)`: CPU flow inference runs its row blocks side by side, one torch
+  thread each.
+- `job_threads(text)`: a batch job's pinned count (recorded in its progress file and manifest, so
+  that a resumed job is byte-identical): 1 for text, one fewer than the CPUs for stored vectors
+  (the reader and writer threads keep a core).
+- `parallel_jobs(requested)`: processes or workers a command runs side by side (`flowcore sts
+  --jobs`): the CPUs available.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Callable, Iterable, Iterator, TypeVar
+
+__all__ = ["SMALL_BATCH_ROWS", "available_cpus", "check_threads", "encoder_threads", "inference_workers",
+           "job_threads", "parallel_jobs", "pinned_threads", "side_by_side", "training_threads",
+           "use_one_thread_in_this_process"]
+
+Item = TypeVar("Item")
+
+SMALL_BATCH_ROWS = 256
+"""CPU training with batches of fewer rows runs on one torch thread (`training_threads`)."""
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 quota (`cpu.max`)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as limit:
+            quota, period = limit.read().split()[:2]
+        cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):  # no cgroup v2 quota ("max", or no such file)
+        pass
+    return max(1, cpus)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def check_threads(threads: int | None, what: str = "threads") -> int | None:
+    """`threads` if it is None or a positive integer, else a ValueError naming `what`."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"{what} must be a positive integer or None, got {threads!r}")
+    return threads
+
+
+def training_threads(batch_size: int) -> int:
+    """torch threads for CPU training on batches of `batch_size` rows (see the module docstring).
+
+    Example:
+        >>> training_threads(32)
+        1
+    """
+    if batch_size < SMALL_BATCH_ROWS:
+        return 1
+    return max(1, min(_torch_threads(), available_cpus()))
+
+
+def encoder_threads(requested: int | None, quantized: bool) -> tuple[int, int]:
+    """(torch threads per batch, batches side by side) for CPU encoding; `requested`: the
+    encoder's own count, None for torch's capped at the CPUs available."""
+    threads = requested or min(_torch_threads(), available_cpus())
+    if quantized or threads == 1:
+        return threads, 1
+    return 1, threads
+
+
+def inference_workers(blocks: int) -> int:
+    """Row blocks of CPU flow inference run side by side, each on one torch thread."""
+    return max(1, min(_torch_threads(), available_cpus(), blocks))
+
+
+def job_threads(text: bool) -> int:
+    """A batch job's pinned torch thread count by default (see the module docstring)."""
+    if text:
+        return 1
+    return max(1, min(_torch_threads(), available_cpus() - 1))
+
+
+def parallel_jobs(requested: int | None = None) -> int:
+    """How many jobs (processes, workers) run side by side: `requested`, else the CPUs available."""
+    return check_threads(requested, "jobs") or available_cpus()
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int | None) -> Iterator[None]:
+    """torch's CPU thread count set to `threads` for the block and restored after it; None
+    leaves it alone."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def use_one_thread_in_this_process() -> None:
+    """One torch thread for the rest of a worker process (a forked child, whose OpenMP pool would
+    hang with more; a Ray actor): the process exists for this work alone."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def side_by_side(workers: int, run: Callable[[Item], None], items: Iterable[Item]) -> None:
+    """`run(item)` for every item, on `workers` threads that each take the next item (in this
+    thread, in order, when `workers` is 1). The first failure in item order is raised, and the
+    items not started yet are dropped.
+
+    Example:
+        >>> with pinned_threads(1):
+        ...     side_by_side(2, encode_batch, batches)   # two batches at a time, one torch thread each
+    """
+    if workers <= 1:
+        for item in items:
+            run(item)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        running = [pool.submit(run, item) for item in items]
+        try:
+            for task in running:
+                task.result()
+        except BaseException:
+            for task in running:
+                task.cancel()
+            raise
