@@ -6,15 +6,11 @@
   summary prints one table of every goal, met or not met.
 - `measure(group, label, value, unit)` stores a figure that is not a time (bytes, counts); the
   summary prints them in their units.
-- `busy_core()` runs one busy-loop process on one core for the `with` block (the "loaded" case).
 
-Both are written to `bench-ratios.json` in the working directory (or $FLOWCORE_BENCH_JSON).
+Times, goals and figures are written to `bench-ratios.json` in the working directory (or $FLOWCORE_BENCH_JSON).
 """
-import contextlib
 import json
-import multiprocessing
 import os
-import time
 from collections import defaultdict
 
 import pytest
@@ -47,29 +43,6 @@ def measure():
     def _measure(group: str, label: str, value: float, unit: str) -> None:
         MEASURES[group][label] = {"value": float(value), "unit": unit}
     return _measure
-
-
-def _spin(core: int) -> None:
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {core})
-    while True:
-        pass
-
-
-@contextlib.contextmanager
-def busy_core(core: int | None = None):
-    """One busy-loop process on one core (the last CPU this process may use unless `core` is
-    given) for the block: the "one busy core" load of the benchmarks."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-    process = multiprocessing.get_context("spawn").Process(target=_spin, args=(cores[-1] if core is None else core,),
-                                                           daemon=True)
-    process.start()
-    time.sleep(0.5)  # let it reach its core
-    try:
-        yield
-    finally:
-        process.terminate()
-        process.join()
 
 
 @pytest.fixture

@@ -299,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     check = Check(args.out.resolve(), args.budget)
-    sys.path.insert(0, str(BENCH))
     import torch
     if torch.cuda.is_available():
         _ensure_installed()

@@ -30,8 +30,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import busy_core
 from peers import NormflowsGlow, fit_normflows
+from support import busy_core
 
 import flowcore
 

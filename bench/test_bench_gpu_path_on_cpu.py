@@ -54,8 +54,7 @@ def test_host_overhead_per_op_call(record, monkeypatch):
 
 
 BYTES_SCRIPT = """
-import json, os, sys
-sys.path.insert(0, os.environ["BENCH_DIR"])
+import json
 import torch
 from gpu_workloads import bytes_moved, flow_step_train
 counts = {}
@@ -69,7 +68,7 @@ print(json.dumps({"counts": counts, "minimum": workload["bytes"] / 1024}))
 def test_training_step_bytes_moved_per_row(measure):
     """In a subprocess with TRITON_INTERPRET=1: the kernels must be imported under the
     interpreter to run on the CPU, which the rest of bench/ must not be."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "BENCH_DIR": str(Path(__file__).parent)}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parent)}
     result = subprocess.run([sys.executable, "-c", BYTES_SCRIPT], capture_output=True, text=True, env=env,
                             timeout=900, check=True)
     figures = json.loads(result.stdout.splitlines()[-1])

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import busy_core
+from support import busy_core
 
 from flowcore import Encoder, FlowCalibrator
 from flowcore.batch.job import CalibrationJob, default_threads

@@ -2,14 +2,10 @@
 it is stopped), a failing phase costs the others nothing and the summary is on disk after each
 phase, and a machine without CUDA gets a summary saying so."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-gpu_check = pytest.importorskip("gpu_check")
+gpu_check = pytest.importorskip("gpu_check")  # bench/, on pytest's path (pyproject.toml)
 
 
 def test_the_test_phase_streams_each_result(tmp_path):

@@ -2,14 +2,9 @@
 Triton kernels in the interpreter: every implementation a GPU run times (torch.compile aside)
 computes the same thing, so the GPU check measures equal work and cannot fail on a slip that
 only a GPU run would show; and the byte counter counts."""
-import sys
-from pathlib import Path
-
+import gpu_workloads  # bench/, on pytest's path (pyproject.toml)
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import gpu_workloads  # noqa: E402
 
 BUILDERS = {"flow step forward+backward": gpu_workloads.flow_step_train,
             "folded linear forward+backward": gpu_workloads.folded_linear_forward_backward,
