@@ -23,17 +23,19 @@ _EXPORTS = {
     "fit": "flowcore.flows.train",
     "FlowCalibrator": "flowcore.calibration.calibrator",
     "Encoder": "flowcore.text.encoder",
+    "Calibrator": "flowcore.calibration.base",
+    "load": "flowcore.calibration.base",
     "Whitening": "flowcore.calibration.whitening",
     "get_backend": "flowcore.backend",
     "set_backend": "flowcore.backend",
     "use_backend": "flowcore.backend",
     "BackendUnavailableError": "flowcore.backend",
     "EncoderProvenance": "flowcore.calibration.flow_file",
-    "MeanCentering": "flowcore.calibration.postprocess",
-    "AllButTheTop": "flowcore.calibration.postprocess",
-    "PCAWhitening": "flowcore.calibration.postprocess",
-    "ZCAWhitening": "flowcore.calibration.postprocess",
-    "load_calibrator": "flowcore.calibration.postprocess",
+    "MeanCentering": "flowcore.calibration.linear",
+    "AllButTheTop": "flowcore.calibration.linear",
+    "ZCAWhitening": "flowcore.calibration.whitening",
+    "PCAWhitening": "flowcore.calibration.whitening",  # the earlier name of Whitening
+    "load_calibrator": "flowcore.calibration.base",  # the earlier name of load
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -5,8 +5,9 @@ Plain values only (no torch, no numpy), so that the command line's start-up can 
 from __future__ import annotations
 
 __all__ = [
-    "BATCH_SIZE", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL",
-    "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN",
+    "BATCH_SIZE", "CALIBRATION", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES", "MAX_LENGTH", "MAX_TOKENS",
+    "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS",
+    "VECTOR_COLUMN", "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -42,3 +43,9 @@ STAT_BLOCK_ROWS = 8192
 """Rows per block when statistics are summed over a corpus."""
 CPU_BLOCK_BYTES = 6 << 20
 """About this many bytes of activations per block of CPU flow inference."""
+
+# --- the calibration
+CALIBRATION = "flow"
+"""The method `flowcore fit` fits (`flowcore.calibration.NAMES`)."""
+WHITENING_POWER = 0.5
+"""The power γ of whitening's Λ^(−γ): ½ is full whitening (identity covariance)."""
