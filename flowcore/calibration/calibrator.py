@@ -118,7 +118,8 @@ class FlowCalibrator(Calibrator):
         return self.flow
 
     def fit(self, X, progress: bool = True, encoder=None, checkpoint=None,
-            checkpoint_every: int = 1000, rows=None, threads: int | None = None) -> "FlowCalibrator":
+            checkpoint_every: int = defaults.CHECKPOINT_EVERY, rows=None,
+            threads: int | None = None) -> "FlowCalibrator":
         """Train on the rows of `X` (numpy array, memory map or tensor, at least 2 rows).
 
         Memory stays O(d² + batch·d) whatever the number of rows: X is never copied, the input

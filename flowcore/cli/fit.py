@@ -25,8 +25,6 @@ from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
 from flowcore.flows.configs import CONFIGS
 
-CHECKPOINT_EVERY = 1000
-"""Optimizer steps between the flow's training checkpoints."""
 _FLOW_OPTIONS = {"config": "--config", "recipe": "--recipe", "epochs": "--epochs", "batch_size": "--batch-size",
                  "lr": "--lr", "checkpoint_every": "--checkpoint-every", "threads": "--threads"}
 """The options that only train a flow: {argument: flag}."""
@@ -74,7 +72,7 @@ def register(subparsers) -> None:
     parser.add_argument("--device", help="torch device, e.g. cuda")
     flow.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
                       help=f"write a training checkpoint (OUT.checkpoint) every STEPS steps (default: "
-                      f"{CHECKPOINT_EVERY}); a rerun resumes from it")
+                      f"{defaults.CHECKPOINT_EVERY}); a rerun resumes from it")
     parser.add_argument("--cache", type=Path, default=None,
                         help="where --input's vectors are cached (.npy, memory-mapped; default OUT.cache.npy; kept)")
     parser.add_argument("--restart", action="store_true",
@@ -140,8 +138,8 @@ def _cached_corpus(args):
     cache = args.cache or args.out.with_name(args.out.name + ".cache.npy")
     source = TextCorpus(args.input, text_field=args.text_field)
     encoder = Encoder(args.model, pooling=args.pooling, device=args.device, threads=1)
-    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": 64}}
-    job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, 64),
+    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": defaults.BATCH_SIZE}}
+    job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, defaults.BATCH_SIZE),
                          identity=identity, restart=args.restart, progress=False, threads=1, description=identity)
     finished = None
     if cache.exists() and job.manifest_path.exists() and not args.restart:
@@ -256,8 +254,8 @@ def _fit_flow(args, data, rows, encoder, started: float) -> int:
     if args.restart:
         checkpoint.unlink(missing_ok=True)
     # records the encoder and pooling (None: raw embeddings)
-    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, checkpoint_every=args.checkpoint_every or
-                   CHECKPOINT_EVERY, rows=rows, threads=args.threads)
+    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint,
+                   checkpoint_every=args.checkpoint_every or defaults.CHECKPOINT_EVERY, rows=rows, threads=args.threads)
     calibrator.save(args.out)
     checkpoint.unlink(missing_ok=True)
     kept = "" if calibrator.selected_epoch is None else (
