@@ -194,9 +194,7 @@ class Identity(Calibrator):
 
     def fit(self, X, encoder=None) -> Identity:
         """Record the width of X's rows and `encoder` (see `Calibrator.fit`); X is checked, nothing is learnt."""
-        provenance = self._provenance_of(encoder)
-        self._dim, self.provenance = _rows(X, None, self.name).shape[1], provenance
-        return self
+        return self.fit_chunks([X], encoder=encoder)
 
     def fit_chunks(self, chunks: Iterable, encoder=None) -> Identity:
         """`fit` over a stream of (rows, d) chunks, each checked (rows numbered across the stream)."""
