@@ -23,23 +23,31 @@ _EXPORTS = {
     "fit": "flowcore.flows.train",
     "FlowCalibrator": "flowcore.calibration.calibrator",
     "Encoder": "flowcore.text.encoder",
+    "Calibrator": "flowcore.calibration.base",
+    "load": "flowcore.calibration.base",
     "Whitening": "flowcore.calibration.whitening",
     "get_backend": "flowcore.backend",
     "set_backend": "flowcore.backend",
     "use_backend": "flowcore.backend",
     "BackendUnavailableError": "flowcore.backend",
     "EncoderProvenance": "flowcore.calibration.flow_file",
-    "MeanCentering": "flowcore.calibration.postprocess",
-    "AllButTheTop": "flowcore.calibration.postprocess",
-    "PCAWhitening": "flowcore.calibration.postprocess",
-    "ZCAWhitening": "flowcore.calibration.postprocess",
-    "load_calibrator": "flowcore.calibration.postprocess",
+    "MeanCentering": "flowcore.calibration.linear",
+    "AllButTheTop": "flowcore.calibration.linear",
+    "ZCAWhitening": "flowcore.calibration.whitening",
 }
+_RENAMED = {"PCAWhitening": "Whitening", "load_calibrator": "load"}
+"""Earlier names, still answered (with a DeprecationWarning) until 1.0."""
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str):
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(f"flowcore.{name} is now flowcore.{_RENAMED[name]}; the old name goes at 1.0",
+                      DeprecationWarning, stacklevel=2)
+        return __getattr__(_RENAMED[name])
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flowcore' has no attribute {name!r}")

@@ -5,8 +5,9 @@ Plain values only (no torch, no numpy), so that the command line's start-up can 
 from __future__ import annotations
 
 __all__ = [
-    "BATCH_SIZE", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL",
-    "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN",
+    "BATCH_SIZE", "CALIBRATION", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
+    "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS",
+    "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -28,6 +29,8 @@ CONFIG = "l2_d3_w32"
 """The Glow configuration: 2 levels of 3 steps, conditioners 32 units wide."""
 RECIPE = "whitened"
 """The fit recipe (`flowcore.calibration.recipes`)."""
+CHECKPOINT_EVERY = 1000
+"""Optimizer steps between a flow fit's training checkpoints."""
 
 # --- batch jobs and chunking
 VECTOR_COLUMN = "embedding"
@@ -42,3 +45,9 @@ STAT_BLOCK_ROWS = 8192
 """Rows per block when statistics are summed over a corpus."""
 CPU_BLOCK_BYTES = 6 << 20
 """About this many bytes of activations per block of CPU flow inference."""
+
+# --- the calibration
+CALIBRATION = "flow"
+"""The method `flowcore fit` fits (`flowcore.calibration.NAMES`)."""
+WHITENING_POWER = 0.5
+"""The power γ of whitening's Λ^(−γ): ½ is full whitening (identity covariance)."""

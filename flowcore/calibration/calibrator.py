@@ -1,5 +1,5 @@
-"""`FlowCalibrator`: fit a Glow on sentence vectors, then map any number of vectors to the
-calibrated (isotropic Gaussian) space, scikit-learn style."""
+"""`FlowCalibrator` (the `flow` calibration): fit a Glow on sentence vectors, then map any number
+of vectors to the calibrated (isotropic Gaussian) space, scikit-learn style."""
 from __future__ import annotations
 
 from typing import Iterable, Iterator
@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from flowcore import defaults
+from flowcore.calibration.base import Calibrator
 from flowcore.calibration.cuda_streaming import map_on_cuda
-from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow, save_flow
+from flowcore.calibration.flow_file import FlowFileError, save_flow
 from flowcore.calibration.moments import MomentsAccumulator
 from flowcore.calibration.recipes import DEFAULT_RECIPE, FlowRecipe, recipe_named
 from flowcore.calibration.standardize import STAT_BLOCK_ROWS, Standardizer
@@ -23,7 +24,7 @@ __all__ = ["CHUNK_ROWS", "FlowCalibrator"]
 CHUNK_ROWS = defaults.TRANSFORM_CHUNK_ROWS
 
 
-class FlowCalibrator:
+class FlowCalibrator(Calibrator):
     r"""Unsupervised BERT-flow calibration of embeddings.
 
     `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood following a fit
@@ -47,9 +48,7 @@ class FlowCalibrator:
 
     Attributes:
         recipe: the `FlowRecipe` followed (saved in the flow file).
-        provenance: the `EncoderProvenance` (encoder and pooling) the vectors came from, saved
-            in the flow file and checked by `flowcore calibrate`; None for vectors of unknown origin.
-        metadata: a dict of JSON-able values of your own, saved with the model.
+        provenance, metadata, source: as every `Calibrator`'s.
         losses: the per-epoch training losses (bits per dimension).
         heldout_bits_per_dim: held-out bits/dim at the start (None unless the start is linear) and
             after each epoch trained; empty without a held-out share.
@@ -62,9 +61,12 @@ class FlowCalibrator:
         >>> calibrator = FlowCalibrator.load("model.flow")
     """
 
+    name = "flow"
+
     def __init__(self, config: str = defaults.CONFIG, recipe: str = DEFAULT_RECIPE, epochs: int | None = None,
                  batch_size: int | None = None, lr: float | None = None, seed: int = 0, device=None,
                  standardize: bool | None = None, holdout: float | None = None):
+        super().__init__()
         if config not in CONFIGS:
             raise ValueError(f"unknown flow config {config!r}; choose one of {', '.join(CONFIGS)}")
         self.config = config
@@ -78,8 +80,6 @@ class FlowCalibrator:
         self.losses: list[float] = []
         self.heldout_bits_per_dim: list[float | None] = []
         self.selected_epoch: int | None = None
-        self.metadata: dict = {}
-        self.provenance: EncoderProvenance | None = None
 
     @property
     def epochs(self) -> int:
@@ -107,13 +107,19 @@ class FlowCalibrator:
         self._fitted()
         return self.standardizer.dim if self.standardizer is not None else self.flow.dim
 
+    @property
+    def output_dim(self) -> int:
+        """Width of the calibrated vectors: the flow keeps the width."""
+        return self.dim
+
     def _fitted(self) -> Glow:
         if self.flow is None:
             raise RuntimeError("this FlowCalibrator is not fitted yet; call .fit(X) or FlowCalibrator.load(path)")
         return self.flow
 
     def fit(self, X, progress: bool = True, encoder=None, checkpoint=None,
-            checkpoint_every: int = 1000, rows=None, threads: int | None = None) -> "FlowCalibrator":
+            checkpoint_every: int = defaults.CHECKPOINT_EVERY, rows=None,
+            threads: int | None = None) -> "FlowCalibrator":
         """Train on the rows of `X` (numpy array, memory map or tensor, at least 2 rows).
 
         Memory stays O(d² + batch·d) whatever the number of rows: X is never copied, the input
@@ -129,7 +135,7 @@ class FlowCalibrator:
                 `checkpoint_every` steps, and resumed from when it exists, to the same model.
             checkpoint_every: optimizer steps between checkpoints.
             rows: the row numbers of X to fit on (e.g. those that are not rejects); None: all rows.
-            threads: torch CPU threads for training; None: `flowcore.flows.train.training_threads`
+            threads: torch CPU threads for training; None: `flowcore.runtime.training_threads`
                 (one for batches under 256 rows).
 
         Returns:
@@ -138,9 +144,7 @@ class FlowCalibrator:
         Example:
             >>> FlowCalibrator().fit(np.load("corpus.npy", mmap_mode="r"), rows=np.flatnonzero(good))
         """
-        provenance = self.provenance
-        if encoder is not None:
-            provenance = encoder if isinstance(encoder, EncoderProvenance) else EncoderProvenance.of(encoder)
+        provenance = self._provenance_of(encoder)
         recipe = self.recipe
         data = training_matrix(X, min_rows=2, rows=rows)  # a view of X (a memory map stays one), checked
         selected = None if rows is None else row_index(rows, data.shape[0])
@@ -237,6 +241,7 @@ class FlowCalibrator:
         """Write the calibrator to one flow file (safetensors + JSON header, atomically)."""
         flow = self._fitted()
         info = {
+            **self._header(),
             "glow": flow.config,
             "config": self.config,
             "standardize": self.standardizer is not None,
@@ -245,8 +250,6 @@ class FlowCalibrator:
                          "seed": self.seed, "losses": self.losses, "recipe": self.recipe.to_json(),
                          "heldout_bits_per_dim": self.heldout_bits_per_dim,
                          "selected_epoch": self.selected_epoch},
-            "encoder": self.provenance.to_json() if self.provenance is not None else None,
-            "metadata": self.metadata,
         }
         tensors = {f"flow.{name}": value for name, value in flow.state_dict().items()}
         if self.standardizer is not None:
@@ -254,16 +257,15 @@ class FlowCalibrator:
         save_flow(path, tensors, info)
 
     @classmethod
-    def load(cls, path, device=None) -> "FlowCalibrator":
-        """A calibrator saved with `save` (or by `flowcore fit`), on `device` if given."""
-        tensors, info = load_flow(path)
+    def _from_file(cls, path, tensors: dict, info: dict, device) -> "FlowCalibrator":
         try:
             training = info["training"]
-            recipe = training.get("recipe")  # absent in files written before recipes: the settings alone
+            recipe = training.get("recipe")
+            if recipe is None:
+                raise FlowFileError(f"{path}: a flow file from an earlier flowcore (before fit recipes), which this "
+                                    "one does not read; refit the flow with `flowcore fit`")
             calibrator = cls(config=info["config"], seed=training["seed"], device=device)
-            calibrator.recipe = FlowRecipe(**recipe) if recipe is not None else FlowRecipe(
-                "custom", input="standardize" if info["standardize"] else "raw", lr=training["lr"],
-                batch_size=training["batch_size"], epochs=training["epochs"])
+            calibrator.recipe = FlowRecipe(**recipe)
             if calibrator.standardize != info["standardize"]:
                 raise ValueError(f"recipe input {calibrator.recipe.input!r} with standardize={info['standardize']}")
             # fresh (aligned) copies: results must not depend on where the file put the bytes
@@ -281,8 +283,8 @@ class FlowCalibrator:
                     raise ValueError(f"the input standardizer passes {standardizer.flow_dim} coordinates "
                                      f"to a flow of width {flow.dim}")
                 calibrator.standardizer = standardizer
-            encoder = info.get("encoder")
-            calibrator.provenance = EncoderProvenance(**encoder) if encoder is not None else None
+        except FlowFileError:
+            raise
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
             raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}") from None
         if device is not None:
@@ -293,7 +295,6 @@ class FlowCalibrator:
         calibrator.losses = training.get("losses", [])
         calibrator.heldout_bits_per_dim = training.get("heldout_bits_per_dim", [])
         calibrator.selected_epoch = training.get("selected_epoch")
-        calibrator.metadata = info.get("metadata", {})
         return calibrator
 
 
@@ -311,7 +312,7 @@ def _whitening_start(data: torch.Tensor, rows: torch.Tensor | None, prepare) -> 
             block = prepare(block)
         accumulator.add(block.detach().cpu().double().numpy())
     whitening = Whitening().fit_moments(accumulator.total())
-    kept = whitening.matrix * np.sqrt(whitening.eigenvalues)  # orthonormal directions U_k
+    kept = whitening.axes  # orthonormal directions U_k
     rows = [whitening.matrix.T]
     if kept.shape[1] < kept.shape[0]:
         values, vectors = np.linalg.eigh(np.eye(kept.shape[0]) - kept @ kept.T)

@@ -1,7 +1,6 @@
 """How large a fit corpus must be: whitening estimates a d×d covariance and the flow a density in
 d dimensions, and both are unreliable on fewer than about MIN_ROWS_PER_DIM × d distinct sentences
-(measured in issue 12: fitted on an unseen STS set of 500 sentences at d = 384, whitening lost 10
-points of Spearman and the flow 4)."""
+(docs/lab-notes-calib.md has the measurement behind the rule)."""
 from __future__ import annotations
 
 __all__ = ["MIN_ROWS_PER_DIM", "small_corpus_warning"]

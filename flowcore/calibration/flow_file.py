@@ -1,14 +1,15 @@
-"""Flow files: one safetensors file, tensors plus JSON metadata; never pickle.
+"""Flow files, the one file format of every calibrator: one safetensors file, tensors plus JSON
+metadata; never pickle.
 
-The header metadata holds the format name and version, a JSON `info` document (for a
-`FlowCalibrator`: the Glow configuration, the training settings, the encoder and pooling the
-flow was fitted for, and free-form user metadata), and a SHA-256 of the tensor bytes so that a
-corrupted file is caught, not silently used.
+The header metadata holds the format name and version, a JSON `info` document (the calibrator's
+`kind`, its `flowcore.calibration.NAMES` name, absent in flow files written before kinds were;
+the encoder and pooling it was fitted for as `info["encoder"] = {"model", "pooling"}`; free-form
+user metadata; and what the calibrator itself needs: for a `FlowCalibrator` the Glow
+configuration and the training settings, for a linear one its settings), and a SHA-256 of the
+tensor bytes so that a corrupted file is caught, not silently used.
 
-Version 2 records the encoder as `info["encoder"] = {"model", "pooling"}`. Version 1 files kept
-it as `info["metadata"]["encoder"/"pooling"] strings; they are read and migrated on load.
-Version 3 stores each LU layer's factors as one `lu` tensor (`LULinear`); the separate `lower`
-and `upper` tensors of earlier files are packed on load.
+This flowcore reads format version `FORMAT_VERSION` (3: each LU layer's factors as one `lu`
+tensor); files of earlier versions are refused with a message that says to refit.
 
 A flow file may come from anyone, so `load_flow` checks the safetensors header itself before
 safetensors reads a byte of tensor data (`check_layout`): a pickle or `torch.save` file, random
@@ -36,7 +37,6 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "MAX_HEADER_BYTES", "EncoderProvenance", 
 
 FORMAT = "flowcore-flow"
 FORMAT_VERSION = 3
-READABLE_VERSIONS = ("1", "2", "3")
 MAX_HEADER_BYTES = 16 << 20
 """The largest safetensors JSON header accepted; flowcore's own are a few kB."""
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -185,9 +185,9 @@ def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
     if metadata.get("format") != FORMAT:
         raise FlowFileError(f"{path}: not a flowcore flow file (no '{FORMAT}' format tag in its metadata)")
     version = metadata.get("format_version", "?")
-    if version not in READABLE_VERSIONS:
-        raise FlowFileError(f"{path}: flow file format version {version}; this flowcore reads versions "
-                            f"{', '.join(READABLE_VERSIONS)}. Refit the flow with this flowcore (`flowcore fit`)")
+    if version != str(FORMAT_VERSION):
+        raise FlowFileError(f"{path}: flow file format version {version}; this flowcore reads version "
+                            f"{FORMAT_VERSION} only. Refit it with this flowcore (`flowcore fit`)")
     if metadata.get("sha256") != _digest(tensors):
         raise FlowFileError(f"{path}: corrupted flow file (the weights do not match their recorded checksum)")
     for name, tensor in sorted(tensors.items()):
@@ -200,19 +200,5 @@ def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
         raise FlowFileError(f"{path}: flow file metadata is damaged: {error}") from None
     if not isinstance(info, dict):
         raise FlowFileError(f"{path}: flow file metadata is damaged: its info is not a JSON object")
-    if version == "1":
-        info = _migrated_v1(info)
     return tensors, info
 
-
-def _migrated_v1(info: dict) -> dict:
-    """A version 1 calibrator header in version 2 form: the encoder and pooling strings that the
-    CLI kept in the free-form metadata become the typed `encoder` field."""
-    metadata = info.get("metadata")
-    if "glow" not in info or not isinstance(metadata, dict):
-        return info
-    if not ("encoder" in metadata and "pooling" in metadata):
-        return {**info, "encoder": None}
-    metadata = dict(metadata)
-    encoder = {"model": metadata.pop("encoder"), "pooling": metadata.pop("pooling")}
-    return {**info, "metadata": metadata, "encoder": encoder}

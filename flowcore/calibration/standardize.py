@@ -1,7 +1,7 @@
 """Fixed per-coordinate standardisation in front of the flow, fitted once on the whole corpus.
 
-Sentence vectors can hold coordinates that never vary (mean-pooled all-MiniLM-L6-v2 has two,
-constant to 1e-32). Maximum likelihood on such a coordinate is unbounded and training diverges,
+Sentence vectors can hold coordinates that never vary (the default encoder's mean-pooled vectors
+have some). Maximum likelihood on such a coordinate is unbounded and training diverges,
 so those pass through centred and untouched, while every other coordinate is centred and scaled
 to unit variance before the flow sees it. It is invertible and keeps positions: z has x's width.
 """

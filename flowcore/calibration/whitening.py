@@ -1,141 +1,103 @@
-"""BERT-whitening (Su et al. 2021): the closed-form baseline the flow is compared with.
+"""Whitening, tempered and truncated (`whitening`), and ZCA whitening (`zca`).
 
-`fit` estimates the mean μ and the covariance Σ = U·Λ·Uᵀ of the embeddings; `transform` maps
-x → (x − μ)·U·Λ^(−1/2), so the result has zero mean and identity covariance. With `dim=k`
-only the k directions of largest variance are kept (the paper's dimension reduction).
-`from_moments` / `fit_chunks` fit the same thing from mergeable float64 statistics
-(`flowcore.calibration.moments`), in O(d²) memory however many rows the corpus has.
+`Whitening(power=γ, dim=k)` centres the vectors and maps them onto the k directions of largest
+variance, each scaled by its variance to the power −γ: with Σ = U·Λ·Uᵀ the corpus covariance,
+x → (x − μ)·U_k·Λ_k^(−γ). γ = ½ (the default) is BERT-whitening (Su et al. 2021): zero mean and
+identity covariance. γ = 0 only centres and rotates, so cosines equal centring's; values in
+between temper the whitening, shrinking the dominant directions less, which helps where full
+whitening would amplify noise. `ZCAWhitening` rotates full whitening back onto the input axes,
+x → (x − μ)·U·Λ^(−½)·Uᵀ. Both fit in memory or from streamed moments (`LinearCalibrator`), and
+the eigen-decomposition is `flowcore.calibration.linear.principal_axes`.
 """
 from __future__ import annotations
 
-from typing import Iterable
-
 import numpy as np
 
-from flowcore.calibration.moments import Moments
+from flowcore import defaults
+from flowcore.calibration.linear import TOLERANCE, LinearCalibrator, principal_axes
 
-__all__ = ["Whitening"]
+__all__ = ["Whitening", "ZCAWhitening"]
 
 
-class Whitening:
-    """Linear whitening fitted on a corpus of embeddings; optional reduction to `dim` columns.
+class Whitening(LinearCalibrator):
+    """Whitening fitted on a corpus of embeddings: x → (x − μ)·U_k·Λ_k^(−γ).
 
-    Directions whose variance is at most `tolerance` × the largest carry no information (e.g.
-    the constant coordinates of a LayerNorm output) and would be blown up by Λ^(−1/2): they are
-    dropped, so `output_dim` can be smaller than `dim` on a rank-deficient corpus.
+    Directions whose variance is at most `tolerance` × the largest carry no information (e.g. the
+    constant coordinates of a LayerNorm output) and would be blown up: they are dropped, so
+    `output_dim` can be smaller than `dim` on a rank-deficient corpus.
 
     Args:
         dim: keep only the `dim` directions of largest variance (BERT-whitening-k); None keeps all.
+        power: γ, from 0 (centre and rotate only) to 1; ½ is full whitening (identity covariance).
         tolerance: directions with variance <= tolerance × the largest are dropped.
 
     Attributes:
-        mean: μ, shape (D,); matrix: W = U·Λ^(−1/2), shape (D, output_dim); eigenvalues: the kept Λ;
-        rank: how many directions have variance above the floor (tolerance × the largest);
+        mean: μ, shape (d,); matrix: W = U_k·Λ_k^(−γ), shape (d, output_dim); eigenvalues: the
+        kept Λ_k; axes: the kept U_k; rank: how many directions have variance above the floor;
         rows: how many rows the fit saw.
 
     Example:
         >>> whitening = Whitening(dim=256).fit(X)
         >>> Z = whitening.transform(X)          # float32 (n, 256), zero mean, identity covariance
-        >>> Whitening(dim=256).fit_chunks(chunks)   # the same from a stream, O(d²) memory
+        >>> Whitening(power=0.3).fit_chunks(chunks)   # tempered, from a stream in O(d²) memory
     """
 
-    def __init__(self, dim: int | None = None, tolerance: float = 1e-8):
-        if dim is not None and dim < 1:
-            raise ValueError(f"whitening dim must be a positive integer, got {dim}")
-        self.dim = dim
-        self.tolerance = tolerance
-        self.mean: np.ndarray | None = None
-        self.matrix: np.ndarray | None = None
+    name = "whitening"
+    _saved_arrays = ("mean", "matrix", "eigenvalues", "axes")
+    _saved_values = ("rows", "rank")
+
+    def __init__(self, dim: int | None = None, power: float = defaults.WHITENING_POWER, tolerance: float = TOLERANCE):
+        super().__init__()
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1):
+            raise ValueError(f"whitening dim must be a positive integer (the directions kept), got {dim!r}")
+        if isinstance(power, bool) or not isinstance(power, (int, float)) or not 0 <= power <= 1:
+            raise ValueError(f"whitening power must be a number from 0 (centre and rotate only) to 1; "
+                             f"0.5 is full whitening; got {power!r}")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+            raise ValueError(f"whitening tolerance must be a number in [0, 1), got {tolerance!r}")
+        self.dim_kept = None if dim is None else int(dim)
+        self.power, self.tolerance = float(power), float(tolerance)
         self.eigenvalues: np.ndarray | None = None
+        self.axes: np.ndarray | None = None
         self.rank: int | None = None
-        self.rows: int | None = None
 
-    def fit(self, X) -> "Whitening":
-        """Estimate μ and W = U·Λ^(−1/2) (first `dim` columns) from the rows of X (in memory)."""
-        X = self._validated(X, width=None)
-        self._check_size(len(X), X.shape[1])
-        mean = X.mean(axis=0)
-        return self._fit_covariance(mean, np.cov(X - mean, rowvar=False), len(X))
+    def settings(self) -> dict:
+        return {"dim": self.dim_kept, "power": self.power, "tolerance": self.tolerance}
 
-    def fit_chunks(self, chunks: Iterable) -> "Whitening":
-        """`fit` over a stream of (rows, D) chunks (e.g. blocks of a memory-mapped file), from
-        their pairwise-merged float64 moments: equal to `fit` on all the rows to about 1e-10
-        relative, in O(D²) memory.
+    def _fitted_matrix(self, mean, covariance):
+        width = len(mean)
+        if self.dim_kept is not None and self.dim_kept > width:
+            raise ValueError(f"whitening dim {self.dim_kept} exceeds the embedding width {width}")
+        eigenvalues, axes = principal_axes(covariance(), self.tolerance)
+        keep = min(self.dim_kept or width, len(eigenvalues))
+        self.rank, self.eigenvalues, self.axes = len(eigenvalues), eigenvalues[:keep], axes[:, :keep]
+        return self._whitened(self.eigenvalues, self.axes)
 
-        Args:
-            chunks: arrays of the same width; NaN/Inf rows are refused naming the row.
+    def _whitened(self, eigenvalues: np.ndarray, axes: np.ndarray) -> np.ndarray:
+        """W from the kept eigenvalues and axes."""
+        return axes / eigenvalues ** self.power
 
-        Returns:
-            self, fitted.
-        """
-        return self.fit_moments(Moments.of_chunks(chunks))
 
-    def fit_moments(self, moments: Moments) -> "Whitening":
-        """Fit from the count, mean and co-moment of the corpus (`flowcore.calibration.moments`),
-        e.g. merged from shards computed on other machines.
+class ZCAWhitening(Whitening):
+    """ZCA whitening, x → (x − μ)·U·Λ^(−½)·Uᵀ: identity covariance like `Whitening`, rotated back
+    so that each output coordinate stays as close as possible to its input coordinate; cosines
+    equal full whitening's.
 
-        Args:
-            moments: the corpus's `Moments`.
+    Args:
+        tolerance: directions with variance <= tolerance × the largest are dropped.
 
-        Returns:
-            self, fitted.
-        """
-        self._check_size(moments.count, moments.dim)
-        return self._fit_covariance(moments.mean, moments.covariance(ddof=1), moments.count)
+    Example:
+        >>> Z = ZCAWhitening().fit(X).transform(X)      # float32 (n, d), identity covariance
+    """
 
-    @classmethod
-    def from_moments(cls, moments: Moments, dim: int | None = None, tolerance: float = 1e-8) -> "Whitening":
-        """`Whitening(dim, tolerance).fit_moments(moments)`."""
-        return cls(dim=dim, tolerance=tolerance).fit_moments(moments)
+    name = "zca"
 
-    def _check_size(self, rows: int, width: int) -> None:
-        if rows < 2:
-            raise ValueError(f"whitening needs at least 2 rows to estimate a covariance, got {rows}")
-        if self.dim is not None and self.dim > width:
-            raise ValueError(f"whitening dim {self.dim} exceeds the embedding width {width}")
+    def __init__(self, tolerance: float = TOLERANCE):
+        super().__init__(tolerance=tolerance)
 
-    def _fit_covariance(self, mean: np.ndarray, covariance: np.ndarray, rows: int) -> "Whitening":
-        """W from the float64 eigendecomposition of Σ; directions at or below the floor
-        (tolerance × the largest eigenvalue, which also catches rounding's tiny negatives) are dropped."""
-        self.mean = np.asarray(mean, dtype=np.float64)
-        eigenvalues, eigenvectors = np.linalg.eigh(np.asarray(covariance, dtype=np.float64))
-        order = np.argsort(eigenvalues)[::-1]
-        eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
-        informative = int((eigenvalues > self.tolerance * eigenvalues[0]).sum())
-        if informative == 0:
-            raise ValueError("whitening needs embeddings that vary: every row of the corpus is the same")
-        keep = min(self.dim or len(self.mean), informative)
-        self.rank, self.rows = informative, rows
-        self.eigenvalues = eigenvalues[:keep]
-        self.matrix = eigenvectors[:, :keep] / np.sqrt(self.eigenvalues)
-        return self
+    def settings(self) -> dict:
+        return {"tolerance": self.tolerance}
 
-    @property
-    def output_dim(self) -> int:
-        """Columns of `transform`'s result: `dim` (or D), less any directions without variance."""
-        if self.matrix is None:
-            raise ValueError("Whitening is not fitted: call fit(X) first")
-        return self.matrix.shape[1]
+    def _whitened(self, eigenvalues, axes):
+        return super()._whitened(eigenvalues, axes) @ axes.T
 
-    def transform(self, X) -> np.ndarray:
-        """Whitened rows of X, float32, shape (N, output_dim)."""
-        if self.matrix is None:
-            raise ValueError("Whitening is not fitted: call fit(X) first")
-        X = self._validated(X, width=self.mean.shape[0])
-        return ((X - self.mean) @ self.matrix).astype(np.float32)
-
-    def fit_transform(self, X) -> np.ndarray:
-        """`fit(X)`, then `transform(X)`."""
-        return self.fit(X).transform(X)
-
-    @staticmethod
-    def _validated(X, width: int | None) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2:
-            raise ValueError(f"expected a 2-D array of embeddings (N, D), got shape {X.shape}")
-        if width is not None and X.shape[1] != width:
-            raise ValueError(f"expected embeddings of width {width}, got width {X.shape[1]}")
-        bad = ~np.isfinite(X).all(axis=1)
-        if bad.any():
-            raise ValueError(f"embeddings contain NaN or Inf (first bad row: {int(np.argmax(bad))})")
-        return X

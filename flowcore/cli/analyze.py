@@ -73,6 +73,9 @@ def register(subparsers) -> None:
                         help="edit distance in words or characters for the lexical-overlap bias")
     parser.add_argument("--random-pairs", type=int, default=10_000, help="random pairs for the cosine statistics")
     parser.add_argument("--whitening-dim", type=int, default=None, help="whitening-k: keep the k top directions")
+    parser.add_argument("--whitening-power", type=float, default=defaults.WHITENING_POWER, metavar="GAMMA",
+                        help="tempered whitening, x -> (x - mean) U L^-GAMMA: 0.5 is full whitening, 0 only centres "
+                        "and rotates")
     parser.add_argument("--abtt-k", type=int, default=None,
                         help="directions removed by abtt; when not given, round(dim / 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random pairs and the flow")
@@ -86,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
                           ("--whitening-dim", args.whitening_dim), ("--abtt-k", args.abtt_k)):
         if value is not None and value < 1:
             raise CLIError(f"{option} must be at least 1, got {value}")
+    if not 0 <= args.whitening_power <= 1:
+        raise CLIError(f"--whitening-power must be from 0 to 1 (0.5: full whitening), got {args.whitening_power}")
     frequency = [] if "none" in args.frequency else args.frequency
     if "none" in args.frequency and len(args.frequency) > 1:
         raise CLIError("--frequency none cannot be combined with other sources")
@@ -135,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
         _, sentences = fit_corpus_sentences(args.data_dir, args.sts_dataset, "target")
         name = f"{args.sts_dataset} (all splits)"
         pairs = [load_test(args.data_dir, args.sts_dataset), *pairs]
-    settings = CalibrationSettings(whitening_dim=args.whitening_dim, abtt_k=args.abtt_k, seed=args.seed,
-                                   device=args.device)
+    settings = CalibrationSettings(whitening_dim=args.whitening_dim, whitening_power=args.whitening_power,
+                                   abtt_k=args.abtt_k, seed=args.seed, device=args.device)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     result = analyze(vectors, encoder=encoder, sentences=sentences, corpus_name=name, pairs=pairs,

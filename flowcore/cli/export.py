@@ -1,5 +1,5 @@
-"""`flowcore export`: a fitted flow (or a BERT-whitening fitted here) as a complete
-sentence-transformers model folder (see flowcore.integrations.sentence_transformers)."""
+"""`flowcore export`: a fitted calibrator (a calibrator file, or a whitening fitted here) as a
+complete sentence-transformers model folder (see flowcore.integrations.sentence_transformers)."""
 from __future__ import annotations
 
 import argparse
@@ -13,16 +13,18 @@ from flowcore.text.pooling import NAMED_POOLINGS
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="write a sentence-transformers model folder: encoder + pooling + flow or whitening [+ Normalize]",
+        help="write a sentence-transformers model folder: encoder + pooling + calibration [+ Normalize]",
         description="Write a complete sentence-transformers model folder: the encoder's transformer and tokenizer, "
-        "the pooling, the calibration and optionally Normalize. A whitening with mean or cls pooling loads with "
+        "the pooling, the calibration and optionally Normalize. A linear calibration (whitening, zca, center, abtt) "
+        "is a stock Dense layer: with mean or cls pooling the folder loads with "
         "SentenceTransformer(FOLDER) alone; a flow, or a pooling sentence-transformers lacks, needs flowcore "
         "installed and flowcore.integrations.sentence_transformers.load_model(FOLDER), which checks the folder "
         "before passing trust_remote_code=True (passing that flag yourself trusts every file in the folder).",
     )
     calibration = parser.add_mutually_exclusive_group(required=True)
-    calibration.add_argument("--flow", help="flow file written by `flowcore fit` (its encoder and pooling are the "
-                             "defaults for --model and --pooling; others are refused)")
+    calibration.add_argument("--flow", metavar="FILE",
+                             help="a calibrator file written by `flowcore fit` (a flow or any --method; its encoder "
+                             "and pooling are the defaults for --model and --pooling; others are refused)")
     calibration.add_argument("--whitening", metavar="CORPUS",
                              help="fit BERT-whitening on this text corpus (.txt, .jsonl, .csv, .parquet) and export "
                              "it as a stock Dense layer")
@@ -38,6 +40,9 @@ def register(subparsers) -> None:
                         help="longer texts are truncated to this many tokens (default: 512, as flowcore encode)")
     parser.add_argument("--whitening-dim", type=int, default=None,
                         help="with --whitening: keep the k directions of largest variance (BERT-whitening-k)")
+    parser.add_argument("--whitening-power", type=float, default=None, metavar="GAMMA",
+                        help=f"with --whitening: tempered whitening, x -> (x - mean) U L^-GAMMA (default "
+                        f"{defaults.WHITENING_POWER}: full whitening; 0: centre and rotate only)")
     parser.add_argument("--max-rows", type=int, default=None,
                         help="with --whitening: fit on a reproducible random sample of this many rows")
     parser.add_argument("--text-field", default="text", help="with --whitening: text column/field (default: text)")
@@ -49,10 +54,12 @@ def register(subparsers) -> None:
 def _fit_whitening(args):
     from flowcore.batch.rows import count_reasons
     from flowcore.batch.text_sources import sample_texts
+    from flowcore.calibration.base import create
     from flowcore.calibration.corpus_size import small_corpus_warning
-    from flowcore.calibration.whitening import Whitening
     from flowcore.text.encoder import Encoder
 
+    settings = {"dim": args.whitening_dim, "power": args.whitening_power}
+    whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
     rejects = []
     texts = sample_texts(args.whitening, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
     if rejects:  # the line `flowcore fit --input` prints
@@ -67,23 +74,26 @@ def _fit_whitening(args):
     warning = small_corpus_warning(len(set(texts)), vectors.shape[1], "--whitening CORPUS")
     if warning is not None:
         print(f"flowcore export: warning: {warning}", file=sys.stderr)
-    return Whitening(dim=args.whitening_dim).fit(vectors), len(texts)
+    return whitening.fit(vectors, encoder=encoder), len(texts)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.flow is None and args.whitening is None:
         raise CLIError("give --flow FILE or --whitening CORPUS")
-    if args.flow is not None and (args.whitening_dim is not None or args.max_rows is not None):
-        raise CLIError("--whitening-dim and --max-rows apply to --whitening, not to --flow")
+    if args.flow is not None and any(value is not None for value in (args.whitening_dim, args.whitening_power,
+                                                                     args.max_rows)):
+        raise CLIError("--whitening-dim, --whitening-power and --max-rows apply to --whitening, not to --flow")
+    from flowcore.calibration.base import load
     from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
 
-    whitening = fitted = None
     if args.whitening is not None:
-        whitening, fitted = _fit_whitening(args)
-    out = export(args.out, args.flow, whitening=whitening, model=args.model, pooling=args.pooling,
-                 normalize=args.normalize, max_length=args.max_length)
-    what = f"flow {args.flow}" if args.flow is not None else \
-        f"whitening to {whitening.output_dim} dims fitted on {fitted} sentences of {args.whitening}"
+        calibrator, fitted = _fit_whitening(args)
+        what = f"whitening to {calibrator.output_dim} dims fitted on {fitted} sentences of {args.whitening}"
+    else:
+        calibrator = load(args.flow)
+        what = f"{calibrator.name} {args.flow}"
+    out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
+                 max_length=args.max_length)
     load = f"flowcore.integrations.sentence_transformers.load_model({out!r})  (needs flowcore installed; " \
         "SentenceTransformer(..., trust_remote_code=True) would trust every file in the folder)" \
         if needs_trust_remote_code(out) else f"SentenceTransformer({out!r})"

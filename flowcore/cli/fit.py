@@ -1,4 +1,8 @@
-"""`flowcore fit`: train a flow on embeddings (.npy) or on a text corpus, save it as one file.
+"""`flowcore fit`: fit a calibration on embeddings (.npy) or on a text corpus, save it as one file.
+
+The default method trains a flow; `--method` fits any other registered one (whitening, tempered
+and truncated with `--power`/`--dim`, zca, center, abtt with `--k`, none) in one streamed pass
+over the vectors, in O(d²) memory.
 
 A whole text corpus is encoded once into a memory-mapped cache (`OUT.cache.npy`, written by the
 resumable batch job), and the flow trains on it epoch after epoch with a checkpoint
@@ -15,40 +19,65 @@ from pathlib import Path
 import numpy as np
 
 from flowcore import defaults
+from flowcore.calibration.base import NAMES
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
 from flowcore.flows.configs import CONFIGS
 
+_FLOW_OPTIONS = {"config": "--config", "recipe": "--recipe", "epochs": "--epochs", "batch_size": "--batch-size",
+                 "lr": "--lr", "checkpoint_every": "--checkpoint-every", "threads": "--threads"}
+"""The options that only train a flow: {argument: flag}."""
+_METHOD_OPTIONS = {"power": "--power", "dim": "--dim", "k": "--k"}
+"""The options of the other methods: {their setting (`flowcore.calibration.create`): flag}."""
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "fit", help="train a flow on embeddings or a text corpus",
-        description="Train a BERT-flow Glow by maximum likelihood and save it (safetensors + JSON).")
+        "fit", help="fit a calibration (a flow by default) on embeddings or a text corpus",
+        description="Fit a calibration without labels and save it (safetensors + JSON): a BERT-flow Glow trained "
+        "by maximum likelihood (--method flow, the default), or whitening, zca, center, abtt or none, computed in "
+        "one pass. Any saved file is used like a flow file (flowcore sts --flow, flowcore export --flow, "
+        "flowcore.load).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--embeddings", type=Path, help="a (rows, dim) .npy array of sentence vectors")
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")
-    parser.add_argument("--out", type=Path, required=True, help="where to write the flow file")
-    parser.add_argument("--config", default=defaults.CONFIG, choices=sorted(CONFIGS), help="Glow levels/depth/width")
-    parser.add_argument("--recipe", default=defaults.RECIPE, choices=RECIPES,
-                        help="fit recipe: 'whitened' (start at whitening, keep the epoch with the best held-out "
-                        "likelihood), 'standardized', or 'paper' (raw input, lr 1e-3, batch 32, 1 epoch)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: the recipe's)")
-    parser.add_argument("--batch-size", type=int, default=None, help="training batch size (default: the recipe's)")
-    parser.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default: the recipe's)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="where to write the calibrator file")
+    parser.add_argument("--method", default=defaults.CALIBRATION, choices=NAMES,
+                        help=f"the calibration fitted (default: {defaults.CALIBRATION}): flow (a Glow), whitening "
+                        "(BERT-whitening; --power, --dim), zca (ZCA whitening), center (mean-centring), abtt "
+                        "(all-but-the-top; --k) or none (the raw vectors)")
+    method = parser.add_argument_group("whitening and abtt (--method whitening, abtt)")
+    method.add_argument("--power", type=float, default=None, metavar="GAMMA",
+                        help="whitening's power: x -> (x - mean) U L^-GAMMA; 0.5 (the default) is full whitening, "
+                        "0 only centres and rotates, values between shrink the dominant directions less")
+    method.add_argument("--dim", type=int, default=None, metavar="K",
+                        help="whitening: keep the K directions of largest variance (default: all)")
+    method.add_argument("--k", type=int, default=None, help="abtt: the top directions removed (default: dim / 100)")
+    flow = parser.add_argument_group("the flow (--method flow)")
+    flow.add_argument("--config", default=None, choices=sorted(CONFIGS),
+                      help=f"Glow levels/depth/width (default: {defaults.CONFIG})")
+    flow.add_argument("--recipe", default=None, choices=RECIPES,
+                      help=f"fit recipe (default: {defaults.RECIPE}): 'whitened' (start at whitening, keep the "
+                      "epoch with the best held-out likelihood), 'standardized', or 'paper' (raw input, lr 1e-3, "
+                      "batch 32, 1 epoch)")
+    flow.add_argument("--epochs", type=int, default=None, help="training epochs (default: the recipe's)")
+    flow.add_argument("--batch-size", type=int, default=None, help="training batch size (default: the recipe's)")
+    flow.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default: the recipe's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --max-rows sample and of the flow")
     parser.add_argument("--max-rows", type=int, help="fit on a reproducible random sample of this many rows")
     parser.add_argument("--model", default="default", help="encoder for --input (Hugging Face name or folder)")
     parser.add_argument("--pooling", default=defaults.POOLING, help="pooling for --input")
     parser.add_argument("--text-field", default="text", help="text column/field for .jsonl/.csv/.parquet input")
     parser.add_argument("--device", help="torch device, e.g. cuda")
-    parser.add_argument("--checkpoint-every", type=int, default=1000, metavar="K",
-                        help="write a training checkpoint (OUT.checkpoint) every K steps; a rerun resumes from it")
+    flow.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                      help=f"write a training checkpoint (OUT.checkpoint) every STEPS steps (default: "
+                      f"{defaults.CHECKPOINT_EVERY}); a rerun resumes from it")
     parser.add_argument("--cache", type=Path, default=None,
                         help="where --input's vectors are cached (.npy, memory-mapped; default OUT.cache.npy; kept)")
     parser.add_argument("--restart", action="store_true",
                         help="ignore an earlier run's checkpoint and unfinished cache, and start over")
-    parser.add_argument("--threads", type=int, default=None,
+    flow.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for training (default: 1 for batches under 256 rows, where a "
                         "second thread gains little and a busy core would stall every op; else all CPUs available)")
     parser.set_defaults(func=run)
@@ -109,8 +138,8 @@ def _cached_corpus(args):
     cache = args.cache or args.out.with_name(args.out.name + ".cache.npy")
     source = TextCorpus(args.input, text_field=args.text_field)
     encoder = Encoder(args.model, pooling=args.pooling, device=args.device, threads=1)
-    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": 64}}
-    job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, 64),
+    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": defaults.BATCH_SIZE}}
+    job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, defaults.BATCH_SIZE),
                          identity=identity, restart=args.restart, progress=False, threads=1, description=identity)
     finished = None
     if cache.exists() and job.manifest_path.exists() and not args.restart:
@@ -151,13 +180,42 @@ def _distinct_rows(data: np.ndarray, enough: int, rows: np.ndarray | None = None
     return len(seen)
 
 
+def _method_settings(args) -> dict:
+    """The settings of `--method` from its options; an option of another method is a one-line error."""
+    from flowcore.calibration.base import setting_names
+
+    if args.method != "flow":
+        for name, flag in _FLOW_OPTIONS.items():
+            if getattr(args, name) is not None:
+                raise CLIError(f"{flag} applies to --method flow only, not {args.method}")
+    accepted = setting_names(args.method)
+    settings = {}
+    for name, flag in _METHOD_OPTIONS.items():
+        if getattr(args, name) is not None:
+            if name not in accepted or args.method == "flow":
+                raise CLIError(f"{flag} does not apply to --method {args.method}")
+            settings[name] = getattr(args, name)
+    return settings
+
+
+def _blocks(data, rows):
+    """The vectors to fit on (the `rows` of `data`; all if None) in blocks, never all at once."""
+    count = len(data) if rows is None else len(rows)
+    for start in range(0, count, defaults.STAT_BLOCK_ROWS):
+        stop = start + defaults.STAT_BLOCK_ROWS
+        yield data[start:stop] if rows is None else data[rows[start:stop]]
+
+
 def run(args) -> int:
-    from flowcore.calibration.calibrator import FlowCalibrator
+    from flowcore.calibration.base import create
 
     check_device(args.device)
     started = time.perf_counter()
-    if args.checkpoint_every < 1:
+    settings = _method_settings(args)
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise CLIError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    # bad settings are refused before any encoding
+    calibrator = create(args.method, **settings) if args.method != "flow" else None
     rows = None  # the rows of data to fit on: all, unless the cache holds rejected rows
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
@@ -174,21 +232,37 @@ def run(args) -> int:
         warning = small_corpus_warning(distinct, data.shape[1], option)
     if warning is not None:
         print(f"flowcore fit: warning: {warning}", file=sys.stderr)
-    calibrator = FlowCalibrator(config=args.config, recipe=args.recipe, epochs=args.epochs, batch_size=args.batch_size,
-                                lr=args.lr, seed=args.seed, device=args.device)
+    fitted_rows = len(data) if rows is None else len(rows)
+    if args.method != "flow":  # records the encoder and pooling (None: raw embeddings)
+        calibrator.fit_chunks(_blocks(data, rows), encoder=encoder)
+        calibrator.save(args.out)
+        shown = ", ".join(f"{name} {value}" for name, value in calibrator.settings().items() if name in settings)
+        print(f"fitted {args.method}{f' ({shown})' if shown else ''} on {fitted_rows} x {data.shape[1]} -> "
+              f"{calibrator.output_dim} dims in {time.perf_counter() - started:.1f}s; wrote {args.out}")
+        return 0
+    return _fit_flow(args, data, rows, encoder, started)
+
+
+def _fit_flow(args, data, rows, encoder, started: float) -> int:
+    """Train the flow with checkpoints (a rerun resumes), save it, and print what was kept."""
+    from flowcore.calibration.calibrator import FlowCalibrator
+
+    config = args.config or defaults.CONFIG
+    calibrator = FlowCalibrator(config=config, recipe=args.recipe or defaults.RECIPE, epochs=args.epochs,
+                                batch_size=args.batch_size, lr=args.lr, seed=args.seed, device=args.device)
     checkpoint = args.out.with_name(args.out.name + ".checkpoint")
     if args.restart:
         checkpoint.unlink(missing_ok=True)
     # records the encoder and pooling (None: raw embeddings)
-    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, checkpoint_every=args.checkpoint_every, rows=rows,
-                   threads=args.threads)
+    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint,
+                   checkpoint_every=args.checkpoint_every or defaults.CHECKPOINT_EVERY, rows=rows, threads=args.threads)
     calibrator.save(args.out)
     checkpoint.unlink(missing_ok=True)
     kept = "" if calibrator.selected_epoch is None else (
         f"; kept epoch {calibrator.selected_epoch} (0: the whitening start), held-out "
         f"{calibrator.heldout_bits_per_dim[calibrator.selected_epoch]:.4f} bits/dim")
     fitted_rows = len(data) if rows is None else len(rows)
-    print(f"fitted {args.config} on {fitted_rows} x {data.shape[1]} ({calibrator.recipe.name} recipe) in "
+    print(f"fitted {config} on {fitted_rows} x {data.shape[1]} ({calibrator.recipe.name} recipe) in "
           f"{time.perf_counter() - started:.1f}s; final loss {calibrator.losses[-1]:.4f} bits/dim{kept}; "
           f"wrote {args.out}")
     return 0

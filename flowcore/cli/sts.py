@@ -1,7 +1,7 @@
 """`flowcore sts`: the BERT-flow experiment on the seven STS benchmarks (or on your own labelled
-pairs, `--pairs`) — frozen encoder → calibration (none | whitening | flow | center | abtt | zca, fitted without labels,
-or a flow file, `--flow`) → cosine → Spearman ×100 — printed as a paper-style markdown table,
-optionally saved as JSON records."""
+pairs, `--pairs`) — frozen encoder → calibration (any of `flowcore.calibration.NAMES`, fitted
+without labels, or read from a calibrator file, `--flow`) → cosine → Spearman ×100 — printed as a
+paper-style markdown table, optionally saved as JSON records."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +23,7 @@ from flowcore.cli.arguments import (
     quantize_options,
 )
 from flowcore.runtime import parallel_jobs
-from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings
+from flowcore.sts.baselines import CALIBRATIONS, FLOW_INPUTS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV, DATASETS
 from flowcore.sts.protocol import evaluate
@@ -33,7 +33,14 @@ __all__ = ["register", "run"]
 
 
 DEFAULT_CALIBRATIONS = "none,whitening,flow"
-FLOW_FILE_CALIBRATIONS = ("none", "flow")
+
+
+def _flow_input(text: str) -> str:
+    """`--flow-input`, with its earlier spelling `whiten` (whiten first) read as `prewhiten`."""
+    if text == "whiten":
+        print("flowcore sts: --flow-input whiten is now spelled --flow-input prewhiten", file=sys.stderr)
+        return "prewhiten"
+    return text
 
 
 @contextlib.contextmanager
@@ -63,7 +70,7 @@ def register(subparsers) -> None:
         "sts",
         help="evaluate an encoder with and without calibration on the STS benchmarks (the BERT-flow experiment)",
         description="Spearman x100 of cosine similarity against gold on the STS12-16, STS-B and SICK-R test "
-        "sets (or your own labelled pairs, --pairs), for the raw encoder and after whitening or a flow "
+        "sets (or your own labelled pairs, --pairs), for the raw encoder and after each calibration "
         "fitted without labels (or loaded, --flow). Progress and warnings go to stderr, the table to stdout.",
         formatter_class=HelpFormatter,
     )
@@ -74,10 +81,11 @@ def register(subparsers) -> None:
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
     parser.add_argument("--calibration", default=None, type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
-                        help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (center: mean-centring, "
-                        "abtt: all-but-the-top, zca: ZCA whitening; default: "
-                        f"{DEFAULT_CALIBRATIONS}; with --flow: "
-                        f"{','.join(FLOW_FILE_CALIBRATIONS)}, the only ones allowed then)")
+                        help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (none: the raw vectors, "
+                        "whitening: BERT-whitening, tempered by --whitening-power and truncated by --whitening-dim, "
+                        "center: mean-centring, abtt: all-but-the-top, zca: ZCA whitening; default: "
+                        f"{DEFAULT_CALIBRATIONS}; with --flow: none and the file's calibration, the only ones "
+                        "allowed then)")
     parser.add_argument("--datasets", default=None, type=lambda t: comma_names(t, DATASETS, "dataset"),
                         help=f"comma-separated built-in datasets (default: all of {','.join(DATASETS)})")
     parser.add_argument("--pairs", default=None, action="extend", type=comma_files, metavar="FILE[,FILE...]",
@@ -102,14 +110,15 @@ def register(subparsers) -> None:
                         help=f"folder with the STS data, e.g. ../shared/data/sts; its default comes from ${DATA_ENV} "
                         "(not needed with --pairs)")
     parser.add_argument("--fit-corpus", default="target",
-                        help="what whitening/flow are fitted on, without labels: 'target' (all sentences of the "
+                        help="what the calibrations are fitted on, without labels: 'target' (all sentences of the "
                         "evaluated dataset, all splits: the paper's setting; with --pairs: each file's own "
                         "sentences), 'train' (its train split where one exists; not with --pairs), or a text "
                         "file with one sentence per line (e.g. NLI sentences). Fewer than 5 x dim distinct "
                         "sentences give a warning (stderr and 'warning' in the JSON)")
     parser.add_argument("--flow", default=None, metavar="FILE",
-                        help="a flow file from 'flowcore fit' (for this encoder and pooling): applied as it is, "
-                        "no flow is fitted; --calibration may then hold none and flow only")
+                        help="a calibrator file from 'flowcore fit' (a flow, or any --method; for this encoder and "
+                        "pooling): applied as it is, nothing is fitted; --calibration may then hold none and the "
+                        "file's calibration only")
     parser.add_argument("--sick-split", default="test", choices=("test", "all"),
                         help="SICK-R pairs scored: 'test' (4927, the paper's protocol) or 'all' (9927, MTEB's)")
     parser.add_argument("--aggregation", default="all", choices=AGGREGATIONS,
@@ -125,12 +134,18 @@ def register(subparsers) -> None:
     parser.add_argument("--flow-lr", type=float, default=None, help="flow learning rate (Adam; default: the recipe's)")
     parser.add_argument("--flow-batch-size", type=int, default=None,
                         help="flow training batch size (default: the recipe's)")
-    parser.add_argument("--flow-input", default=None, choices=("standardize", "whiten", "raw"),
-                        help="override what the flow is fitted on: coordinates standardized over the fit corpus "
-                        "(constant ones dropped), vectors whitened first, or the raw vectors (diverges on "
-                        "poolings with constant coordinates, e.g. mean pooling of the default model)")
+    parser.add_argument("--flow-input", default=None, type=_flow_input, choices=FLOW_INPUTS,
+                        help="override what the flow is fitted on (its recipe decides when not given): coordinates "
+                        "standardized over the fit corpus (constant ones dropped), vectors whitened first and the "
+                        "flow fitted on them as they are (prewhiten; unlike the 'whitened' recipe, which starts "
+                        "the flow itself at whitening), or the raw vectors (diverges on poolings with constant "
+                        "coordinates, e.g. mean pooling of the default model)")
     parser.add_argument("--whitening-dim", type=int, default=None,
                         help="keep only the k largest-variance whitened directions; all when not given")
+    parser.add_argument("--whitening-power", type=float, default=defaults.WHITENING_POWER, metavar="GAMMA",
+                        help="tempered whitening, x -> (x - mean) U L^-GAMMA: 0.5 is full whitening (identity "
+                        "covariance), 0 only centres and rotates (cosines equal center's), values between "
+                        "shrink the dominant directions less")
     parser.add_argument("--abtt-k", type=int, default=None,
                         help="principal directions removed by --calibration abtt (all-but-the-top); when not "
                         "given, round(dim / 100), the authors' rule")
@@ -167,17 +182,10 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"STS data folder not found: {args.data_dir}")
     if args.fit_corpus not in ("target", "train") and not os.path.isfile(args.fit_corpus):
         raise CLIError(f"--fit-corpus {args.fit_corpus!r} is neither 'target', 'train' nor an existing file")
-    calibrations = args.calibration or comma_names(
-        ",".join(FLOW_FILE_CALIBRATIONS) if args.flow else DEFAULT_CALIBRATIONS, CALIBRATIONS, "calibration")
-    if args.flow is not None:
-        if not os.path.isfile(args.flow):
-            raise CLIError(f"--flow {args.flow}: no such file")
-        others = [name for name in calibrations if name not in FLOW_FILE_CALIBRATIONS]
-        if others:
-            raise CLIError(f"--flow applies a flow file, nothing is fitted: --calibration may hold "
-                           f"{' and '.join(FLOW_FILE_CALIBRATIONS)} only, not {', '.join(others)}")
-        if args.fit_corpus != "target":
-            raise CLIError("--fit-corpus does not apply with --flow (the flow file is already fitted)")
+    if args.flow is not None and not os.path.isfile(args.flow):
+        raise CLIError(f"--flow {args.flow}: no such file")
+    if args.flow is not None and args.fit_corpus != "target":
+        raise CLIError("--fit-corpus does not apply with --flow (the calibrator file is already fitted)")
     for option, value in (("--flow-epochs", args.flow_epochs), ("--flow-batch-size", args.flow_batch_size),
                           ("--batch-size", args.batch_size)):
         if value is not None and value < 1:
@@ -186,32 +194,44 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--flow-lr must be positive, got {args.flow_lr}")
     if args.whitening_dim is not None and args.whitening_dim < 1:
         raise CLIError(f"--whitening-dim must be at least 1, got {args.whitening_dim}")
+    if not 0 <= args.whitening_power <= 1:
+        raise CLIError(f"--whitening-power must be from 0 to 1 (0.5: full whitening), got {args.whitening_power}")
     if args.jobs is not None and args.jobs < 1:
         raise CLIError(f"--jobs must be at least 1, got {args.jobs}")
     if args.abtt_k is not None and args.abtt_k < 1:
         raise CLIError(f"--abtt-k must be at least 1, got {args.abtt_k}")
-    settings = CalibrationSettings(whitening_dim=args.whitening_dim, abtt_k=args.abtt_k, flow_config=args.flow_config,
+    settings = CalibrationSettings(whitening_dim=args.whitening_dim, whitening_power=args.whitening_power,
+                                   abtt_k=args.abtt_k, flow_config=args.flow_config,
                                    flow_recipe=args.flow_recipe, flow_epochs=args.flow_epochs, flow_lr=args.flow_lr,
                                    flow_batch_size=args.flow_batch_size, flow_input=args.flow_input, seed=args.seed,
                                    device=args.device)
     cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     started = time.perf_counter()
     records = []
+    calibrations = args.calibration or comma_names(DEFAULT_CALIBRATIONS, CALIBRATIONS, "calibration")
+    fitted = None
+    if args.flow is not None:
+        from flowcore.sts.baselines import prefitted  # imports torch: only when --flow is used
+
+        given = prefitted(args.flow, device=args.device)
+        name = given.calibrator.name
+        calibrations = args.calibration or ["none", name]
+        others = [other for other in calibrations if other not in ("none", name)]
+        if others:
+            raise CLIError(f"--flow applies a {name} calibrator file, nothing is fitted: --calibration may hold "
+                           f"none and {name} only, not {', '.join(others)}")
+        fitted = {name: given}
     with _progress_on_stderr(not args.quiet):
-        pairs = fitted = None
+        pairs = None
         if args.pairs is not None:
             from flowcore.sts.pairs import load_pairs_files
 
             pairs = load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad)
-        if args.flow is not None:
-            from flowcore.sts.baselines import prefitted_flow
-
-            fitted = {"flow": prefitted_flow(args.flow, device=args.device)}
         for pooling in args.pooling:
             encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device,
                               **quantize_options(args))
             if fitted is not None:
-                _check_flow_fits(fitted["flow"].calibrator, encoder, args)
+                _check_flow_fits(given.calibrator, encoder, args)
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
                                 settings=settings, cache=cache, batch_size=args.batch_size, progress=not args.quiet,

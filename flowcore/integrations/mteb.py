@@ -2,9 +2,9 @@
 
 `FlowcoreMTEBModel(encoder, calibrator=None, normalize=False)` implements mteb's `EncoderProtocol`
 (mteb >= 2.0): `encode` over mteb's DataLoader of batches (the "text" field), cosine `similarity`
-and `similarity_pairwise`, and `mteb_model_meta` (a `ModelMeta`). The calibrator is a fitted
-`FlowCalibrator`, a fitted `Whitening`, or anything with `transform(X)`; `from_flow_file(path)`
-builds the model from a flow file and the encoder it records.
+and `similarity_pairwise`, and `mteb_model_meta` (a `ModelMeta`). The calibrator is any fitted
+flowcore calibrator (`flowcore.calibration`), or anything with `transform(X)`;
+`from_flow_file(path)` builds the model from a calibrator file and the encoder it records.
 
     >>> import mteb
     >>> from flowcore.integrations.mteb import FlowcoreMTEBModel
@@ -36,15 +36,15 @@ class FlowcoreMTEBModel:
     Args:
         encoder: a `flowcore.Encoder` (or anything with `encode(texts, batch_size=, show_progress_bar=)`,
             `model_id`, `pooling` and `dim`).
-        calibrator: a fitted `FlowCalibrator`, a fitted `Whitening`, or anything with `transform(X)`;
-            None evaluates the raw vectors. A calibrator that records its encoder (`provenance`) must
-            have been fitted on this encoder and pooling.
+        calibrator: a fitted flowcore calibrator (e.g. `FlowCalibrator`, `Whitening`), or anything
+            with `transform(X)`; None evaluates the raw vectors. A calibrator that records its
+            encoder (`provenance`) must have been fitted on this encoder and pooling.
         normalize: scale the (calibrated) vectors to unit length. Cosine scores do not change; tasks
             that use other distances (euclidean, k-means) do.
         dtype: of the returned vectors. The vectors are float32 (encoder and calibrations); float64
             (the default) hands them to mteb exactly, upcast, so that mteb's scores are computed in
-            float64 like `flowcore sts`'s cosine: in float32, mteb's cosine is off by ~3e-7, which
-            moves an STS Spearman by ~1e-6. "float32" halves the memory of a large corpus.
+            float64 like `flowcore sts`'s cosine (in float32, mteb's cosine rounds differently and
+            can move an STS Spearman in its last digits). "float32" halves the memory of a large corpus.
         name: the `ModelMeta` name ("organization/model"); default "flowcore/<model>-<pooling>[-<calibration>]".
         revision: the `ModelMeta` revision; default a fingerprint of the encoder, pooling, calibration
             state, `normalize` and `dtype`, so different calibrations never share mteb's result folders.
@@ -60,7 +60,7 @@ class FlowcoreMTEBModel:
                 raise TypeError(f"encoder must be a flowcore Encoder (with {attribute!r}), "
                                 f"not {type(encoder).__name__}")
         if calibrator is not None and not callable(getattr(calibrator, "transform", None)):
-            raise TypeError(f"calibrator must have transform(X), like FlowCalibrator or Whitening; "
+            raise TypeError(f"calibrator must have transform(X), like every flowcore calibrator; "
                             f"got {type(calibrator).__name__}")
         self.encoder = encoder
         self.calibrator = calibrator
@@ -76,10 +76,10 @@ class FlowcoreMTEBModel:
     @classmethod
     def from_flow_file(cls, path, encoder=None, normalize: bool = False, device=None,
                        **kwargs) -> "FlowcoreMTEBModel":
-        """The model of a flow file: its `FlowCalibrator` on the encoder and pooling it records.
+        """The model of a calibrator file: its calibrator on the encoder and pooling it records.
 
         Args:
-            path: a flow file (`FlowCalibrator.save`, `flowcore fit`).
+            path: a calibrator file of any method (`flowcore fit`, a calibrator's `save`).
             encoder: the `Encoder` to use; default `Encoder(model, pooling)` as the file records them
                 (a file fitted on raw embeddings records none, so then `encoder` is required).
             normalize: as in the constructor.
@@ -88,9 +88,9 @@ class FlowcoreMTEBModel:
                 revision starts with the file's SHA-256.
         """
         from flowcore._fs import file_sha256
-        from flowcore.calibration.calibrator import FlowCalibrator
+        from flowcore.calibration.base import load
 
-        calibrator = FlowCalibrator.load(path, device=device)
+        calibrator = load(path, device=device)
         if encoder is None:
             recorded = calibrator.provenance
             if recorded is None:
@@ -106,11 +106,11 @@ class FlowcoreMTEBModel:
 
     @property
     def calibration(self) -> str:
-        """"none", "flow", "whitening", or the calibrator's class name in lower case."""
+        """The calibrator's method name (`flowcore.calibration.NAMES`), "none" without one; a
+        calibrator of your own: its class name in lower case."""
         if self.calibrator is None:
             return "none"
-        kind = type(self.calibrator).__name__
-        return {"FlowCalibrator": "flow", "Whitening": "whitening"}.get(kind, kind.lower())
+        return getattr(self.calibrator, "name", None) or type(self.calibrator).__name__.lower()
 
     def encode(self, inputs, *, task_metadata=None, hf_split: str | None = None, hf_subset: str | None = None,
                prompt_type=None, **kwargs) -> np.ndarray:
@@ -219,28 +219,24 @@ def _check_calibrator(calibrator, encoder) -> int:
     dim = int(encoder.dim)
     if calibrator is None:
         return dim
-    from flowcore.calibration.calibrator import FlowCalibrator
-    from flowcore.calibration.flow_file import check_encoder_fits
-    from flowcore.calibration.whitening import Whitening
+    from flowcore.calibration.base import Calibrator
 
-    if isinstance(calibrator, Whitening):
-        if calibrator.matrix is None:
-            raise ValueError("the Whitening is not fitted: call fit(X) first")
-        width, out = int(calibrator.mean.shape[0]), int(calibrator.output_dim)
-    elif isinstance(calibrator, FlowCalibrator):
-        if calibrator.flow is None:
-            raise ValueError("the FlowCalibrator is not fitted: call fit(X) or FlowCalibrator.load(path) first")
-        width = out = int(calibrator.dim)
+    if isinstance(calibrator, Calibrator):  # the protocol: its widths and recorded encoder
+        from flowcore.calibration.flow_file import check_encoder_fits
+
+        try:
+            width, out = int(calibrator.dim), int(calibrator.output_dim)
+        except (ValueError, RuntimeError) as error:  # not fitted
+            raise ValueError(str(error)) from None
+        if width != dim:
+            raise ValueError(f"the calibrator takes {width}-wide vectors but encoder {encoder.model_id!r} "
+                             f"gives {dim}-wide ones")
         check_encoder_fits(calibrator.provenance, width, encoder, what="the calibrator")
-    else:  # a calibrator of your own: its output width from a probe
-        probe = np.asarray(calibrator.transform(np.zeros((2, dim), dtype=np.float32)))
-        if probe.ndim != 2 or probe.shape[0] != 2:
-            raise ValueError(f"calibrator.transform must map (n, {dim}) to (n, k), got shape {probe.shape}")
-        return int(probe.shape[1])
-    if width != dim:
-        raise ValueError(f"the calibrator takes {width}-wide vectors but encoder {encoder.model_id!r} "
-                         f"gives {dim}-wide ones")
-    return out
+        return out
+    probe = np.asarray(calibrator.transform(np.zeros((2, dim), dtype=np.float32)))  # one of your own
+    if probe.ndim != 2 or probe.shape[0] != 2:
+        raise ValueError(f"calibrator.transform must map (n, {dim}) to (n, k), got shape {probe.shape}")
+    return int(probe.shape[1])
 
 
 def _hub_name(model_id: str) -> str | None:
@@ -336,7 +332,7 @@ def _hash_state(sha, value, depth: int = 0) -> None:
     attributes = getattr(value, "__dict__", None)
     if attributes is not None:
         for key in sorted(attributes):
-            if key in ("losses", "device", "metadata") or key.startswith("_"):
-                continue  # training history and placement do not change the vectors
+            if key in ("losses", "device", "metadata", "source") or key.startswith("_"):
+                continue  # training history, placement and the file it came from do not change the vectors
             sha.update(key.encode("utf-8"))
             _hash_state(sha, attributes[key], depth + 1)

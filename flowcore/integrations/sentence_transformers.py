@@ -1,17 +1,18 @@
 """sentence-transformers model folders with flowcore's calibrations and poolings inside.
 
-`export(out, flow=..., model=..., pooling=..., normalize=...)` (CLI: `flowcore export`) writes a
-complete `SentenceTransformer` folder: the encoder's transformer and tokenizer, its pooling, the
-calibration and optionally `Normalize`. `SentenceTransformer(out).encode(texts)` then gives the
-vectors of flowcore's own path, `Encoder(model, pooling).encode(texts)` followed by
-`FlowCalibrator.transform` (or `Whitening.transform`), to float32 rounding.
+`export(out, calibrator, model=..., pooling=..., normalize=...)` (CLI: `flowcore export`) writes
+a complete `SentenceTransformer` folder: the encoder's transformer and tokenizer, its pooling, the
+calibration (any fitted calibrator, or a calibrator file) and optionally `Normalize`.
+`SentenceTransformer(out).encode(texts)` then gives the vectors of flowcore's own path,
+`Encoder(model, pooling).encode(texts)` followed by the calibrator's `transform`, to float32 rounding.
 
 What each folder needs to load (sentence-transformers >= 6):
 
-- **Whitening** (`whitening=Whitening(...)`) is a stock `Dense` (identity activation, weight
-  Wᵀ = (U·Λ^(−1/2))ᵀ, bias −μ·W), and `mean`/`cls` pooling a stock `Pooling`: such a folder names
-  only `sentence_transformers.*` classes and loads with sentence-transformers alone,
-  `SentenceTransformer(out)`, no flowcore installed and no `trust_remote_code`.
+- **A linear calibration** (whitening, tempered or truncated, zca, center, abtt: x → (x − μ)·W)
+  is a stock `Dense` (identity activation, weight Wᵀ, bias −μ·W), `none` adds no module, and
+  `mean`/`cls` pooling is a stock `Pooling`: such a folder names only `sentence_transformers.*`
+  classes and loads with sentence-transformers alone, `SentenceTransformer(out)`, no flowcore
+  installed and no `trust_remote_code`.
 - **The flow** is `FlowModule`, and the poolings sentence-transformers lacks
   (`first-last-avg`, `last2-avg`, `static-avg`, `layers=I,J`) are `LayerPooling`: classes of this
   module. From v6, sentence-transformers imports a `modules.json` class outside
@@ -48,12 +49,12 @@ from sentence_transformers.sentence_transformer.modules import Dense, Module, No
 from sentence_transformers.sentence_transformer.modules import Pooling as STPooling
 
 from flowcore import defaults
-from flowcore.calibration.calibrator import FlowCalibrator
+from flowcore.calibration.base import Calibrator, load
 from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits
-from flowcore.text.loading import DEFAULT_MODEL, resolve_model
+from flowcore.text.loading import resolve_model
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 
-__all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "load_model", "whitening_dense"]
+__all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense", "load_model"]
 
 FLOW_FILE = "flow.safetensors"
 """The calibrator's flow file inside the `FlowModule` module folder."""
@@ -68,18 +69,18 @@ class FlowModule(Module):
     the input's dtype). Frozen; saved as `flow.safetensors` + `config.json`.
 
     Args:
-        calibrator: a fitted `FlowCalibrator`, or the path of a flow file (`FlowCalibrator.load`).
+        calibrator: a fitted `FlowCalibrator`, or the path of a flow file.
     """
 
     config_keys: list[str] = ["embedding_dimension", "flow_config", "encoder"]
 
-    def __init__(self, calibrator: FlowCalibrator | str | os.PathLike):
+    def __init__(self, calibrator: Calibrator | str | os.PathLike):
         super().__init__()
         if isinstance(calibrator, (str, os.PathLike)):
-            calibrator = FlowCalibrator.load(calibrator)
-        if not isinstance(calibrator, FlowCalibrator):
-            raise TypeError(f"FlowModule takes a FlowCalibrator or a flow file path, "
-                            f"not {type(calibrator).__name__}")
+            calibrator = load(calibrator)
+        if getattr(calibrator, "name", None) != "flow":
+            raise TypeError(f"FlowModule takes a fitted flow or a flow file path, not {type(calibrator).__name__} "
+                            "(other calibrations export as a Dense: build_model)")
         self.calibrator = calibrator
         self.embedding_dimension = calibrator.dim  # raises if the calibrator is not fitted
         self.flow_config = calibrator.config
@@ -175,51 +176,65 @@ class LayerPooling(Module):
         return cls(**{key: config[key] for key in cls.config_keys if key in config})
 
 
-def whitening_dense(whitening) -> Dense:
-    """A fitted `flowcore.Whitening` as a stock `Dense`: x -> x·W − μ·W, identity activation, float32.
+def linear_dense(calibrator) -> Dense:
+    """A fitted linear calibrator (x -> (x − μ)·W: whitening, zca, center, abtt) as a stock `Dense`:
+    x -> x·W − μ·W, identity activation, float32.
 
     `Dense` computes x·weightᵀ + bias, so weight = Wᵀ (output_dim × D) and bias = −μ·W."""
-    if getattr(whitening, "matrix", None) is None:
-        raise ValueError("the Whitening is not fitted: call fit(X) first")
-    matrix = np.asarray(whitening.matrix, dtype=np.float64)
-    bias = -(np.asarray(whitening.mean, dtype=np.float64) @ matrix)
+    if not hasattr(calibrator, "matrix"):
+        raise TypeError(f"a {getattr(calibrator, 'name', type(calibrator).__name__)} calibrator is not linear "
+                        "(x -> (x - mean) W), so it has no Dense form")
+    if calibrator.matrix is None:
+        raise ValueError(f"the {calibrator.name} calibrator is not fitted: call fit(X) first")
+    matrix = np.asarray(calibrator.matrix, dtype=np.float64)
+    bias = -(np.asarray(calibrator.mean, dtype=np.float64) @ matrix)
     dim, output_dim = matrix.shape
     return Dense(dim, output_dim, bias=True, activation_function=torch.nn.Identity(),
                  init_weight=torch.tensor(matrix.T, dtype=torch.float32),
                  init_bias=torch.tensor(bias, dtype=torch.float32))
 
 
-def build_model(flow=None, *, whitening=None, model: str | None = None, pooling: str | None = None, layers=None,
+def _calibration_module(calibrator: Calibrator):
+    """The module of a fitted calibrator: `FlowModule` for the flow, a stock `Dense` for the linear
+    methods, none for `none`."""
+    if calibrator.name == "flow":
+        return FlowModule(calibrator)
+    if calibrator.name == "none":
+        return None
+    return linear_dense(calibrator)
+
+
+def build_model(calibrator=None, *, model: str | None = None, pooling: str | None = None, layers=None,
                 normalize: bool = False, max_length: int = DEFAULT_MAX_LENGTH,
                 device: str = "cpu") -> SentenceTransformer:
     """A `SentenceTransformer`: the encoder's transformer, the pooling, the calibration, [Normalize].
 
     Args:
-        flow: a fitted `FlowCalibrator` or a flow file path; its recorded encoder and pooling
-            (`provenance`) are the defaults for `model` and `pooling`, and any other is refused.
-        whitening: a fitted `flowcore.Whitening` instead of a flow (exported as a stock `Dense`).
-        model: "default", a local model folder or a cached Hugging Face name (never downloaded).
-        pooling: a flowcore pooling (default: the flow's, else "first-last-avg"); `mean` and `cls`
-            become a stock `Pooling`, the others a `LayerPooling`.
+        calibrator: any fitted calibrator (`flowcore.calibration`), or the path of a calibrator
+            file (`flowcore fit`); its recorded encoder and pooling (`provenance`) are the defaults
+            for `model` and `pooling`, and any other is refused. None: no calibration.
+        model: "default", a local model folder or a cached Hugging Face name (never downloaded);
+            needed when the calibrator records no encoder.
+        pooling: a flowcore pooling (default: the calibrator's, else "first-last-avg"); `mean` and
+            `cls` become a stock `Pooling`, the others a `LayerPooling`.
         layers: hidden-state indices to average, instead of `pooling`.
         normalize: append `Normalize` (unit-length vectors).
         max_length: texts are truncated to this many tokens (flowcore.Encoder's default, 512, capped
             by the model's limit).
         device: where the model is built.
-    With neither `flow` nor `whitening`, the folder holds only the encoder and the pooling.
+
+    Example:
+        >>> build_model("whitening.flow", normalize=True).encode(["a sentence"])
     """
-    if flow is not None and whitening is not None:
-        raise ValueError("give a flow or a whitening, not both")
-    calibrator = None
-    if flow is not None:
-        calibrator = flow if isinstance(flow, FlowCalibrator) else FlowCalibrator.load(flow)
+    if isinstance(calibrator, (str, os.PathLike)):
+        calibrator = load(calibrator)
     recorded: EncoderProvenance | None = calibrator.provenance if calibrator is not None else None
     requested_model = model
     if model is None:
         if calibrator is not None and recorded is None:
-            raise ValueError("the flow file records no encoder (it was fitted on raw embeddings); "
-                             "pass the model and pooling of the encoder that produced them")
-        model = recorded.model if recorded is not None else DEFAULT_MODEL
+            raise ValueError(f"the {calibrator.name} calibrator records no encoder (it was fitted on raw "
+                             "embeddings); pass the model and pooling of the encoder that produced them")
+        model = recorded.model if recorded is not None else defaults.MODEL
     if pooling is None and layers is None:
         pooling = recorded.pooling if recorded is not None else defaults.POOLING
     elif pooling is None:
@@ -237,14 +252,11 @@ def build_model(flow=None, *, whitening=None, model: str | None = None, pooling:
                              "export such a model")
     dim = int(config.hidden_size)
     bound = bind_pooling(kind, requested, int(config.num_hidden_layers))
+    calibration = None
     if calibrator is not None:  # the encoder as described by its config: no weights loaded yet
         check_encoder_fits(recorded, calibrator.dim, SimpleNamespace(model_id=model_id, pooling=bound.name, dim=dim),
-                           requested_model)
-    if whitening is not None:
-        dense = whitening_dense(whitening)
-        if dense.in_features != dim:
-            raise ValueError(f"encoder {model_id!r} gives {dim}-wide vectors but the whitening expects "
-                             f"{dense.in_features}")
+                           requested_model, what=f"the {calibrator.name} calibrator")
+        calibration = _calibration_module(calibrator)
     local = {"local_files_only": True}
     with _quiet_transformers():
         transformer = Transformer(source, model_kwargs=dict(local), processor_kwargs=dict(local),
@@ -256,27 +268,29 @@ def build_model(flow=None, *, whitening=None, model: str | None = None, pooling:
         modules.append(LayerPooling(bound.name, list(bound.hidden_states), dim, bound.first_token))
     else:
         modules.append(STPooling(dim, pooling_mode=_STOCK_POOLINGS[kind]))
-    if calibrator is not None:
-        modules.append(FlowModule(calibrator))
-    if whitening is not None:
-        modules.append(dense)
+    if calibration is not None:
+        modules.append(calibration)
     if normalize:
         modules.append(Normalize())
     return SentenceTransformer(modules=modules, device=device)
 
 
-def export(out, flow=None, *, whitening=None, model: str | None = None, pooling: str | None = None, layers=None,
+def export(out, calibrator=None, *, model: str | None = None, pooling: str | None = None, layers=None,
            normalize: bool = False, max_length: int = DEFAULT_MAX_LENGTH) -> str:
     """Write `build_model(...)` (same arguments) as a model folder at `out`; returns its path.
 
     Load it with `SentenceTransformer(out)` when it names only sentence-transformers classes
-    (whitening or no calibration with `mean`/`cls` pooling), else with `load_model(out)` (see the
-    module docstring: `SentenceTransformer(out, trust_remote_code=True)` trusts every file in it)."""
+    (a linear calibration or none, with `mean`/`cls` pooling), else with `load_model(out)` (see the
+    module docstring: `SentenceTransformer(out, trust_remote_code=True)` trusts every file in it).
+
+    Example:
+        >>> export("st-model", "model.flow", normalize=True)
+    """
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; give a new folder for the model")
-    st_model = build_model(flow, whitening=whitening, model=model, pooling=pooling, layers=layers,
-                           normalize=normalize, max_length=max_length)
+    st_model = build_model(calibrator, model=model, pooling=pooling, layers=layers, normalize=normalize,
+                           max_length=max_length)
     with _quiet_transformers():
         st_model.save(str(out), create_model_card=False)
     return str(out)

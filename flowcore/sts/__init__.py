@@ -9,10 +9,9 @@ from flowcore.sts.baselines import (
     CALIBRATIONS,
     CalibrationSettings,
     FlowBaseline,
-    NoCalibration,
     PreFitted,
     build_calibrator,
-    prefitted_flow,
+    prefitted,
 )
 from flowcore.sts.cache import CACHE_ENV, EmbeddingCache, default_cache_dir
 from flowcore.sts.data import (
@@ -34,9 +33,9 @@ from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table,
 
 __all__ = [
     "AGGREGATIONS", "AGGREGATION_NOTES", "CACHE_ENV", "CALIBRATIONS", "DATASETS", "DATA_ENV", "MULTI_SUBSET",
-    "CalibrationSettings", "EmbeddingCache", "FlowBaseline", "NoCalibration", "PairColumns", "PreFitted",
+    "CalibrationSettings", "EmbeddingCache", "FlowBaseline", "PairColumns", "PreFitted",
     "STSDataError", "STSPairs", "build_calibrator", "correlations", "cosine_similarity", "default_cache_dir",
     "default_data_dir", "evaluate", "fit_corpus_sentences", "load_pairs", "load_pairs_files", "load_split",
-    "load_test", "markdown_table", "prefitted_flow", "read_sentence_file", "score_pairs", "spearman_of", "splits",
+    "load_test", "markdown_table", "prefitted", "read_sentence_file", "score_pairs", "spearman_of", "splits",
     "write_json",
 ]

@@ -1,48 +1,38 @@
-"""The calibrations `flowcore sts` compares: none (the raw vectors), BERT-whitening and the flow
-(`FlowBaseline`, wrapping `flowcore.calibration.calibrator.FlowCalibrator`), with their
-hyper-parameters (`CalibrationSettings`) and the part of them recorded with each result; a
-calibrator fitted elsewhere (a flow file) is a `PreFitted`."""
+"""The calibrations `flowcore sts` and `flowcore analyze` compare: every registered method
+(`flowcore.calibration.NAMES`), built by name with its hyper-parameters (`CalibrationSettings`),
+the part of them recorded with each result, and a calibrator fitted elsewhere (`PreFitted`, read
+from any calibrator file)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
 from flowcore import defaults
-from flowcore.calibration.whitening import Whitening
+from flowcore.calibration.base import NAMES, create, load
 
-__all__ = ["CALIBRATIONS", "CalibrationSettings", "FlowBaseline", "NoCalibration", "PreFitted", "build_calibrator",
-           "prefitted_flow", "settings_record"]
+__all__ = ["CALIBRATIONS", "FLOW_INPUTS", "CalibrationSettings", "FlowBaseline", "PreFitted", "build_calibrator",
+           "prefitted", "settings_record"]
 
-CALIBRATIONS = ("none", "whitening", "flow", "center", "abtt", "zca")
-"""`center`, `abtt` (all-but-the-top) and `zca` (ZCA whitening) are the linear baselines of
-`flowcore.calibration.postprocess`; `whitening` is BERT-whitening (PCA whitening, `-k` with `whitening_dim`)."""
-
-
-class NoCalibration:
-    """The raw encoder vectors."""
-
-    def fit(self, X) -> "NoCalibration":
-        return self
-
-    def transform(self, X) -> np.ndarray:
-        return np.asarray(X, dtype=np.float32)
+CALIBRATIONS = NAMES
+"""`none` (the raw vectors), `whitening` (tempered with `whitening_power`, truncated with
+`whitening_dim`), `flow`, `center` (mean-centring), `abtt` (all-but-the-top) and `zca`."""
+FLOW_INPUTS = ("standardize", "prewhiten", "raw")
+"""What `flowcore sts --flow-input` fits the flow on, instead of its recipe's own input."""
+_RECORDED = {"whitening": {"whitening_dim": "dim", "whitening_power": "power"}, "abtt": {"abtt_k": "k"}}
+"""{method: {`CalibrationSettings` field and result key: the method's setting}}."""
 
 
 class FlowBaseline:
-    """The flow as `flowcore sts` runs it. `input` says what the flow is fitted on: None (the
-    default: what the calibrator's fit recipe says, `flowcore.calibration.recipes`), `standardize`
-    (coordinates standardised over the fit corpus, constant ones bypassing the flow; raw
-    mean-pooled all-MiniLM-L6-v2 otherwise diverges), `raw` (the vectors unchanged, as the paper's
-    code) or `whiten` (BERT-whitening first, then a flow on the raw whitened vectors)."""
+    """The flow as `flowcore sts` fits it: a `FlowCalibrator` fitted with its progress bar on or
+    off, on `input`: None (the default: what the flow's fit recipe says,
+    `flowcore.calibration.recipes`), `standardize` (coordinates standardised over the fit corpus,
+    constant ones bypassing the flow), `raw` (the vectors unchanged, as the paper's code) or
+    `prewhiten` (whitening fitted first, then a flow on the raw whitened vectors; unlike the
+    recipe input `whiten`, which starts the flow itself at whitening)."""
 
-    INPUTS = ("standardize", "whiten", "raw")
-
-    def __init__(self, flow_factory, input: str | None = None, progress: bool = True):
-        if input is not None and input not in self.INPUTS:
-            raise ValueError(f"unknown flow input {input!r}; choose from {', '.join(self.INPUTS)}")
-        self.input, self.progress = input, progress
-        self.flow = flow_factory(standardize=None if input is None else input == "standardize")
+    def __init__(self, flow, input: str | None = None, progress: bool = True):
+        if input is not None and input not in FLOW_INPUTS:
+            raise ValueError(f"unknown flow input {input!r}; choose from {', '.join(FLOW_INPUTS)}")
+        self.flow, self.input, self.progress = flow, input, progress
         self.whitening = None
 
     @property
@@ -61,12 +51,12 @@ class FlowBaseline:
         return self.whitening.transform(X) if self.whitening is not None else X
 
     def fit(self, X) -> "FlowBaseline":
-        if self.input == "whiten":
-            self.whitening = Whitening().fit(X)
+        if self.input == "prewhiten":
+            self.whitening = create("whitening").fit(X)
         self.flow.fit(self._prepared(X), progress=self.progress)
         return self
 
-    def transform(self, X) -> np.ndarray:
+    def transform(self, X):
         return self.flow.transform(self._prepared(X))
 
 
@@ -75,48 +65,34 @@ class CalibrationSettings:
     """Hyper-parameters of the fitted calibrations (recorded with each result)."""
 
     whitening_dim: int | None = None
+    whitening_power: float = defaults.WHITENING_POWER
     abtt_k: int | None = None
     flow_config: str = defaults.CONFIG
     flow_recipe: str = defaults.RECIPE  # `flowcore.calibration.recipes`; the None fields below are the recipe's
     flow_epochs: int | None = None
     flow_lr: float | None = None
     flow_batch_size: int | None = None
-    flow_input: str | None = None
+    flow_input: str | None = None  # one of FLOW_INPUTS; None: the recipe's
     seed: int = 0
     device: str | None = None
 
 
 def build_calibrator(name: str, settings: CalibrationSettings, progress: bool = True):
-    """A fresh, unfitted calibrator with `fit(X)` and `transform(X)`."""
-    if name == "none":
-        return NoCalibration()
-    if name == "whitening":
-        return Whitening(dim=settings.whitening_dim)
+    """A fresh, unfitted calibrator of method `name` (`flowcore.calibration.create`) with its
+    `settings`; the flow comes as a `FlowBaseline`."""
     if name == "flow":
-        # Deferred: FlowCalibrator imports torch, which `import flowcore.sts` and the CLI's start-up do without.
-        from flowcore.calibration.calibrator import FlowCalibrator
-
-        def flow_factory(standardize: bool | None) -> FlowCalibrator:
-            return FlowCalibrator(config=settings.flow_config, recipe=settings.flow_recipe, epochs=settings.flow_epochs,
-                                  batch_size=settings.flow_batch_size, lr=settings.flow_lr,
-                                  seed=settings.seed, device=settings.device, standardize=standardize)
-
-        return FlowBaseline(flow_factory, input=settings.flow_input, progress=progress)
-    if name in ("center", "abtt", "zca"):
-        from flowcore.calibration.postprocess import AllButTheTop, MeanCentering, ZCAWhitening  # imports torch
-
-        if name == "abtt":
-            return AllButTheTop(settings.abtt_k)
-        return MeanCentering() if name == "center" else ZCAWhitening()
-    raise ValueError(f"unknown calibration {name!r}; choose from {', '.join(CALIBRATIONS)}")
+        # "prewhiten": the whitened vectors go to the flow as they are
+        standardize = None if settings.flow_input is None else settings.flow_input == "standardize"
+        flow = create("flow", config=settings.flow_config, recipe=settings.flow_recipe, epochs=settings.flow_epochs,
+                      batch_size=settings.flow_batch_size, lr=settings.flow_lr, seed=settings.seed,
+                      device=settings.device, standardize=standardize)
+        return FlowBaseline(flow, input=settings.flow_input, progress=progress)
+    recorded = _RECORDED.get(name, {})
+    return create(name, **{setting: getattr(settings, key) for key, setting in recorded.items()})
 
 
 def settings_record(name: str, settings: CalibrationSettings) -> dict:
     """The settings of calibration `name` that are stored in its result records."""
-    if name == "whitening":
-        return {"whitening_dim": settings.whitening_dim}
-    if name == "abtt":
-        return {"abtt_k": settings.abtt_k}
     if name == "flow":
         from flowcore.calibration.recipes import recipe_named
 
@@ -128,7 +104,7 @@ def settings_record(name: str, settings: CalibrationSettings) -> dict:
         if settings.flow_input is None:  # the recipe's own input, named by flow_recipe
             del record["flow_input"]
         return record
-    return {}
+    return {key: getattr(settings, key) for key in _RECORDED.get(name, {})}
 
 
 @dataclass(frozen=True)
@@ -141,15 +117,21 @@ class PreFitted:
     record: dict = field(default_factory=dict)
 
 
-def prefitted_flow(path, device=None) -> PreFitted:
-    """The flow of a flow file (`flowcore fit`, `FlowCalibrator.save`), with its training settings."""
-    from flowcore.calibration.calibrator import FlowCalibrator
+def prefitted(path, device=None) -> PreFitted:
+    """The calibrator of any calibrator file (`flowcore fit`, a calibrator's `save`), with the
+    settings it was fitted with, as result records name them."""
+    calibrator = load(path, device=device)
+    record = {"flow_file": str(path)}
+    if calibrator.name != "flow":
+        fitted = calibrator.settings()
+        return PreFitted(calibrator, str(path), {
+            **record, **{key: fitted[setting] for key, setting in _RECORDED.get(calibrator.name, {}).items()}})
     from flowcore.calibration.recipes import RECIPES
 
-    calibrator = FlowCalibrator.load(path, device=device)
-    return PreFitted(calibrator, str(path), {
-        "flow_file": str(path), "flow_config": calibrator.config, "flow_epochs": calibrator.epochs,
-        "flow_lr": calibrator.lr, "flow_batch_size": calibrator.batch_size, "seed": calibrator.seed,
-        "flow_recipe": calibrator.recipe.name, "flow_selected_epoch": calibrator.selected_epoch,
-        **({} if calibrator.recipe.name in RECIPES and calibrator.recipe.input == RECIPES[calibrator.recipe.name].input
-           else {"flow_input": calibrator.recipe.input})})
+    recipe = calibrator.recipe
+    record.update(flow_config=calibrator.config, flow_epochs=calibrator.epochs, flow_lr=calibrator.lr,
+                  flow_batch_size=calibrator.batch_size, seed=calibrator.seed, flow_recipe=recipe.name,
+                  flow_selected_epoch=calibrator.selected_epoch)
+    if recipe.name not in RECIPES or recipe.input != RECIPES[recipe.name].input:
+        record["flow_input"] = recipe.input
+    return PreFitted(calibrator, str(path), record)

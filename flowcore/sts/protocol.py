@@ -69,7 +69,7 @@ def evaluate(
         pairs: labelled pairs of your own (e.g. `flowcore.sts.pairs.load_pairs`), evaluated instead
             of `datasets` (then `data_dir` is not read); "target" fits on each one's own sentences.
         fitted: `{calibration name: PreFitted}`, calibrators already fitted (e.g. a flow file,
-            `baselines.prefitted_flow`), applied as they are: nothing is fitted for them.
+            `baselines.prefitted`), applied as they are: nothing is fitted for them.
         jobs: datasets calibrated at once, each in a forked process of one torch thread (the
             flow fits of the paper's batch 32 run on one thread anyway, so on a machine with
             several cores the datasets' fits run side by side with the same results). Used when

@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+from flowcore import defaults
 from flowcore.sts.data import DATASETS
 from flowcore.sts.metrics import spearman_of
 
@@ -31,6 +32,9 @@ def row_label(record: dict) -> str:
     detail = record["calibration"]
     if record["calibration"] == "whitening" and record.get("whitening_dim"):
         detail += f"-{record['whitening_dim']}"
+    if record["calibration"] == "whitening" and record.get("whitening_power", defaults.WHITENING_POWER) != \
+            defaults.WHITENING_POWER:
+        detail += f" power {record['whitening_power']:g}"
     if record["calibration"] == "abtt" and record.get("abtt_k"):
         detail += f"-{record['abtt_k']}"
     if record["calibration"] == "flow" and record.get("flow_input", "standardize") != "standardize":

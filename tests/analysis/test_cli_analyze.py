@@ -62,3 +62,17 @@ def test_analyze_stored_vectors_without_a_model(tmp_path, capsys):
                  "--out", str(tmp_path / "out"), "--quiet"]) == 0
     assert "| center | " in capsys.readouterr().out
     assert (tmp_path / "out" / "cosines.png").read_bytes().startswith(PNG)
+
+
+def test_analyze_tempered_whitening(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    vectors = (rng.normal(size=(400, 6)) * [8, 4, 2, 1, 1, 1] + 2.0).astype(np.float32)
+    np.save(tmp_path / "v.npy", vectors)
+    assert main(["analyze", "--embeddings", str(tmp_path / "v.npy"), "--calibration", "none,whitening",
+                 "--whitening-power", "0.25", "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    capsys.readouterr()
+    document = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    assert document["calibrations"]["whitening"]["settings"] == {"whitening_dim": None, "whitening_power": 0.25}
+    assert main(["analyze", "--embeddings", str(tmp_path / "v.npy"), "--whitening-power", "2", "--out",
+                 str(tmp_path / "out")]) == 2
+    assert "--whitening-power must be from 0 to 1" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Flow files: the typed encoder provenance, and files of the previous format version."""
+"""Flow files: the typed encoder provenance, and one clear error for files of any other format version."""
 import json
 
 import numpy as np
@@ -54,36 +54,17 @@ def test_a_failed_refit_keeps_the_old_provenance(fitted):
     assert calibrator.provenance == EncoderProvenance("/models/bert", "first-last-avg")
 
 
-def test_a_version_1_file_loads_with_its_encoder_migrated(fitted, tmp_path):
-    data, calibrator = fitted
-    calibrator.save(tmp_path / "v2.flow")
-
-    def as_version_1(info):
-        del info["encoder"]
-        info["metadata"] = {"encoder": "default", "pooling": "mean", "note": "kept"}
-
-    _rewrite_header(tmp_path / "v2.flow", tmp_path / "v1.flow", "1", as_version_1)
-    loaded = flowcore.FlowCalibrator.load(tmp_path / "v1.flow")
-    assert loaded.provenance == EncoderProvenance("default", "mean")
-    assert loaded.metadata == {"note": "kept"}
-    np.testing.assert_array_equal(loaded.transform(data), calibrator.transform(data))
-
-
-def test_a_version_1_file_without_an_encoder_loads_without_provenance(fitted, tmp_path):
+@pytest.mark.parametrize("version", ["1", "2", "9"])
+def test_a_file_of_another_format_version_says_how_to_refit(fitted, tmp_path, version):
+    """Versions 1 and 2 (earlier flowcore releases) and unknown ones: one error naming the file."""
     _, calibrator = fitted
-    calibrator.save(tmp_path / "v2.flow")
-    _rewrite_header(tmp_path / "v2.flow", tmp_path / "v1.flow", "1",
-                    lambda info: (info.pop("encoder"), info.update(metadata={})))
-    loaded = flowcore.FlowCalibrator.load(tmp_path / "v1.flow")
-    assert loaded.provenance is None and loaded.metadata == {}
-
-
-def test_an_unknown_version_says_how_to_refit(fitted, tmp_path):
-    _, calibrator = fitted
-    calibrator.save(tmp_path / "v2.flow")
-    _rewrite_header(tmp_path / "v2.flow", tmp_path / "v9.flow", "9", lambda info: None)
-    with pytest.raises(FlowFileError, match=r"v9.flow: flow file format version 9; .* Refit the flow"):
-        flowcore.FlowCalibrator.load(tmp_path / "v9.flow")
+    calibrator.save(tmp_path / "current.flow")
+    _rewrite_header(tmp_path / "current.flow", tmp_path / f"v{version}.flow", version, lambda info: None)
+    message = (rf"v{version}.flow: flow file format version {version}; this flowcore reads version 3 only. "
+               r"Refit it with this flowcore \(`flowcore fit`\)")
+    for load in (flowcore.load, flowcore.FlowCalibrator.load):
+        with pytest.raises(FlowFileError, match=message):
+            load(tmp_path / f"v{version}.flow")
 
 
 def test_a_valid_file_whose_header_length_starts_like_a_pickle_loads(fitted, tmp_path):

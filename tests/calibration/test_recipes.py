@@ -105,15 +105,16 @@ def test_the_papers_recipe_is_raw_input_without_selection(tmp_path):
     assert flowcore.FlowCalibrator.load(tmp_path / "paper.flow").recipe == RECIPES["paper"]
 
 
-def test_files_from_before_recipes_load_with_their_settings(tmp_path):
-    from flowcore.calibration.flow_file import load_flow, save_flow
+def test_files_from_before_recipes_are_refused_with_how_to_refit(tmp_path):
+    from flowcore.calibration.flow_file import FlowFileError, load_flow, save_flow
 
     data = anisotropic(300)
     flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized").fit(data, progress=False).save(tmp_path / "new.flow")
     tensors, info = load_flow(tmp_path / "new.flow")
     for key in ("recipe", "heldout_bits_per_dim", "selected_epoch"):
         del info["training"][key]
+    del info["kind"]  # as such files were written
     save_flow(tmp_path / "old.flow", tensors, info)
-    old = flowcore.FlowCalibrator.load(tmp_path / "old.flow")
-    assert old.recipe == FlowRecipe("custom", input="standardize", lr=3e-4, batch_size=32, epochs=1)
-    assert old.selected_epoch is None and old.heldout_bits_per_dim == []
+    with pytest.raises(FlowFileError, match=r"old.flow: a flow file from an earlier flowcore \(before fit recipes\), "
+                                            r"which this one does not read; refit the flow with `flowcore fit`"):
+        flowcore.load(tmp_path / "old.flow")

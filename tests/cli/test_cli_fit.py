@@ -169,3 +169,50 @@ def test_threads_option_trains_on_that_many_threads(embeddings, tmp_path, capsys
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "z.flow"), "--threads", "0"]) != 0
     err = capsys.readouterr().err
     assert "threads must be a positive integer" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("options, method, settings", [
+    (["--method", "whitening", "--power", "0.3", "--dim", "8"], "whitening", {"dim": 8, "power": 0.3}),
+    (["--method", "whitening"], "whitening", {"dim": None, "power": 0.5}),
+    (["--method", "abtt", "--k", "3"], "abtt", {"k": 3}),
+    (["--method", "zca"], "zca", {}), (["--method", "center"], "center", {}), (["--method", "none"], "none", {}),
+])
+def test_fit_any_method_streams_the_rows_into_a_loadable_file(embeddings, tmp_path, capsys, options, method,
+                                                              settings):
+    out = tmp_path / f"{method}.flow"
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), *options]) == 0
+    assert f"fitted {method}" in capsys.readouterr().out
+    loaded = flowcore.load(out)
+    assert loaded.name == method and loaded.dim == 16 and loaded.provenance is None
+    assert {key: loaded.settings()[key] for key in settings} == settings
+    X = np.load(embeddings)
+    expected = flowcore.calibration.create(method, **{k: v for k, v in settings.items() if v is not None}).fit(X)
+    np.testing.assert_allclose(loaded.transform(X), expected.transform(X), rtol=1e-5, atol=1e-5)
+
+
+def test_fit_a_method_on_text_records_the_encoder(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"sentence {i} about {'cats' if i % 2 else 'rivers'}\n" for i in range(40)))
+    out = tmp_path / "white.flow"
+    assert main(["fit", "--input", str(corpus), "--out", str(out), "--pooling", "mean", "--method", "whitening",
+                 "--dim", "16"]) == 0
+    capsys.readouterr()
+    loaded = flowcore.load(out)
+    assert loaded.provenance == EncoderProvenance("default", "mean") and loaded.output_dim == 16
+
+
+def test_options_of_another_method_are_one_line_errors(embeddings, tmp_path, capsys):
+    out = str(tmp_path / "x.flow")
+    for options, message in [
+        (["--method", "abtt", "--power", "0.3"], "--power does not apply to --method abtt"),
+        (["--dim", "4"], "--dim does not apply to --method flow"),
+        (["--method", "whitening", "--epochs", "2"], "--epochs applies to --method flow only, not whitening"),
+        (["--method", "center", "--config", "l2_d2_w32"], "--config applies to --method flow only, not center"),
+        (["--method", "whitening", "--power", "2"], "whitening power must be a number from 0"),
+        (["--method", "whitening", "--dim", "17"], "whitening dim 17 exceeds the embedding width 16"),
+    ]:
+        assert main(["fit", "--embeddings", str(embeddings), "--out", out, *options]) == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", "--embeddings", str(embeddings), "--out", out, "--method", "pca"])
+    assert "invalid choice: 'pca'" in capsys.readouterr().err

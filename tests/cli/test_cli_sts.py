@@ -206,3 +206,62 @@ def test_cli_start_up_imports_neither_torch_nor_scipy():
             "print(sorted({'torch', 'triton', 'scipy', 'transformers'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_cli_applies_a_calibrator_file_of_any_method(tmp_path, capsys, stand_in):
+    """A whitening fitted by `flowcore fit --method whitening` is applied by `sts --flow` like a flow file."""
+    import numpy as np
+
+    import flowcore
+
+    pairs = _pairs_file(tmp_path / "mine.tsv")
+    emb = tmp_path / "emb.npy"
+    np.save(emb, HashEncoder().encode([f"corpus sentence {i}" for i in range(200)]))
+    white = tmp_path / "white.flow"
+    assert main(["fit", "--embeddings", str(emb), "--out", str(white), "--method", "whitening", "--power", "0.25",
+                 "--dim", "16"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "r.json"
+    assert main(["sts", "--pairs", str(pairs), "--flow", str(white), "--pooling", "mean", "--no-cache", "--quiet",
+                 "--json", str(out)]) == 0  # default calibrations with --flow: none and the file's
+    captured = capsys.readouterr()
+    assert "| hash-encoder mean + whitening-16 power 0.25 (white.flow) |" in captured.out
+    none, applied = json.loads(out.read_text())["results"]
+    assert (none["calibration"], applied["calibration"]) == ("none", "whitening")
+    assert applied["flow_file"] == str(white) and (applied["whitening_dim"], applied["whitening_power"]) == (16, 0.25)
+    from flowcore.sts.metrics import cosine_similarity, spearman_of
+    from flowcore.sts.pairs import load_pairs
+
+    mine, encoder, loaded = load_pairs(pairs), HashEncoder(), flowcore.load(white)
+    from scipy.stats import spearmanr
+
+    similarities = cosine_similarity(loaded.transform(encoder.encode(mine.sentences1)),
+                                     loaded.transform(encoder.encode(mine.sentences2)))
+    assert spearman_of(applied, "all") == pytest.approx(100 * spearmanr(similarities, mine.scores)[0], abs=1e-9)
+    assert main(["sts", "--pairs", str(pairs), "--flow", str(white), "--calibration", "none,flow"]) == 2
+    assert "--flow applies a whitening calibrator file, nothing is fitted: --calibration may hold none and " \
+           "whitening only, not flow" in capsys.readouterr().err
+
+
+def test_cli_tempered_whitening_and_the_earlier_flow_input_spelling(tmp_path, capsys, stand_in):
+    pairs = _pairs_file(tmp_path / "mine.tsv")
+    out = tmp_path / "r.json"
+    assert main(["sts", "--pairs", str(pairs), "--calibration", "whitening,center", "--whitening-power", "0",
+                 "--pooling", "mean", "--no-cache", "--quiet", "--json", str(out)]) == 0
+    assert "| hash-encoder mean + whitening power 0 (target) |" in capsys.readouterr().out
+    whitening, center = json.loads(out.read_text())["results"]
+    assert whitening["whitening_power"] == 0 and whitening["spearman"] == pytest.approx(center["spearman"], abs=1e-6)
+    assert main(["sts", "--pairs", str(pairs), "--whitening-power", "0.7", "--calibration", "whitening",
+                 "--no-cache", "--quiet"]) == 0
+    assert "whitening power 0.7" in capsys.readouterr().out
+    assert main(["sts", "--pairs", str(pairs), "--whitening-power", "-1", "--no-cache"]) == 2
+    assert "--whitening-power must be from 0 to 1" in capsys.readouterr().err
+    assert main(["sts", "--pairs", str(pairs), "--calibration", "flow", "--flow-input", "whiten", "--flow-config",
+                 "l2_d2_w32", "--flow-epochs", "1", "--no-cache", "--quiet", "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("flowcore sts: --flow-input whiten is now spelled --flow-input prewhiten\n")
+    assert json.loads(out.read_text())["results"][0]["flow_input"] == "prewhiten"
+    with pytest.raises(SystemExit):
+        main(["sts", "--flow-input", "sphere"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'sphere'" in err and "prewhiten" in err and "'whiten'" not in err

@@ -208,3 +208,23 @@ def test_from_flow_file(recorded, encoder, stsb, tmp_path):
 def test_importing_the_adapter_does_not_import_mteb():
     code = "import sys, flowcore.integrations.mteb; assert 'mteb' not in sys.modules, 'mteb was imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("name, settings", [("abtt", {"k": 2}), ("whitening", {"power": 0.25, "dim": 96}),
+                                            ("zca", {}), ("center", {}), ("none", {})])
+def test_any_calibrator_file_and_its_name(recorded, encoder, stsb, tmp_path, name, settings):
+    """The adapter reads every calibrator through the protocol: its file, name, widths and encoder."""
+    calibrator = flowcore.calibration.create(name, **settings).fit(recorded.encode(stsb.sentences()[:600]),
+                                                                   encoder=encoder)
+    calibrator.save(tmp_path / f"{name}.flow")
+    model = FlowcoreMTEBModel.from_flow_file(tmp_path / f"{name}.flow", encoder=recorded)
+    assert model.calibration == name and model.embed_dim == calibrator.output_dim
+    assert model.mteb_model_meta.name == f"flowcore/all-MiniLM-L6-v2-first-last-avg-{name}"
+    texts = stsb.sentences2[:5]
+    np.testing.assert_array_equal(model.encode(loader(texts), task_metadata=None, hf_split="test",
+                                               hf_subset="default"), calibrator.transform(recorded.encode(texts)))
+    fingerprint = FlowcoreMTEBModel(recorded, calibrator).mteb_model_meta.revision
+    assert FlowcoreMTEBModel(recorded, flowcore.load(tmp_path / f"{name}.flow")).mteb_model_meta.revision == \
+        fingerprint  # loaded or fitted here: the same state, the same results folder
+    with pytest.raises(ValueError, match="pooling"):
+        FlowcoreMTEBModel(flowcore.Encoder(pooling="mean"), calibrator)

@@ -88,7 +88,7 @@ def test_flow_with_explicit_layers(bert, sentences, tmp_path):
     assert cosines(got, calibrator.transform(encoder.encode(sentences[:40]))).min() > 0.9999
 
 
-def test_whitening_is_stock_dense_and_loads_without_flowcore(bert, sentences, tmp_path):
+def test_linear_calibrations_are_stock_dense_and_load_without_flowcore(bert, sentences, tmp_path):
     encoder = flowcore.Encoder(bert, pooling="mean")
     (tmp_path / "texts.txt").write_text("\n".join(sentences[:50]))
     script = ("import sys; sys.modules['flowcore'] = None\n"  # flowcore is not importable in this process
@@ -97,44 +97,54 @@ def test_whitening_is_stock_dense_and_loads_without_flowcore(bert, sentences, tm
               "texts = open(sys.argv[1]).read().splitlines()\n"
               "for folder in sys.argv[2:]:\n"
               "    np.save(folder + '.npy', SentenceTransformer(folder, device='cpu').encode(texts))\n")
-    whitenings, folders = {}, []
-    for dim in (None, 6):  # whitening and whitening-k
-        whitenings[dim] = flowcore.Whitening(dim=dim).fit(encoder.encode(sentences))
-        folders.append(fst.export(tmp_path / f"st{dim}", whitening=whitenings[dim], model=bert, pooling="mean",
-                                  normalize=True))
-        types = [entry["type"] for entry in json.loads((tmp_path / f"st{dim}" / "modules.json").read_text())]
+    calibrators = {"whitening": flowcore.Whitening(), "whitening-6": flowcore.Whitening(dim=6),
+                   "tempered": flowcore.Whitening(power=0.25, dim=8), "zca": flowcore.ZCAWhitening(),
+                   "center": flowcore.MeanCentering(), "abtt": flowcore.AllButTheTop(k=2),
+                   "none": flowcore.calibration.create("none")}
+    folders = []
+    for label, calibrator in calibrators.items():
+        calibrator.fit(encoder.encode(sentences), encoder=encoder)  # records the encoder: export needs no model
+        folders.append(fst.export(tmp_path / label, calibrator, pooling="mean", normalize=True))
+        types = [entry["type"] for entry in json.loads((tmp_path / label / "modules.json").read_text())]
         assert all(t.startswith("sentence_transformers.") for t in types), types
-        assert [t.rsplit(".", 1)[1] for t in types] == ["Transformer", "Pooling", "Dense", "Normalize"]
+        dense = [] if label == "none" else ["Dense"]
+        assert [t.rsplit(".", 1)[1] for t in types] == ["Transformer", "Pooling", *dense, "Normalize"]
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "texts.txt"), *folders],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    for dim, folder in zip(whitenings, folders):
+    for calibrator, folder in zip(calibrators.values(), folders):
         got = np.load(folder + ".npy")
-        want = unit(whitenings[dim].transform(encoder.encode(sentences[:50])))
-        assert got.shape == (50, whitenings[dim].output_dim) and got.shape[1] == (dim or got.shape[1])
+        want = unit(calibrator.transform(encoder.encode(sentences[:50])))
+        assert got.shape == (50, calibrator.output_dim)
         assert cosines(got, want).min() > 0.9999
 
 
 def test_whitening_after_a_flowcore_pooling(bert, sentences, tmp_path):
     encoder = flowcore.Encoder(bert)  # first-last-avg: a LayerPooling, so the folder needs the flag
     whitening = flowcore.Whitening().fit(encoder.encode(sentences))
-    out = fst.export(tmp_path / "st", whitening=whitening, model=bert)
+    out = fst.export(tmp_path / "st", whitening, model=bert)
     assert fst.needs_trust_remote_code(out)
     got = fst.load_model(out).encode(sentences[:40])
     assert cosines(got, whitening.transform(encoder.encode(sentences[:40]))).min() > 0.9999
 
 
-def test_whitening_dense_weights():
+@pytest.mark.parametrize("calibrator", [flowcore.Whitening(dim=3), flowcore.Whitening(power=0.2),
+                                        flowcore.AllButTheTop(k=1), flowcore.MeanCentering(), flowcore.ZCAWhitening()],
+                         ids=lambda calibrator: calibrator.name)
+def test_linear_dense_weights(calibrator):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(200, 5)) @ rng.normal(size=(5, 5)) + 3.0
-    whitening = flowcore.Whitening(dim=3).fit(X)
-    dense = fst.whitening_dense(whitening)
-    assert (dense.in_features, dense.out_features, type(dense.activation_function).__name__) == (5, 3, "Identity")
+    calibrator.fit(X)
+    dense = fst.linear_dense(calibrator)
+    assert (dense.in_features, dense.out_features, type(dense.activation_function).__name__) == (
+        5, calibrator.output_dim, "Identity")
     import torch
     z = dense({"sentence_embedding": torch.tensor(X, dtype=torch.float32)})["sentence_embedding"]
-    np.testing.assert_allclose(z.detach().numpy(), whitening.transform(X), atol=1e-4)
+    np.testing.assert_allclose(z.detach().numpy(), calibrator.transform(X), atol=1e-4)
     with pytest.raises(ValueError, match="not fitted"):
-        fst.whitening_dense(flowcore.Whitening())
+        fst.linear_dense(type(calibrator)())
+    with pytest.raises(TypeError, match="a flow calibrator is not linear"):
+        fst.linear_dense(flowcore.FlowCalibrator())
 
 
 def test_errors(bert, sentences, flow_file, tmp_path):
@@ -149,10 +159,15 @@ def test_errors(bert, sentences, flow_file, tmp_path):
     with pytest.raises(ValueError, match="records no encoder"):
         fst.export(tmp_path / "d", raw)
     wide = save_tiny_bert(tmp_path / "wide", WORDS, hidden_size=24, num_layers=3)
-    with pytest.raises(ValueError, match="24-wide vectors but the flow expects 16"):
+    with pytest.raises(ValueError, match="24-wide vectors but the flow calibrator expects 16"):
         fst.export(tmp_path / "e", raw, model=wide)
-    with pytest.raises(ValueError, match="not both"):
-        fst.build_model(flow_file, whitening=flowcore.Whitening())
+    whitening = flowcore.Whitening().fit(flowcore.Encoder(bert).encode(sentences))
+    with pytest.raises(ValueError, match="the whitening calibrator records no encoder"):
+        fst.export(tmp_path / "g", whitening)
+    with pytest.raises(ValueError, match="24-wide vectors but the whitening calibrator expects 16"):
+        fst.export(tmp_path / "h", whitening, model=wide)
+    with pytest.raises(TypeError, match="FlowModule takes a fitted flow"):
+        fst.FlowModule(whitening)
     with pytest.raises(ValueError, match="unknown pooling"):
         fst.export(tmp_path / "f", model=bert, pooling="max")
     (tmp_path / "full").mkdir()
@@ -200,7 +215,7 @@ def test_load_model_refuses_remote_code(flow_file, tmp_path):
 
 def test_load_model_refuses_a_foreign_dense_activation(bert, sentences, tmp_path):
     encoder = flowcore.Encoder(bert)
-    out = fst.export(tmp_path / "st", whitening=flowcore.Whitening().fit(encoder.encode(sentences)), model=bert)
+    out = fst.export(tmp_path / "st", flowcore.Whitening().fit(encoder.encode(sentences)), model=bert)
     modules = json.loads((tmp_path / "st" / "modules.json").read_text())
     config_path = tmp_path / "st" / modules[2]["path"] / "config.json"
     config = json.loads(config_path.read_text())

@@ -1,4 +1,4 @@
-"""`flowcore export`: a flow file or a whitening corpus in, a sentence-transformers folder out."""
+"""`flowcore export`: a calibrator file or a whitening corpus in, a sentence-transformers folder out."""
 import json
 
 import numpy as np
@@ -62,6 +62,35 @@ def test_export_whitening_end_to_end(setup, tmp_path, capsys):
     assert got.shape == (50, 8) and cosines(got, want).min() > 0.9999
 
 
+@pytest.mark.parametrize("method", [["abtt", "--k", "2"], ["whitening", "--power", "0.25", "--dim", "8"]],
+                         ids=lambda method: method[0])
+def test_export_a_fitted_linear_file_as_a_stock_dense(setup, tmp_path, capsys, method):
+    bert, sentences, corpus, _ = setup
+    fitted = tmp_path / "linear.flow"
+    assert main(["fit", "--input", str(corpus), "--model", bert, "--pooling", "mean", "--method", *method, "--out",
+                 str(fitted)]) == 0
+    out = tmp_path / "st"
+    assert main(["export", "--flow", str(fitted), "--out", str(out)]) == 0  # encoder and pooling: the file's
+    printed = capsys.readouterr().out
+    assert f"({method[0]} {fitted})" in printed and "trust_remote_code" not in printed
+    types = [entry["type"].rsplit(".", 1)[1] for entry in json.loads((out / "modules.json").read_text())]
+    assert types == ["Transformer", "Pooling", "Dense"]
+    got = SentenceTransformer(str(out)).encode(sentences[:30])
+    want = flowcore.load(fitted).transform(flowcore.Encoder(bert, pooling="mean").encode(sentences[:30]))
+    assert got.shape == want.shape and cosines(got, want).min() > 0.9999
+
+
+def test_export_tempered_whitening(setup, tmp_path, capsys):
+    bert, sentences, corpus, _ = setup
+    out = tmp_path / "st"
+    assert main(["export", "--whitening", str(corpus), "--whitening-power", "0.25", "--model", bert, "--pooling",
+                 "mean", "--out", str(out)]) == 0
+    capsys.readouterr()
+    encoder = flowcore.Encoder(bert, pooling="mean")
+    want = flowcore.Whitening(power=0.25).fit(encoder.encode(sentences)).transform(encoder.encode(sentences[:20]))
+    assert cosines(SentenceTransformer(str(out)).encode(sentences[:20]), want).min() > 0.9999
+
+
 def test_export_whitening_default_pooling(setup, tmp_path, capsys):
     bert, sentences, corpus, _ = setup
     out = tmp_path / "st"
@@ -79,13 +108,15 @@ def test_export_whitening_default_pooling(setup, tmp_path, capsys):
     (["--flow", "{flow}", "--pooling", "mean"], "fitted on 'static-avg' pooling, not 'mean'"),
     (["--flow", "{flow}", "--model", "{root}/nowhere"], "model folder {root}/nowhere does not exist"),
     (["--flow", "{flow}", "--whitening-dim", "4"], "apply to --whitening, not to --flow"),
+    (["--flow", "{flow}", "--whitening-power", "0.3"], "apply to --whitening, not to --flow"),
+    (["--whitening", "{corpus}", "--whitening-power", "3", "--model", "{bert}"], "whitening power must be a number"),
     (["--whitening", "{root}/empty.txt", "--model", "{bert}"], "needs at least 2 usable sentences"),
 ])
 def test_export_errors(setup, tmp_path, capsys, argv, message):
     bert, _, corpus, flow = setup
     root = corpus.parent
     (root / "empty.txt").write_text("")
-    fill = dict(root=root, flow=flow, bert=bert)
+    fill = dict(root=root, flow=flow, bert=bert, corpus=corpus)
     argv = [part.format(**fill) for part in argv]
     assert main(["export", *argv, "--out", str(tmp_path / "st")]) == 2
     err = capsys.readouterr().err

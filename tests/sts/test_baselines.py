@@ -3,13 +3,14 @@ each calibration from its settings and records the settings that matter."""
 import numpy as np
 import pytest
 
+from flowcore.calibration.linear import Identity
 from flowcore.calibration.whitening import Whitening
 from flowcore.sts.baselines import (
     CALIBRATIONS,
     CalibrationSettings,
     FlowBaseline,
-    NoCalibration,
     build_calibrator,
+    prefitted,
     settings_record,
 )
 from flowcore.sts.data import STSPairs
@@ -36,22 +37,51 @@ def test_whitening_lifts_an_anisotropic_representation():
 
 
 def test_build_calibrator_and_settings_record():
-    settings = CalibrationSettings(whitening_dim=4, flow_input="whiten", flow_epochs=2, seed=7)
+    settings = CalibrationSettings(whitening_dim=4, whitening_power=0.3, flow_input="prewhiten", flow_epochs=2, seed=7)
     assert CALIBRATIONS == ("none", "whitening", "flow", "center", "abtt", "zca")
     none = build_calibrator("none", settings)
-    assert isinstance(none, NoCalibration) and none.fit([[1.0]]) is none
-    assert none.transform([[1, 2]]).dtype == np.float32
+    assert isinstance(none, Identity) and none.transform([[1, 2]]).dtype == np.float32
     whitening = build_calibrator("whitening", settings)
-    assert isinstance(whitening, Whitening) and whitening.dim == 4
+    assert isinstance(whitening, Whitening) and (whitening.dim_kept, whitening.power) == (4, 0.3)
     flow = build_calibrator("flow", settings, progress=False)
-    assert isinstance(flow, FlowBaseline) and flow.input == "whiten" and not flow.progress
+    assert isinstance(flow, FlowBaseline) and flow.input == "prewhiten" and not flow.progress
     assert flow.flow.epochs == 2 and not flow.flow.standardize
     with pytest.raises(ValueError, match="unknown calibration 'pca'"):
         build_calibrator("pca", settings)
-    with pytest.raises(ValueError, match="unknown flow input 'sphere'"):
-        FlowBaseline(lambda standardize: None, input="sphere")
+    with pytest.raises(ValueError, match="unknown flow input 'whiten'; choose from standardize, prewhiten, raw"):
+        FlowBaseline(None, input="whiten")
     assert settings_record("none", settings) == {}
-    assert settings_record("whitening", settings) == {"whitening_dim": 4}
+    assert settings_record("whitening", settings) == {"whitening_dim": 4, "whitening_power": 0.3}
     assert settings_record("flow", settings) == {"flow_config": "l2_d3_w32", "flow_recipe": "whitened",
                                                  "flow_epochs": 2, "flow_lr": 1e-3, "flow_batch_size": 32,
-                                                 "flow_input": "whiten", "seed": 7, "flow_holdout": 0.1}
+                                                 "flow_input": "prewhiten", "seed": 7, "flow_holdout": 0.1}
+    assert settings_record("whitening", CalibrationSettings()) == {"whitening_dim": None, "whitening_power": 0.5}
+
+
+def test_prewhiten_fits_the_flow_on_whitened_vectors():
+    X = np.random.default_rng(0).normal(size=(300, 6)) @ np.random.default_rng(1).normal(size=(6, 6)) + 4
+    settings = CalibrationSettings(flow_config="l2_d2_w32", flow_input="prewhiten", flow_epochs=1)
+    baseline = build_calibrator("flow", settings, progress=False).fit(X)
+    whitened = Whitening().fit(X).transform(X)
+    np.testing.assert_allclose(baseline.whitening.transform(X), whitened)
+    np.testing.assert_array_equal(baseline.transform(X), baseline.flow.transform(whitened))
+    assert baseline.flow.standardizer is None and baseline.losses == baseline.flow.losses
+
+
+@pytest.mark.parametrize("name, record", [
+    ("whitening", {"whitening_dim": 3, "whitening_power": 0.25}), ("abtt", {"abtt_k": 2}), ("zca", {}),
+    ("flow", {"flow_config": "l2_d2_w32", "flow_recipe": "whitened", "flow_epochs": 1})])
+def test_any_calibrator_file_is_prefitted_with_its_settings(tmp_path, name, record):
+    X = np.random.default_rng(0).normal(size=(300, 6)) @ np.random.default_rng(1).normal(size=(6, 6))
+    from flowcore.calibration import create
+
+    settings = {"whitening": {"dim": 3, "power": 0.25}, "abtt": {"k": 2}, "zca": {},
+                "flow": {"config": "l2_d2_w32", "epochs": 1}}[name]
+    calibrator = create(name, **settings)
+    calibrator.fit(X, **({"progress": False} if name == "flow" else {}))
+    calibrator.save(tmp_path / "c.flow")
+    given = prefitted(tmp_path / "c.flow")
+    assert given.calibrator.name == name and given.source == str(tmp_path / "c.flow")
+    assert given.record["flow_file"] == str(tmp_path / "c.flow")
+    assert {key: given.record[key] for key in record} == record
+    np.testing.assert_array_equal(given.calibrator.transform(X), calibrator.transform(X))

@@ -24,3 +24,13 @@ def test_markdown_table_and_json(tmp_path):
     document = json.loads(out.read_text())
     assert document["seconds"] == 1.5 and document["results"][2]["spearman"] is None
     assert document["results"][0]["spearman_wmean"] == 60.0
+
+
+def test_row_labels_name_tempered_and_truncated_whitening():
+    from flowcore.sts.report import row_label
+
+    base = {"model": "m", "pooling": "mean", "calibration": "whitening", "fit_corpus": "target"}
+    assert row_label({**base, "whitening_dim": None, "whitening_power": 0.5}) == "m mean + whitening (target)"
+    assert row_label(base) == "m mean + whitening (target)"  # records written before the power was recorded
+    assert row_label({**base, "whitening_dim": 128, "whitening_power": 0.25}) == \
+        "m mean + whitening-128 power 0.25 (target)"

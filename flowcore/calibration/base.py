@@ -1,0 +1,207 @@
+"""The `Calibrator` protocol every calibration method follows, the one registry of methods, and
+`load` / `create`.
+
+A calibrator is fitted on sentence vectors without labels and then maps any number of vectors
+to calibrated ones. Each method has one class and one name, and the name is the only spelling
+used anywhere: by the command line (`flowcore fit --method`, `flowcore sts --calibration`), as
+the `kind` recorded in its file, in results and in the docs. `NAMES` lists them; `load(path)`
+reads any calibrator file and returns the fitted object of the class its kind names, and
+`create(name, **settings)` builds a fresh one.
+
+What other parts of flowcore (the batch engines, the integrations) rely on, and so stays
+stable: `name`, `dim` (input width), `output_dim`, `provenance`, `transform(X)`, and for a
+loaded calibrator `source`, the file it came from (the engines hash that file's bytes to
+identify the calibration a job ran with).
+
+This module imports neither torch nor numpy, so that the command line can list the names at
+start-up; the classes are imported when first asked for.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from flowcore.calibration.flow_file import EncoderProvenance
+
+__all__ = ["NAMES", "Calibrator", "calibrator_class", "create", "load", "setting_names"]
+
+_CLASSES = {
+    "none": "flowcore.calibration.linear:Identity",
+    "whitening": "flowcore.calibration.whitening:Whitening",
+    "flow": "flowcore.calibration.calibrator:FlowCalibrator",
+    "center": "flowcore.calibration.linear:MeanCentering",
+    "abtt": "flowcore.calibration.linear:AllButTheTop",
+    "zca": "flowcore.calibration.whitening:ZCAWhitening",
+}
+NAMES = tuple(_CLASSES)
+"""Every calibration method, by the one name it has everywhere (CLI, files, results, docs)."""
+_UNKINDED = "flow"
+"""The kind of a file that records none: flow files from before kinds were recorded."""
+_RENAMED = {"pca-whitening": "whitening", "zca-whitening": "zca"}
+"""Kinds that earlier versions wrote, and the method's name now (such files are refused)."""
+
+
+class Calibrator(ABC):
+    """What every calibration method offers: fit without labels, map vectors, save, load.
+
+    Attributes:
+        name: the method's name (class attribute; see `NAMES`).
+        provenance: the `EncoderProvenance` (encoder and pooling) of the vectors it was fitted on,
+            saved with it; None for vectors of unknown origin.
+        metadata: a dict of JSON-able values of your own, saved with it.
+        source: the file it was loaded from (`load`), None when fitted here.
+
+    Example:
+        >>> calibrator = flowcore.calibration.create("whitening", power=0.3).fit(X, encoder=encoder)
+        >>> calibrator.save("whitening.flow")
+        >>> Z = flowcore.load("whitening.flow").transform(X)     # float32 (n, output_dim)
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self):
+        self.provenance: EncoderProvenance | None = None
+        self.metadata: dict = {}
+        self.source: Path | None = None
+
+    @abstractmethod
+    def fit(self, X, encoder=None) -> Calibrator:
+        """Fit on the rows of X, recording `encoder` (an `Encoder` or `EncoderProvenance`) as
+        `provenance`; returns self."""
+
+    @abstractmethod
+    def transform(self, X) -> np.ndarray:
+        """The calibrated rows of X, float32 (n, output_dim); a row with NaN/Inf is refused by number."""
+
+    @property
+    @abstractmethod
+    def dim(self) -> int:
+        """Width of the vectors taken."""
+
+    @property
+    @abstractmethod
+    def output_dim(self) -> int:
+        """Width of the vectors returned."""
+
+    @abstractmethod
+    def save(self, path) -> None:
+        """Write the fitted calibrator to one file (safetensors + JSON header, atomically)."""
+
+    @classmethod
+    @abstractmethod
+    def _from_file(cls, path, tensors: dict, info: dict, device) -> Calibrator:
+        """The calibrator held by the checked contents of a file of this class's kind (`load`)."""
+
+    def settings(self) -> dict:
+        """The constructor's settings, as saved in the file and accepted by `create`."""
+        return {}
+
+    def fit_transform(self, X, encoder=None) -> np.ndarray:
+        """`fit(X)`, then `transform(X)`."""
+        return self.fit(X, encoder=encoder).transform(X)
+
+    @classmethod
+    def load(cls, path, device=None) -> Calibrator:
+        """The calibrator saved at `path` (`flowcore.load`), refused unless it is of this class.
+
+        Args:
+            path: a file written by `save` (or `flowcore fit`).
+            device: torch device for a flow (the linear calibrators compute in numpy).
+        """
+        calibrator = load(path, device=device)
+        if not isinstance(calibrator, cls) or (cls.name and calibrator.name != cls.name):
+            from flowcore.calibration.flow_file import FlowFileError
+
+            raise FlowFileError(f"{path}: holds the {calibrator.name} calibration, not {cls.name or cls.__name__}; "
+                                "flowcore.load(path) reads a calibrator file of any kind")
+        return calibrator
+
+    def _header(self) -> dict:
+        """The part of a saved file's JSON header every calibrator writes."""
+        return {"kind": self.name, "encoder": self.provenance.to_json() if self.provenance is not None else None,
+                "metadata": self.metadata}
+
+    def _provenance_of(self, encoder) -> EncoderProvenance | None:
+        """`encoder` (an `Encoder` or `EncoderProvenance`) as provenance; None keeps the current one."""
+        from flowcore.calibration.flow_file import EncoderProvenance
+
+        if encoder is None:
+            return self.provenance
+        return encoder if isinstance(encoder, EncoderProvenance) else EncoderProvenance.of(encoder)
+
+
+def calibrator_class(name: str) -> type[Calibrator]:
+    """The class of the calibration method `name`; an unknown name is refused listing the known ones."""
+    if name not in _CLASSES:
+        raise ValueError(f"unknown calibration {name!r}; choose from {', '.join(NAMES)}")
+    module, _, attribute = _CLASSES[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def setting_names(name: str) -> tuple[str, ...]:
+    """The settings `create(name, ...)` accepts: the keyword arguments of the method's class."""
+    parameters = inspect.signature(calibrator_class(name)).parameters.values()
+    return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def create(name: str, **settings) -> Calibrator:
+    """A fresh, unfitted calibrator of method `name` with `settings`.
+
+    Args:
+        name: one of `NAMES`.
+        settings: the method's settings (`setting_names(name)`), e.g. `power` and `dim` for
+            "whitening", `k` for "abtt", `config` and `recipe` for "flow".
+
+    Example:
+        >>> create("whitening", power=0.3, dim=128).fit(X).transform(X)     # float32 (n, 128)
+    """
+    accepted = setting_names(name)
+    unknown = [key for key in settings if key not in accepted]
+    if unknown:
+        raise ValueError(f"calibration {name!r} takes the settings {', '.join(accepted) or '(none)'}; "
+                         f"not {', '.join(unknown)}")
+    return calibrator_class(name)(**settings)
+
+
+def load(path, device=None) -> Calibrator:
+    """The fitted calibrator in any calibrator file, of the class its recorded kind names.
+
+    Args:
+        path: a file written by a calibrator's `save` or by `flowcore fit`.
+        device: torch device for a flow (the linear calibrators compute in numpy).
+
+    Raises:
+        FlowFileError: naming the file, when it is missing, damaged, of an unknown kind or from a
+            version of flowcore that wrote another format.
+
+    Example:
+        >>> calibrator = flowcore.load("abtt.flow")      # an AllButTheTop, fitted
+    """
+    from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow
+
+    tensors, info = load_flow(path)
+    kind = info.get("kind", _UNKINDED)
+    if kind in _RENAMED:
+        raise FlowFileError(f"{path}: a {kind!r} calibrator from an earlier flowcore, which this one does not "
+                            f"read; the method is now {_RENAMED[kind]!r}: refit it "
+                            f"(`flowcore fit --method {_RENAMED[kind]}`)")
+    if kind not in _CLASSES:
+        raise FlowFileError(f"{path}: unknown calibrator kind {kind!r}; this flowcore reads {', '.join(NAMES)}")
+    try:
+        calibrator = calibrator_class(kind)._from_file(path, tensors, info, device)
+        encoder = info.get("encoder")
+        calibrator.provenance = EncoderProvenance(**encoder) if encoder is not None else None
+        calibrator.metadata = info.get("metadata", {})
+    except FlowFileError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+        raise FlowFileError(f"{path}: {kind} calibrator file does not match its recorded settings: {error}") from None
+    calibrator.source = Path(path)
+    return calibrator
+

@@ -1,0 +1,282 @@
+"""The linear calibrators, x → (x − μ)·W with W chosen from the corpus's covariance, and the
+covariance eigen-decomposition they all share (`principal_axes`, the one home of that math):
+the identity (`none`), mean-centring (`center`) and all-but-the-top (`abtt`, Mu & Viswanath
+2018) here; whitening and ZCA in `flowcore.calibration.whitening`.
+
+Each fits in memory (`fit`) or from mergeable float64 moments (`fit_chunks`, `fit_moments`,
+`from_moments`; `flowcore.calibration.moments`) in O(d²) memory however many rows the corpus
+has, and saves μ and W in a calibrator file (`flowcore.calibration.flow_file`).
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Callable, ClassVar, Iterable
+
+import numpy as np
+
+from flowcore import defaults
+from flowcore.calibration.base import Calibrator
+from flowcore.calibration.moments import Moments
+
+__all__ = ["TOLERANCE", "AllButTheTop", "Identity", "LinearCalibrator", "MeanCentering", "principal_axes"]
+
+TOLERANCE = 1e-8
+"""Directions whose variance is at most this × the largest carry no information (e.g. the constant
+coordinates of a LayerNorm output) and are dropped."""
+
+
+def principal_axes(covariance: np.ndarray, tolerance: float = TOLERANCE) -> tuple[np.ndarray, np.ndarray]:
+    """(Λ, U): the eigenvalues of a covariance, largest first, and their unit eigenvectors as
+    columns, from a float64 `eigh`; directions at or below the floor (tolerance × the largest,
+    which also catches rounding's tiny negatives) are dropped.
+
+    Example:
+        >>> eigenvalues, axes = principal_axes(np.cov(X, rowvar=False))
+    """
+    eigenvalues, eigenvectors = np.linalg.eigh(np.asarray(covariance, dtype=np.float64))
+    order = np.argsort(eigenvalues)[::-1]
+    eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
+    rank = int((eigenvalues > tolerance * eigenvalues[0]).sum())
+    if rank == 0:
+        raise ValueError("the embeddings do not vary: every row of the corpus is the same")
+    return eigenvalues[:rank], eigenvectors[:, :rank]
+
+
+def _rows(X, width: int | None, name: str, row_offset: int = 0) -> np.ndarray:
+    """X as float64 numpy after the shared checks (2-D, numeric, finite rows: bad rows named), and
+    of `width` columns when given."""
+    from flowcore.validation import check_matrix
+
+    rows = check_matrix(X, name="X", row_offset=row_offset)
+    if width is not None and rows.shape[1] != width:
+        raise ValueError(f"X has {rows.shape[1]} features per row but this {name} calibrator was fitted on {width}")
+    return rows.double().numpy()
+
+
+class LinearCalibrator(Calibrator):
+    """x → (x − μ)·W, fitted without labels; subclasses choose W from the corpus mean and covariance.
+
+    Attributes:
+        mean: μ, float64 (dim,); matrix: W, float64 (dim, output_dim); rows: rows fitted on.
+    """
+
+    _saved_arrays: ClassVar[tuple[str, ...]] = ("mean", "matrix")
+    """The float64 arrays a file holds (as "linear.<name>" tensors), restored on load."""
+    _saved_values: ClassVar[tuple[str, ...]] = ("rows",)
+    """The plain values a file holds (in its header's "fit"), restored on load."""
+
+    def __init__(self):
+        super().__init__()
+        self.mean: np.ndarray | None = None
+        self.matrix: np.ndarray | None = None
+        self.rows: int | None = None
+
+    @abstractmethod
+    def _fitted_matrix(self, mean: np.ndarray, covariance: Callable[[], np.ndarray]) -> np.ndarray:
+        """W for a corpus of mean μ; `covariance()` computes its sample covariance when W needs it."""
+
+    def fit(self, X, encoder=None) -> LinearCalibrator:
+        """Estimate μ and W from the rows of X (at least 2, finite), held in memory in float64.
+
+        Args:
+            X: (n, d) sentence vectors.
+            encoder: the `Encoder` (or `EncoderProvenance`) that produced X, saved as `provenance`.
+        """
+        X = _rows(X, None, self.name)
+        if len(X) < 2:
+            raise ValueError(f"{self.name} needs at least 2 rows, got {len(X)}")
+        mean = X.mean(axis=0)
+        return self._fit(mean, lambda: np.cov(X - mean, rowvar=False), len(X), encoder)
+
+    def fit_moments(self, moments: Moments, encoder=None) -> LinearCalibrator:
+        """Fit from the count, mean and co-moment of the corpus, e.g. merged from shards computed
+        elsewhere (`flowcore.ray.moments`).
+
+        Args:
+            moments: the corpus's `Moments`.
+            encoder: as in `fit`.
+        """
+        if moments.count < 2:
+            raise ValueError(f"{self.name} needs at least 2 rows, got {moments.count}")
+        return self._fit(moments.mean, lambda: moments.covariance(ddof=1), moments.count, encoder)
+
+    def fit_chunks(self, chunks: Iterable, encoder=None) -> LinearCalibrator:
+        """`fit` over a stream of (rows, d) chunks (e.g. blocks of a memory-mapped file), from their
+        pairwise-merged float64 moments: equal to `fit` on all the rows to about 1e-10 relative,
+        in O(d²) memory.
+
+        Args:
+            chunks: arrays of the same width; a row with NaN/Inf is refused by number.
+            encoder: as in `fit`.
+
+        Example:
+            >>> Whitening(dim=256).fit_chunks(block for _, block in NpyMatrix("big.npy").blocks(16384))
+        """
+        return self.fit_moments(Moments.of_chunks(chunks), encoder=encoder)
+
+    @classmethod
+    def from_moments(cls, moments: Moments, **settings) -> LinearCalibrator:
+        """`cls(**settings).fit_moments(moments)`."""
+        return cls(**settings).fit_moments(moments)
+
+    def _fit(self, mean, covariance: Callable[[], np.ndarray], rows: int, encoder) -> LinearCalibrator:
+        provenance = self._provenance_of(encoder)
+        mean = np.asarray(mean, dtype=np.float64)
+        self.matrix = self._fitted_matrix(mean, covariance)
+        self.mean, self.rows, self.provenance = mean, int(rows), provenance
+        return self
+
+    def _fitted(self) -> np.ndarray:
+        if self.matrix is None:
+            raise ValueError(f"this {type(self).__name__} is not fitted: call fit(X) or flowcore.load(path) first")
+        return self.matrix
+
+    @property
+    def dim(self) -> int:
+        """Width of the vectors taken."""
+        return self._fitted().shape[0]
+
+    @property
+    def output_dim(self) -> int:
+        """Width of the vectors returned."""
+        return self._fitted().shape[1]
+
+    def transform(self, X) -> np.ndarray:
+        """Calibrated rows of X, float32 (n, output_dim), computed `defaults.TRANSFORM_CHUNK_ROWS` at a time."""
+        matrix = self._fitted()
+        if np.ndim(X) != 2:
+            _rows(np.asarray(X), matrix.shape[0], self.name)  # the shape error
+        out = np.empty((len(X), matrix.shape[1]), dtype=np.float32)
+        for start in range(0, len(X), defaults.TRANSFORM_CHUNK_ROWS):
+            chunk = _rows(X[start:start + defaults.TRANSFORM_CHUNK_ROWS], matrix.shape[0], self.name, start)
+            out[start:start + len(chunk)] = (chunk - self.mean) @ matrix
+        return out
+
+    def save(self, path) -> None:
+        """Write μ, W and the settings to one calibrator file (safetensors + JSON header, atomically)."""
+        import torch
+
+        from flowcore.calibration.flow_file import save_flow
+
+        self._fitted()
+        tensors = {f"linear.{name}": torch.from_numpy(np.ascontiguousarray(getattr(self, name)))
+                   for name in self._saved_arrays}
+        info = {**self._header(), "settings": self.settings(),
+                "fit": {name: getattr(self, name) for name in self._saved_values}}
+        save_flow(path, tensors, info)
+
+    @classmethod
+    def _from_file(cls, path, tensors: dict, info: dict, device) -> LinearCalibrator:
+        calibrator = cls(**info.get("settings", {}))
+        for name in cls._saved_arrays:
+            setattr(calibrator, name, tensors[f"linear.{name}"].double().numpy().copy())
+        mean, matrix = calibrator.mean, calibrator.matrix
+        if mean.ndim != 1 or matrix.ndim != 2 or matrix.shape[0] != mean.shape[0]:
+            raise ValueError(f"mean of shape {tuple(mean.shape)} does not fit a matrix of shape {tuple(matrix.shape)}")
+        for name in cls._saved_values:
+            setattr(calibrator, name, info.get("fit", {}).get(name))
+        return calibrator
+
+
+class Identity(Calibrator):
+    """x → x: the raw vectors, as a calibrator (the `none` row of `flowcore sts`). It needs no fit;
+    fitting records the width and provenance, and then other widths are refused.
+
+    Example:
+        >>> Identity().transform(X)      # float32 copy of X
+    """
+
+    name = "none"
+
+    def __init__(self):
+        super().__init__()
+        self._dim: int | None = None
+
+    def fit(self, X, encoder=None) -> Identity:
+        """Record the width of X's rows and `encoder` (see `Calibrator.fit`); X is checked, nothing is learnt."""
+        return self.fit_chunks([X], encoder=encoder)
+
+    def fit_chunks(self, chunks: Iterable, encoder=None) -> Identity:
+        """`fit` over a stream of (rows, d) chunks, each checked (rows numbered across the stream)."""
+        provenance = self._provenance_of(encoder)
+        width, count = None, 0
+        for chunk in chunks:
+            checked = _rows(chunk, width, self.name, row_offset=count)
+            width, count = checked.shape[1], count + len(checked)
+        if width is None:
+            raise ValueError("none needs at least 1 row, got 0")
+        self._dim, self.provenance = width, provenance
+        return self
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            raise ValueError("this Identity has no width until fitted: call fit(X) or flowcore.load(path) first")
+        return self._dim
+
+    @property
+    def output_dim(self) -> int:
+        return self.dim
+
+    def transform(self, X) -> np.ndarray:
+        """A float32 copy of the rows of X."""
+        return _rows(X, self._dim, self.name).astype(np.float32)
+
+    def save(self, path) -> None:
+        from flowcore.calibration.flow_file import save_flow
+
+        save_flow(path, {}, {**self._header(), "settings": {}, "fit": {"dim": self.dim}})
+
+    @classmethod
+    def _from_file(cls, path, tensors: dict, info: dict, device) -> Identity:
+        calibrator = cls()
+        calibrator._dim = int(info["fit"]["dim"])
+        return calibrator
+
+
+class MeanCentering(LinearCalibrator):
+    """x → x − μ: removes the common direction every vector shares (the cheapest remedy).
+
+    Example:
+        >>> Z = MeanCentering().fit(X).transform(X)      # float32 (n, d), zero mean
+    """
+
+    name = "center"
+
+    def _fitted_matrix(self, mean, covariance):
+        return np.eye(len(mean))
+
+
+class AllButTheTop(LinearCalibrator):
+    """Mu & Viswanath's all-but-the-top: centre, then remove the `k` top principal directions,
+    x → (x − μ)(I − U_k U_kᵀ); the width is kept.
+
+    Args:
+        k: directions removed; None uses the authors' rule, round(d / 100), at least 1.
+
+    Example:
+        >>> Z = AllButTheTop(k=3).fit(X).transform(X)    # float32 (n, d)
+    """
+
+    name = "abtt"
+
+    def __init__(self, k: int | None = None):
+        super().__init__()
+        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
+            raise ValueError(f"all-but-the-top k must be a positive integer, got {k!r}")
+        self.k = None if k is None else int(k)
+
+    def settings(self) -> dict:
+        return {"k": self.k}
+
+    def removed(self, dim: int) -> int:
+        """How many directions are removed from `dim`-wide vectors."""
+        return self.k if self.k is not None else max(1, round(dim / 100))
+
+    def _fitted_matrix(self, mean, covariance):
+        width = len(mean)
+        k = self.removed(width)
+        if k >= width:
+            raise ValueError(f"all-but-the-top k={k} must be below the embedding width {width}")
+        top = principal_axes(covariance())[1][:, :k]
+        return np.eye(width) - top @ top.T
