@@ -275,9 +275,11 @@ class FlowCalibrator(Calibrator):
                 parts[part][key] = value.clone()
             with torch.device("meta"):  # shapes only: skip the random LU initialisation
                 flow = Glow(**info["glow"])
+            _check_state(flow, parts["flow"], "flow.")
             flow.load_state_dict(parts["flow"], strict=True, assign=True)
             if calibrator.standardize:
                 standardizer = Standardizer(parts["input"]["mean"].shape[0])
+                _check_state(standardizer, parts["input"], "input.")
                 standardizer.load_state_dict(parts["input"], strict=True)
                 if standardizer.flow_dim != flow.dim:
                     raise ValueError(f"the input standardizer passes {standardizer.flow_dim} coordinates "
@@ -286,7 +288,8 @@ class FlowCalibrator(Calibrator):
         except FlowFileError:
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
-            raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}") from None
+            raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}; refit it "
+                                "with `flowcore fit`") from None
         if device is not None:
             flow.to(device)
             if calibrator.standardizer is not None:
@@ -296,6 +299,21 @@ class FlowCalibrator(Calibrator):
         calibrator.heldout_bits_per_dim = training.get("heldout_bits_per_dim", [])
         calibrator.selected_epoch = training.get("selected_epoch")
         return calibrator
+
+
+def _check_state(module: torch.nn.Module, state: dict, prefix: str) -> None:
+    """A ValueError naming the first tensor of a saved `state` that `module` (built from the
+    file's recorded configuration) lacks, does not have, or has in another shape."""
+    expected = module.state_dict()
+    for name, value in expected.items():
+        if name not in state:
+            raise ValueError(f"the recorded configuration needs a tensor {prefix}{name}, which the file lacks")
+        if tuple(state[name].shape) != tuple(value.shape):
+            raise ValueError(f"tensor {prefix}{name} has shape {tuple(state[name].shape)}, the recorded configuration "
+                             f"needs {tuple(value.shape)}")
+    for name in state:
+        if name not in expected:
+            raise ValueError(f"tensor {prefix}{name} is not part of the recorded configuration")
 
 
 def _whitening_start(data: torch.Tensor, rows: torch.Tensor | None, prepare) -> tuple[torch.Tensor, torch.Tensor]:

@@ -107,8 +107,19 @@ def test_damaged_files_are_named(calibrator, tmp_path):
     info["glow"]["dim"] = 12
     mismatched = tmp_path / "mismatched.flow"
     save_flow(mismatched, tensors, info)
-    with pytest.raises(FlowFileError, match="mismatched.flow: flow file does not match its recorded configuration"):
+    with pytest.raises(FlowFileError, match="mismatched.flow: flow file does not match its recorded configuration") \
+            as raised:
         flowcore.FlowCalibrator.load(mismatched)
+    message = str(raised.value)
+    assert "\n" not in message and "tensor flow.levels.0.0" in message and "refit" in message  # one line, the first
+    info["glow"]["dim"] = tensors["flow.levels.0.0.actnorm.loc"].shape[0]  # a tensor too many, then one too few
+    extra = {**tensors, "flow.levels.0.0.mixing.lower": tensors["flow.levels.0.0.mixing.lu"].clone()}
+    for changed, expected in ((extra, "tensor flow.levels.0.0.mixing.lower is not part of the recorded configuration"),
+                              ({k: v for k, v in tensors.items() if not k.endswith("0.0.actnorm.logs")},
+                               "needs a tensor flow.levels.0.0.actnorm.logs, which the file lacks")):
+        save_flow(mismatched, changed, info)
+        with pytest.raises(FlowFileError, match=expected):
+            flowcore.FlowCalibrator.load(mismatched)
 
     from safetensors.torch import save_file
     foreign = tmp_path / "foreign.flow"
