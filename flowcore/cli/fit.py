@@ -208,7 +208,11 @@ def _blocks(data, rows):
 
 def run(args) -> int:
     from flowcore.calibration.base import create
+    from flowcore.cli.arguments import check_output
 
+    check_output(args.out, inputs=[args.embeddings, args.input])
+    if args.cache is not None:
+        check_output(args.cache, inputs=[args.embeddings, args.input, args.out], suffixes=(".npy",), flag="--cache")
     check_device(args.device)
     started = time.perf_counter()
     settings = _method_settings(args)

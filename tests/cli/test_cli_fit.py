@@ -1,6 +1,7 @@
 """`flowcore fit`: embeddings or text in, a loadable flow file out, clear errors otherwise."""
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,3 +217,23 @@ def test_options_of_another_method_are_one_line_errors(embeddings, tmp_path, cap
     with pytest.raises(SystemExit):
         main(["fit", "--embeddings", str(embeddings), "--out", out, "--method", "pca"])
     assert "invalid choice: 'pca'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["same-path", "symlink", "hard-link", "directory", "cache-is-input"])
+def test_fit_refuses_to_overwrite_its_input_or_a_directory(embeddings, tmp_path, capsys, kind):
+    """--out (and --cache) never name the input itself (same path, symlink, hard link) or a
+    directory: one line, exit 2, before any work, the input untouched."""
+    before = Path(embeddings).read_bytes()
+    out = {"same-path": Path(embeddings), "symlink": tmp_path / "link.flow", "hard-link": tmp_path / "hard.flow",
+           "directory": tmp_path / "folder.flow", "cache-is-input": tmp_path / "model.flow"}[kind]
+    if kind == "symlink":
+        out.symlink_to(embeddings)
+    elif kind == "hard-link":
+        out.hardlink_to(embeddings)
+    elif kind == "directory":
+        out.mkdir()
+    extra = ["--cache", str(embeddings)] if kind == "cache-is-input" else []
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), *extra]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and ("is a directory" if kind == "directory" else "is the input") in error
+    assert Path(embeddings).read_bytes() == before
