@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from flowcore.extras import EXTRAS, MissingExtraError, require
@@ -22,6 +23,8 @@ RUN_WITHOUT = textwrap.dedent(
 CASES = {  # (modules made unimportable, command, extra)
     "quantize": ("onnxruntime,onnx,onnxscript", ["encode", "--input", "corpus.txt", "--out", "out.npy",
                                                  "--quantize", "int8"], "onnx"),
+    "analyze": ("rapidfuzz", ["analyze", "--embeddings", "vectors.npy", "--out", "out.npy"], "analysis"),
+    "export": ("sentence_transformers", ["export", "--whitening", "corpus.txt", "--out", "out.npy"], "st"),
 }
 
 
@@ -29,6 +32,7 @@ CASES = {  # (modules made unimportable, command, extra)
 def test_a_missing_extra_is_one_line_with_the_pip_command(case, tmp_path):
     modules, command, extra = CASES[case]
     (tmp_path / "corpus.txt").write_text("a cat\nthe dog\n")
+    np.save(tmp_path / "vectors.npy", np.random.default_rng(0).normal(size=(300, 16)).astype(np.float32))
     result = subprocess.run([sys.executable, "-c", RUN_WITHOUT, modules, *command], capture_output=True, text=True,
                             cwd=tmp_path, timeout=300)
     assert result.returncode == 2, result.stderr

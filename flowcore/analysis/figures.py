@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flowcore.extras import require
+
 __all__ = ["DPI", "cosine_histogram_figure", "frequency_figure", "lexical_figure"]
 
 DPI = 100
@@ -14,7 +16,7 @@ DPI = 100
 
 
 def _pyplot():
-    import matplotlib
+    matplotlib = require("matplotlib", "the figures of flowcore analyze", "analysis")
 
     matplotlib.use("Agg", force=True)  # headless: never opens a window, works without a display
     import matplotlib.pyplot as plt

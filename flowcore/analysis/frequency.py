@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.stats import spearmanr
 
+from flowcore.extras import require
+
 __all__ = ["BUCKETS", "FREQUENCY_SOURCES", "KNN", "FrequencyBucket", "TokenEmbeddings", "bucket_statistics",
            "corpus_ranks", "token_embeddings", "wordfreq_ranks"]
 
@@ -77,9 +79,8 @@ def wordfreq_ranks(tokens: list[str], special_ids=frozenset(), language: str = "
         >>> wordfreq_ranks(["[CLS]", "the", "##s", "aardvark"], special_ids={0})
         array([-1,  0, -1,  1])
     """
-    from wordfreq import get_frequency_dict
-
-    frequencies = get_frequency_dict(language)
+    wordfreq = require("wordfreq", "word-frequency ranks (flowcore analyze --frequency wordfreq)", "analysis")
+    frequencies = wordfreq.get_frequency_dict(language)
     counts = np.zeros(len(tokens))
     for index, token in enumerate(tokens):
         if index not in special_ids and _WORD.match(token):

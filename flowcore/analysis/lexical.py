@@ -11,8 +11,11 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from rapidfuzz.distance import Levenshtein
 from scipy.stats import spearmanr
+
+from flowcore.extras import require
+
+Levenshtein = require("rapidfuzz.distance", "the lexical-bias analysis (flowcore analyze)", "analysis").Levenshtein
 
 __all__ = ["EDIT_UNITS", "edit_distances", "lexical_bias"]
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from flowcore._vectors import unit_rows
+from flowcore.extras import require
 from flowcore.text.encoder import DEFAULT_MODEL_NAME
 from flowcore.text.loading import DEFAULT_MODEL
 
@@ -252,8 +253,7 @@ def _last_part(model_id: str) -> str:
 
 def _registered_fields(hub_name: str) -> dict[str, Any]:
     """What mteb's own registry says about the base model (no download); {} when it is not registered."""
-    import mteb
-
+    mteb = require("mteb", "the MTEB adapter", "mteb")
     try:
         registered = mteb.get_model_meta(hub_name, fetch_from_hf=False)
     except Exception:  # not in mteb's registry: keep the fields unknown

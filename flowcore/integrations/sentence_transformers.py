@@ -44,15 +44,19 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Transformer
-from sentence_transformers.sentence_transformer.modules import Pooling as STPooling
 
-from flowcore import defaults
-from flowcore.calibration.base import Calibrator, load
-from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits
-from flowcore.text.loading import resolve_model
-from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
+from flowcore.extras import require
+
+require("sentence_transformers", "the sentence-transformers integration (flowcore export)", "st")
+from sentence_transformers import SentenceTransformer  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Transformer  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling as STPooling  # noqa: E402
+
+from flowcore import defaults  # noqa: E402
+from flowcore.calibration.base import Calibrator, load  # noqa: E402
+from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits  # noqa: E402
+from flowcore.text.loading import resolve_model  # noqa: E402
+from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling  # noqa: E402
 
 __all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense", "load_model"]
 
