@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(f"flowcore.cli.{name}").register(subparsers)
+    from flowcore.cli.arguments import HelpFormatter
+
+    for subparser in subparsers.choices.values():
+        subparser.formatter_class = HelpFormatter  # one rule for defaults in every --help
     return parser
 
 

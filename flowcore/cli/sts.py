@@ -17,11 +17,15 @@ from flowcore.cli import CLIError, check_device
 from flowcore.cli.arguments import (
     HelpFormatter,
     add_encoding_arguments,
+    add_renamed,
+    check_output,
     comma_files,
     comma_names,
     pair_columns,
     quantize_options,
+    show_progress,
 )
+from flowcore.flows.configs import CONFIGS
 from flowcore.runtime import parallel_jobs
 from flowcore.sts.baselines import CALIBRATIONS, FLOW_INPUTS, CalibrationSettings
 from flowcore.sts.cache import EmbeddingCache, default_cache_dir
@@ -44,19 +48,18 @@ def _flow_input(text: str) -> str:
 
 
 @contextlib.contextmanager
-def _progress_on_stderr(enabled: bool):
-    """While on, the `flowcore.sts` loggers' INFO and above go to stderr as bare lines (the
-    command's progress); off (--quiet), warnings still reach stderr through logging's last resort."""
-    if not enabled:
-        yield
-        return
+def _progress_on_stderr(progress: bool):
+    """The `flowcore.sts` loggers' messages on stderr as bare lines while the command runs: their
+    warnings always, their INFO lines (the command's progress) when `progress`."""
+    level = logging.INFO if progress else logging.WARNING
     logger = logging.getLogger("flowcore.sts")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setLevel(level)
     saved = logger.level, logger.propagate
     logger.addHandler(handler)
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
     logger.propagate = False  # printed once, even where the caller has configured the root logger
     try:
         yield
@@ -71,7 +74,7 @@ def register(subparsers) -> None:
         help="evaluate an encoder with and without calibration on the STS benchmarks (the BERT-flow experiment)",
         description="Spearman x100 of cosine similarity against gold on the STS12-16, STS-B and SICK-R test "
         "sets (or your own labelled pairs, --pairs), for the raw encoder and after each calibration "
-        "fitted without labels (or loaded, --flow). Progress and warnings go to stderr, the table to stdout.",
+        "fitted without labels (or loaded, --calibrator). Progress and warnings go to stderr, the table to stdout.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--model", default="default",
@@ -115,25 +118,27 @@ def register(subparsers) -> None:
                         "sentences), 'train' (its train split where one exists; not with --pairs), or a text "
                         "file with one sentence per line (e.g. NLI sentences). Fewer than 5 x dim distinct "
                         "sentences give a warning (stderr and 'warning' in the JSON)")
-    parser.add_argument("--flow", default=None, metavar="FILE",
-                        help="a calibrator file from 'flowcore fit' (a flow, or any --method; for this encoder and "
-                        "pooling): applied as it is, nothing is fitted; --calibration may then hold none and the "
-                        "file's calibration only")
+    parser.add_argument("--calibrator", default=None, metavar="FILE",
+                        help="a calibrator file from 'flowcore fit' (a flow or any other calibration, for this encoder "
+                        "and pooling): applied as it is, nothing is fitted; --calibration may then hold none and "
+                        "the file's calibration only")
     parser.add_argument("--sick-split", default="test", choices=("test", "all"),
                         help="SICK-R pairs scored: 'test' (4927, the paper's protocol) or 'all' (9927, MTEB's)")
     parser.add_argument("--aggregation", default="all", choices=AGGREGATIONS,
                         help="STS12-16 figure shown in the table: 'all' (the primary one: subsets concatenated, as "
                         "SBERT, SimCSE and MTEB report), 'wmean' (size-weighted mean over subsets, as the "
                         "BERT-flow and BERT-whitening papers report), 'mean'; the JSON holds all three")
-    parser.add_argument("--flow-config", default=defaults.CONFIG, help="Glow configuration of the flow")
-    parser.add_argument("--flow-recipe", default=defaults.RECIPE, choices=RECIPES,
+    parser.add_argument("--config", default=defaults.CONFIG, choices=sorted(CONFIGS),
+                        help="Glow configuration of the flow (levels, depth, width)")
+    parser.add_argument("--recipe", default=defaults.RECIPE, choices=RECIPES,
                         help="the flow's fit recipe: 'whitened' (start at whitening, keep the epoch with the best "
                         "held-out likelihood), 'standardized' (the earlier default), 'paper' (the paper's code: "
-                        "raw input, lr 1e-3, batch 32, 1 epoch); the --flow-* options below override its values")
-    parser.add_argument("--flow-epochs", type=int, default=None, help="flow training epochs (default: the recipe's)")
-    parser.add_argument("--flow-lr", type=float, default=None, help="flow learning rate (Adam; default: the recipe's)")
-    parser.add_argument("--flow-batch-size", type=int, default=None,
-                        help="flow training batch size (default: the recipe's)")
+                        "raw input, lr 1e-3, batch 32, 1 epoch); --epochs, --lr and --train-batch-size override "
+                        "its values")
+    parser.add_argument("--epochs", type=int, default=None, help="flow training epochs (default: the recipe's)")
+    parser.add_argument("--lr", type=float, default=None, help="flow learning rate (Adam; default: the recipe's)")
+    parser.add_argument("--train-batch-size", type=int, default=None,
+                        help="rows per flow training step (default: the recipe's)")
     parser.add_argument("--flow-input", default=None, type=_flow_input, choices=FLOW_INPUTS,
                         help="override what the flow is fitted on (its recipe decides when not given): coordinates "
                         "standardized over the fit corpus (constant ones dropped), vectors whitened first and the "
@@ -158,6 +163,12 @@ def register(subparsers) -> None:
                         "the results do not change with it (default: the CPUs this process may use; 1: one "
                         "process)")
     add_encoding_arguments(parser)
+    add_renamed(parser, "--flow", "--calibrator")
+    add_renamed(parser, "--flow-config", "--config", choices=sorted(CONFIGS))
+    add_renamed(parser, "--flow-recipe", "--recipe", choices=RECIPES)
+    add_renamed(parser, "--flow-epochs", "--epochs", type=int)
+    add_renamed(parser, "--flow-lr", "--lr", type=float)
+    add_renamed(parser, "--flow-batch-size", "--train-batch-size", type=int)
     parser.set_defaults(func=run)
 
 
@@ -182,16 +193,18 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"STS data folder not found: {args.data_dir}")
     if args.fit_corpus not in ("target", "train") and not os.path.isfile(args.fit_corpus):
         raise CLIError(f"--fit-corpus {args.fit_corpus!r} is neither 'target', 'train' nor an existing file")
-    if args.flow is not None and not os.path.isfile(args.flow):
-        raise CLIError(f"--flow {args.flow}: no such file")
-    if args.flow is not None and args.fit_corpus != "target":
-        raise CLIError("--fit-corpus does not apply with --flow (the calibrator file is already fitted)")
-    for option, value in (("--flow-epochs", args.flow_epochs), ("--flow-batch-size", args.flow_batch_size),
+    if args.calibrator is not None and not os.path.isfile(args.calibrator):
+        raise CLIError(f"--calibrator {args.calibrator}: no such file")
+    if args.calibrator is not None and args.fit_corpus != "target":
+        raise CLIError("--fit-corpus does not apply with --calibrator (the calibrator file is already fitted)")
+    if args.json is not None:
+        check_output(args.json, inputs=[args.calibrator, *(args.pairs or [])], flag="--json")
+    for option, value in (("--epochs", args.epochs), ("--train-batch-size", args.train_batch_size),
                           ("--batch-size", args.batch_size)):
         if value is not None and value < 1:
             raise CLIError(f"{option} must be at least 1, got {value}")
-    if args.flow_lr is not None and not args.flow_lr > 0:
-        raise CLIError(f"--flow-lr must be positive, got {args.flow_lr}")
+    if args.lr is not None and not args.lr > 0:
+        raise CLIError(f"--lr must be positive, got {args.lr}")
     if args.whitening_dim is not None and args.whitening_dim < 1:
         raise CLIError(f"--whitening-dim must be at least 1, got {args.whitening_dim}")
     if not 0 <= args.whitening_power <= 1:
@@ -201,27 +214,28 @@ def run(args: argparse.Namespace) -> int:
     if args.abtt_k is not None and args.abtt_k < 1:
         raise CLIError(f"--abtt-k must be at least 1, got {args.abtt_k}")
     settings = CalibrationSettings(whitening_dim=args.whitening_dim, whitening_power=args.whitening_power,
-                                   abtt_k=args.abtt_k, flow_config=args.flow_config,
-                                   flow_recipe=args.flow_recipe, flow_epochs=args.flow_epochs, flow_lr=args.flow_lr,
-                                   flow_batch_size=args.flow_batch_size, flow_input=args.flow_input, seed=args.seed,
+                                   abtt_k=args.abtt_k, flow_config=args.config,
+                                   flow_recipe=args.recipe, flow_epochs=args.epochs, flow_lr=args.lr,
+                                   flow_batch_size=args.train_batch_size, flow_input=args.flow_input, seed=args.seed,
                                    device=args.device)
     cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     started = time.perf_counter()
     records = []
     calibrations = args.calibration or comma_names(DEFAULT_CALIBRATIONS, CALIBRATIONS, "calibration")
     fitted = None
-    if args.flow is not None:
-        from flowcore.sts.baselines import prefitted  # imports torch: only when --flow is used
+    if args.calibrator is not None:
+        from flowcore.sts.baselines import prefitted  # imports torch: only when --calibrator is used
 
-        given = prefitted(args.flow, device=args.device)
+        given = prefitted(args.calibrator, device=args.device)
         name = given.calibrator.name
         calibrations = args.calibration or ["none", name]
         others = [other for other in calibrations if other not in ("none", name)]
         if others:
-            raise CLIError(f"--flow applies a {name} calibrator file, nothing is fitted: --calibration may hold "
+            raise CLIError(f"--calibrator applies a {name} calibrator file, nothing is fitted: --calibration may hold "
                            f"none and {name} only, not {', '.join(others)}")
         fitted = {name: given}
-    with _progress_on_stderr(not args.quiet):
+    progress = show_progress(args)
+    with _progress_on_stderr(progress):
         pairs = None
         if args.pairs is not None:
             from flowcore.sts.pairs import load_pairs_files
@@ -234,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
                 _check_flow_fits(given.calibrator, encoder, args)
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
-                                settings=settings, cache=cache, batch_size=args.batch_size, progress=not args.quiet,
+                                settings=settings, cache=cache, batch_size=args.batch_size, progress=progress,
                                 pairs=pairs, fitted=fitted, jobs=parallel_jobs(args.jobs))
     seconds = time.perf_counter() - started
     if pairs is not None:
@@ -256,10 +270,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_flow_fits(calibrator, encoder, args) -> None:
-    """Refuse a --flow file fitted for another encoder, pooling or width than this run's."""
-    from flowcore.calibration.flow_file import check_encoder_fits  # imports torch: only when --flow is used
+    """Refuse a --calibrator file fitted for another encoder, pooling or width than this run's."""
+    from flowcore.calibration.flow_file import check_encoder_fits  # imports torch: only when a file is given
 
     try:
-        check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, args.model, what=f"--flow {args.flow}")
+        check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, args.model,
+                           what=f"--calibrator {args.calibrator}")
     except ValueError as error:
         raise CLIError(str(error)) from None

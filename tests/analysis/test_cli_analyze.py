@@ -18,7 +18,7 @@ def test_analyze_end_to_end_on_the_default_model(sts_data_dir, tmp_path, capsys)
     pairs.write_text("sentence1\tsentence2\tscore\n" + "".join(
         f"{a}\t{b}\t{s}\n" for a, b, s in list(zip(dev.sentences1, dev.sentences2, dev.scores))[:80]))
     out = tmp_path / "report"
-    code = main(["analyze", "--corpus", str(corpus), "--pairs", str(pairs), "--pooling", "static-avg",
+    code = main(["analyze", "--input", str(corpus), "--pairs", str(pairs), "--pooling", "static-avg",
                  "--calibration", "none,center,abtt,whitening", "--frequency", "corpus", "--random-pairs", "2000",
                  "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--quiet"])
     assert code == 0
@@ -39,9 +39,9 @@ def test_analyze_end_to_end_on_the_default_model(sts_data_dir, tmp_path, capsys)
 
 
 def test_analyze_errors_are_one_clean_line(tmp_path, capsys):
-    assert main(["analyze", "--corpus", str(tmp_path / "missing.txt"), "--out", str(tmp_path)]) == 2
+    assert main(["analyze", "--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path)]) == 2
     missing = tmp_path / "missing.txt"
-    assert capsys.readouterr().err == f"flowcore analyze: error: --corpus {missing}: no such file\n"
+    assert capsys.readouterr().err == f"flowcore analyze: error: --input {missing}: no such file\n"
     vectors = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
     vectors[3, 2] = np.nan
     np.save(tmp_path / "v.npy", vectors)

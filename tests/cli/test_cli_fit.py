@@ -22,7 +22,7 @@ def embeddings(tmp_path):
 def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
     out = tmp_path / "model.flow"
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--config", "l2_d2_w32",
-                 "--epochs", "2", "--batch-size", "64", "--seed", "4"]) == 0
+                 "--epochs", "2", "--train-batch-size", "64", "--seed", "4"]) == 0
     captured = capsys.readouterr()
     assert "fitted l2_d2_w32 on 300 x 16" in captured.out and "warning" not in captured.err  # 300 >= 5 x 16
     calibrator = flowcore.FlowCalibrator.load(out)
@@ -37,7 +37,7 @@ def test_small_corpus_warning_counts_distinct_rows(tmp_path, capsys):
     path = tmp_path / "repeated.npy"
     np.save(path, np.repeat(rng.normal(size=(30, 16)), 10, axis=0).astype(np.float32))  # 300 rows, 30 distinct
     assert main(["fit", "--embeddings", str(path), "--out", str(tmp_path / "r.flow"), "--config", "l2_d2_w32",
-                 "--batch-size", "64"]) == 0
+                 "--train-batch-size", "64"]) == 0
     err = capsys.readouterr().err
     assert "flowcore fit: warning: the fit corpus has only 30 distinct vectors for 16-dimensional" in err
     assert "via --embeddings of more sentences" in err
@@ -60,7 +60,7 @@ def test_fit_text_records_encoder_and_pooling(tmp_path, capsys):
     corpus.write_text("\n".join(lines[:20] + [""] + lines[20:]) + "\n")
     out = tmp_path / "text.flow"
     assert main(["fit", "--input", str(corpus), "--out", str(out), "--pooling", "mean",
-                 "--config", "l2_d2_w32", "--batch-size", "8"]) == 0
+                 "--config", "l2_d2_w32", "--train-batch-size", "8"]) == 0
     captured = capsys.readouterr()
     assert "skipped 1 unusable row(s)" in captured.out
     assert ("flowcore fit: warning: the fit corpus has only 40 distinct sentences for 384-dimensional "
@@ -110,7 +110,7 @@ def test_killed_fit_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monk
     corpus.write_text("".join(f"line {i} of a corpus about {'cats' if i % 3 else 'rivers'}\n" for i in range(60))
                       + "\n")  # 60 sentences and one empty line (a reject)
     command = ["fit", "--input", str(corpus), "--pooling", "mean", "--config", "l2_d2_w32", "--epochs", "2",
-               "--batch-size", "8", "--checkpoint-every", "3"]
+               "--train-batch-size", "8", "--checkpoint-every", "3"]
     uninterrupted = tmp_path / "a" / "model.flow"
     uninterrupted.parent.mkdir()
     assert main([*command, "--out", str(uninterrupted)]) == 0
@@ -162,9 +162,9 @@ def test_threads_option_trains_on_that_many_threads(embeddings, tmp_path, capsys
     real = train._fit
     monkeypatch.setattr(train, "_fit", lambda *args: seen.append(__import__("torch").get_num_threads()) or real(*args))
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "t.flow"), "--config", "l2_d2_w32",
-                 "--batch-size", "32", "--threads", "2"]) == 0
+                 "--train-batch-size", "32", "--threads", "2"]) == 0
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "d.flow"), "--config", "l2_d2_w32",
-                 "--batch-size", "32"]) == 0
+                 "--train-batch-size", "32"]) == 0
     assert seen == [2, 1]
     capsys.readouterr()
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "z.flow"), "--threads", "0"]) != 0
@@ -173,10 +173,12 @@ def test_threads_option_trains_on_that_many_threads(embeddings, tmp_path, capsys
 
 
 @pytest.mark.parametrize("options, method, settings", [
-    (["--method", "whitening", "--power", "0.3", "--dim", "8"], "whitening", {"dim": 8, "power": 0.3}),
-    (["--method", "whitening"], "whitening", {"dim": None, "power": 0.5}),
-    (["--method", "abtt", "--k", "3"], "abtt", {"k": 3}),
-    (["--method", "zca"], "zca", {}), (["--method", "center"], "center", {}), (["--method", "none"], "none", {}),
+    (["--calibration", "whitening", "--whitening-power", "0.3", "--whitening-dim", "8"], "whitening",
+     {"dim": 8, "power": 0.3}),
+    (["--calibration", "whitening"], "whitening", {"dim": None, "power": 0.5}),
+    (["--calibration", "abtt", "--abtt-k", "3"], "abtt", {"k": 3}),
+    (["--calibration", "zca"], "zca", {}), (["--calibration", "center"], "center", {}),
+    (["--calibration", "none"], "none", {}),
 ])
 def test_fit_any_method_streams_the_rows_into_a_loadable_file(embeddings, tmp_path, capsys, options, method,
                                                               settings):
@@ -195,8 +197,8 @@ def test_fit_a_method_on_text_records_the_encoder(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"sentence {i} about {'cats' if i % 2 else 'rivers'}\n" for i in range(40)))
     out = tmp_path / "white.flow"
-    assert main(["fit", "--input", str(corpus), "--out", str(out), "--pooling", "mean", "--method", "whitening",
-                 "--dim", "16"]) == 0
+    assert main(["fit", "--input", str(corpus), "--out", str(out), "--pooling", "mean", "--calibration", "whitening",
+                 "--whitening-dim", "16"]) == 0
     capsys.readouterr()
     loaded = flowcore.load(out)
     assert loaded.provenance == EncoderProvenance("default", "mean") and loaded.output_dim == 16
@@ -205,17 +207,19 @@ def test_fit_a_method_on_text_records_the_encoder(tmp_path, capsys):
 def test_options_of_another_method_are_one_line_errors(embeddings, tmp_path, capsys):
     out = str(tmp_path / "x.flow")
     for options, message in [
-        (["--method", "abtt", "--power", "0.3"], "--power does not apply to --method abtt"),
-        (["--dim", "4"], "--dim does not apply to --method flow"),
-        (["--method", "whitening", "--epochs", "2"], "--epochs applies to --method flow only, not whitening"),
-        (["--method", "center", "--config", "l2_d2_w32"], "--config applies to --method flow only, not center"),
-        (["--method", "whitening", "--power", "2"], "whitening power must be a number from 0"),
-        (["--method", "whitening", "--dim", "17"], "whitening dim 17 exceeds the embedding width 16"),
+        (["--calibration", "abtt", "--whitening-power", "0.3"],
+         "--whitening-power does not apply to --calibration abtt"),
+        (["--whitening-dim", "4"], "--whitening-dim does not apply to --calibration flow"),
+        (["--calibration", "whitening", "--epochs", "2"], "--epochs applies to --calibration flow only, not whitening"),
+        (["--calibration", "center", "--config", "l2_d2_w32"],
+         "--config applies to --calibration flow only, not center"),
+        (["--calibration", "whitening", "--whitening-power", "2"], "whitening power must be a number from 0"),
+        (["--calibration", "whitening", "--whitening-dim", "17"], "whitening dim 17 exceeds the embedding width 16"),
     ]:
         assert main(["fit", "--embeddings", str(embeddings), "--out", out, *options]) == 2
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["fit", "--embeddings", str(embeddings), "--out", out, "--method", "pca"])
+        main(["fit", "--embeddings", str(embeddings), "--out", out, "--calibration", "pca"])
     assert "invalid choice: 'pca'" in capsys.readouterr().err
 
 

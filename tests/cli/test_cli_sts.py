@@ -24,15 +24,16 @@ def test_cli_errors_are_one_clean_line(tmp_path, capsys, monkeypatch):
 
 
 def test_cli_progress_goes_to_stderr_as_bare_lines(sts_data_dir, tmp_path, capsys, monkeypatch):
-    """A stand-in encoder: stderr carries the progress lines exactly, stdout the table; --quiet
-    prints no progress; the `flowcore.sts` logger is left as it was found."""
+    """A stand-in encoder: stderr carries the progress lines exactly (on a terminal, or with
+    --progress), stdout the table; --quiet, or a stderr that is not a terminal, prints no progress;
+    the `flowcore.sts` logger is left as it was found."""
     monkeypatch.setattr("flowcore.text.encoder.Encoder",
                         lambda model, pooling, max_length, device: HashEncoder(pooling=pooling))
     command = ["sts", "--data-dir", str(sts_data_dir), "--datasets", "STS-B", "--pooling", "mean",
                "--calibration", "none,whitening", "--no-cache"]
     logger = logging.getLogger("flowcore.sts")
     before = logger.level, logger.propagate, list(logger.handlers)
-    assert main(command) == 0
+    assert main(command + ["--progress"]) == 0
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     assert lines[:4] == ["STS-B: 1379 test pairs", "encoding 1256 sentences with hash-encoder (mean pooling)",
@@ -44,6 +45,8 @@ def test_cli_progress_goes_to_stderr_as_bare_lines(sts_data_dir, tmp_path, capsy
     assert captured.out.splitlines()[1] == "| encoder + calibration | STS-B | Avg. |"
     assert (logger.level, logger.propagate, list(logger.handlers)) == before
     assert main(command + ["--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(command) == 0  # stderr is not a terminal here
     assert capsys.readouterr().err == ""
 
 
@@ -159,7 +162,7 @@ def test_cli_flow_file_is_applied_not_fitted(tmp_path, capsys, stand_in):
                  "--batch-size", "64"]) == 0
     capsys.readouterr()
     out = tmp_path / "r.json"
-    assert main(["sts", "--pairs", str(pairs), "--flow", str(flow), "--pooling", "mean", "--no-cache",
+    assert main(["sts", "--pairs", str(pairs), "--calibrator", str(flow), "--pooling", "mean", "--no-cache",
                  "--json", str(out)]) == 0  # default calibrations with --flow: none,flow
     captured = capsys.readouterr()
     assert "fitting" not in captured.err and "| hash-encoder mean + flow (tiny.flow) |" in captured.out
@@ -179,15 +182,15 @@ def test_cli_flow_file_is_applied_not_fitted(tmp_path, capsys, stand_in):
 
     assert spearman_of(applied, "all") == pytest.approx(100 * spearmanr(similarities, mine.scores)[0], abs=1e-9)
 
-    assert main(["sts", "--pairs", str(pairs), "--flow", str(flow), "--calibration", "none,whitening,flow"]) == 2
+    assert main(["sts", "--pairs", str(pairs), "--calibrator", str(flow), "--calibration", "none,whitening,flow"]) == 2
     assert "--calibration may hold none and flow only, not whitening" in capsys.readouterr().err
     other = tmp_path / "other.flow"
     mismatched = FlowCalibrator(config="l2_d2_w32").fit(np.load(emb), progress=False,
                                                         encoder=EncoderProvenance("hash-encoder", "cls"))
     mismatched.save(other)
-    assert main(["sts", "--pairs", str(pairs), "--flow", str(other), "--pooling", "mean", "--no-cache"]) == 2
+    assert main(["sts", "--pairs", str(pairs), "--calibrator", str(other), "--pooling", "mean", "--no-cache"]) == 2
     assert "was fitted on 'cls' pooling, not 'mean'" in capsys.readouterr().err
-    assert main(["sts", "--pairs", str(pairs), "--flow", str(tmp_path / "missing.flow")]) == 2
+    assert main(["sts", "--pairs", str(pairs), "--calibrator", str(tmp_path / "missing.flow")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
@@ -209,7 +212,8 @@ def test_cli_start_up_imports_neither_torch_nor_scipy():
 
 
 def test_cli_applies_a_calibrator_file_of_any_method(tmp_path, capsys, stand_in):
-    """A whitening fitted by `flowcore fit --method whitening` is applied by `sts --flow` like a flow file."""
+    """A whitening fitted by `flowcore fit --calibration whitening` is applied by `sts --calibrator`
+    like a flow file."""
     import numpy as np
 
     import flowcore
@@ -218,11 +222,11 @@ def test_cli_applies_a_calibrator_file_of_any_method(tmp_path, capsys, stand_in)
     emb = tmp_path / "emb.npy"
     np.save(emb, HashEncoder().encode([f"corpus sentence {i}" for i in range(200)]))
     white = tmp_path / "white.flow"
-    assert main(["fit", "--embeddings", str(emb), "--out", str(white), "--method", "whitening", "--power", "0.25",
-                 "--dim", "16"]) == 0
+    assert main(["fit", "--embeddings", str(emb), "--out", str(white), "--calibration", "whitening",
+                 "--whitening-power", "0.25", "--whitening-dim", "16"]) == 0
     capsys.readouterr()
     out = tmp_path / "r.json"
-    assert main(["sts", "--pairs", str(pairs), "--flow", str(white), "--pooling", "mean", "--no-cache", "--quiet",
+    assert main(["sts", "--pairs", str(pairs), "--calibrator", str(white), "--pooling", "mean", "--no-cache", "--quiet",
                  "--json", str(out)]) == 0  # default calibrations with --flow: none and the file's
     captured = capsys.readouterr()
     assert "| hash-encoder mean + whitening-16 power 0.25 (white.flow) |" in captured.out
@@ -238,8 +242,8 @@ def test_cli_applies_a_calibrator_file_of_any_method(tmp_path, capsys, stand_in)
     similarities = cosine_similarity(loaded.transform(encoder.encode(mine.sentences1)),
                                      loaded.transform(encoder.encode(mine.sentences2)))
     assert spearman_of(applied, "all") == pytest.approx(100 * spearmanr(similarities, mine.scores)[0], abs=1e-9)
-    assert main(["sts", "--pairs", str(pairs), "--flow", str(white), "--calibration", "none,flow"]) == 2
-    assert "--flow applies a whitening calibrator file, nothing is fitted: --calibration may hold none and " \
+    assert main(["sts", "--pairs", str(pairs), "--calibrator", str(white), "--calibration", "none,flow"]) == 2
+    assert "--calibrator applies a whitening calibrator file, nothing is fitted: --calibration may hold none and " \
            "whitening only, not flow" in capsys.readouterr().err
 
 
@@ -256,8 +260,8 @@ def test_cli_tempered_whitening_and_the_earlier_flow_input_spelling(tmp_path, ca
     assert "whitening power 0.7" in capsys.readouterr().out
     assert main(["sts", "--pairs", str(pairs), "--whitening-power", "-1", "--no-cache"]) == 2
     assert "--whitening-power must be from 0 to 1" in capsys.readouterr().err
-    assert main(["sts", "--pairs", str(pairs), "--calibration", "flow", "--flow-input", "whiten", "--flow-config",
-                 "l2_d2_w32", "--flow-epochs", "1", "--no-cache", "--quiet", "--json", str(out)]) == 0
+    assert main(["sts", "--pairs", str(pairs), "--calibration", "flow", "--flow-input", "whiten", "--config",
+                 "l2_d2_w32", "--epochs", "1", "--no-cache", "--quiet", "--json", str(out)]) == 0
     captured = capsys.readouterr()
     assert captured.err.startswith("flowcore sts: --flow-input whiten is now spelled --flow-input prewhiten\n")
     assert json.loads(out.read_text())["results"][0]["flow_input"] == "prewhiten"

@@ -38,7 +38,8 @@ def setup(tmp_path_factory):
 def test_export_flow_end_to_end(setup, tmp_path, capsys):
     bert, sentences, _, flow = setup
     out = tmp_path / "st"
-    assert main(["export", "--flow", str(flow), "--out", str(out), "--normalize"]) == 0  # encoder, pooling: the flow's
+    # encoder and pooling: the flow's
+    assert main(["export", "--calibrator", str(flow), "--out", str(out), "--normalize"]) == 0
     assert "trust_remote_code=True" in capsys.readouterr().out
     got = SentenceTransformer(str(out), trust_remote_code=True).encode(sentences[:50])
     vectors = flowcore.Encoder(bert, pooling="static-avg").encode(sentences[:50])
@@ -62,15 +63,15 @@ def test_export_whitening_end_to_end(setup, tmp_path, capsys):
     assert got.shape == (50, 8) and cosines(got, want).min() > 0.9999
 
 
-@pytest.mark.parametrize("method", [["abtt", "--k", "2"], ["whitening", "--power", "0.25", "--dim", "8"]],
+@pytest.mark.parametrize("method", [["abtt", "--abtt-k", "2"], ["whitening", "--whitening-power", "0.25", "--whitening-dim", "8"]],
                          ids=lambda method: method[0])
 def test_export_a_fitted_linear_file_as_a_stock_dense(setup, tmp_path, capsys, method):
     bert, sentences, corpus, _ = setup
     fitted = tmp_path / "linear.flow"
-    assert main(["fit", "--input", str(corpus), "--model", bert, "--pooling", "mean", "--method", *method, "--out",
+    assert main(["fit", "--input", str(corpus), "--model", bert, "--pooling", "mean", "--calibration", *method, "--out",
                  str(fitted)]) == 0
     out = tmp_path / "st"
-    assert main(["export", "--flow", str(fitted), "--out", str(out)]) == 0  # encoder and pooling: the file's
+    assert main(["export", "--calibrator", str(fitted), "--out", str(out)]) == 0  # encoder and pooling: the file's
     printed = capsys.readouterr().out
     assert f"({method[0]} {fitted})" in printed and "trust_remote_code" not in printed
     types = [entry["type"].rsplit(".", 1)[1] for entry in json.loads((out / "modules.json").read_text())]
@@ -104,11 +105,11 @@ def test_export_whitening_default_pooling(setup, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--flow", "{root}/missing.flow"], "missing.flow: no such flow file"),
-    (["--flow", "{flow}", "--pooling", "mean"], "fitted on 'static-avg' pooling, not 'mean'"),
-    (["--flow", "{flow}", "--model", "{root}/nowhere"], "model folder {root}/nowhere does not exist"),
-    (["--flow", "{flow}", "--whitening-dim", "4"], "apply to --whitening, not to --flow"),
-    (["--flow", "{flow}", "--whitening-power", "0.3"], "apply to --whitening, not to --flow"),
+    (["--calibrator", "{root}/missing.flow"], "missing.flow: no such flow file"),
+    (["--calibrator", "{flow}", "--pooling", "mean"], "fitted on 'static-avg' pooling, not 'mean'"),
+    (["--calibrator", "{flow}", "--model", "{root}/nowhere"], "model folder {root}/nowhere does not exist"),
+    (["--calibrator", "{flow}", "--whitening-dim", "4"], "apply to --whitening, not to --calibrator"),
+    (["--calibrator", "{flow}", "--whitening-power", "0.3"], "apply to --whitening, not to --calibrator"),
     (["--whitening", "{corpus}", "--whitening-power", "3", "--model", "{bert}"], "whitening power must be a number"),
     (["--whitening", "{root}/empty.txt", "--model", "{bert}"], "needs at least 2 usable sentences"),
 ])
@@ -128,7 +129,7 @@ def test_export_errors(setup, tmp_path, capsys, argv, message):
 def test_export_refuses_a_non_empty_folder(setup, tmp_path, capsys):
     (tmp_path / "st").mkdir()
     (tmp_path / "st" / "keep.txt").write_text("mine")
-    assert main(["export", "--flow", str(setup[3]), "--out", str(tmp_path / "st")]) == 2
+    assert main(["export", "--calibrator", str(setup[3]), "--out", str(tmp_path / "st")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
 
 
