@@ -51,7 +51,7 @@ setup(
         "test": ["pytest>=7", "pytest-benchmark>=4", "sentence-transformers>=6", "normflows>=1.7", "nflows>=0.14",
                  "ruff>=0.5",
                  "mteb>=2.0,<3", "hypothesis>=6.100", "ray[data]>=2.40", "matplotlib>=3.7", "rapidfuzz>=3",
-                 "wordfreq>=3", "onnxruntime>=1.17", "onnx>=1.16", "onnxscript>=0.3"],
+                 "wordfreq>=3", "onnxruntime>=1.17", "onnx>=1.16", "onnxscript>=0.3", "sybil>=6"],
         "st": ["sentence-transformers>=6"],
         "onnx": ["onnxruntime>=1.17", "onnx>=1.16", "onnxscript>=0.3"],
         "mteb": ["mteb>=2.0,<3"],

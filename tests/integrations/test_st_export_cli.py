@@ -63,7 +63,8 @@ def test_export_whitening_end_to_end(setup, tmp_path, capsys):
     assert got.shape == (50, 8) and cosines(got, want).min() > 0.9999
 
 
-@pytest.mark.parametrize("method", [["abtt", "--abtt-k", "2"], ["whitening", "--whitening-power", "0.25", "--whitening-dim", "8"]],
+@pytest.mark.parametrize("method", [["abtt", "--abtt-k", "2"],
+                                    ["whitening", "--whitening-power", "0.25", "--whitening-dim", "8"]],
                          ids=lambda method: method[0])
 def test_export_a_fitted_linear_file_as_a_stock_dense(setup, tmp_path, capsys, method):
     bert, sentences, corpus, _ = setup
