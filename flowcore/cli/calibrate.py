@@ -1,5 +1,6 @@
 """`flowcore calibrate`: stream a text corpus or stored embeddings through a fitted flow into one
-.npy or .parquet file (with its OUT.manifest.json), resumably (see flowcore.batch.job)."""
+.npy or .parquet file (with its OUT.manifest.json), resumably (flowcore.batch.job), or on Ray into
+a folder of shards (flowcore.batch.ray)."""
 from __future__ import annotations
 
 import argparse
@@ -47,11 +48,13 @@ def register(subparsers) -> None:
     add_quantize_argument(parser)
     parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="encoder batch size")
     parser.add_argument("--chunk-rows", type=int, default=None,
-                        help="rows per chunk (resume granularity); default: 1024 sentences, or ~8 MiB of vectors")
+                        help=f"rows per chunk (resume granularity; a shard on Ray); default: "
+                        f"{defaults.TEXT_CHUNK_ROWS} sentences, or ~{defaults.EMBEDDING_CHUNK_BYTES >> 20} MiB "
+                        "of vectors")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (pinned for resuming: float results depend on it); default: one "
                         "fewer than the CPUs for embeddings (a core for reading and writing), "
-                        "1 for text (bit-reproducible resumes)")
+                        "1 for text (bit-reproducible resumes), 1 per worker with --engine ray")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -74,19 +77,17 @@ def _column_list(value: str) -> tuple[str, ...]:
 
 
 def job_options(args: argparse.Namespace) -> dict:
-    """The `flowcore.batch.job.calibrate_file` keyword arguments (after the flow path and the
-    output) that the parsed `calibrate` flags ask for."""
+    """The keyword arguments of both engines (`calibrate_file`, `calibrate_ray`; after the flow
+    path and the output) that the parsed `calibrate` flags ask for."""
     return dict(input=args.input, embeddings=args.embeddings, text_field=args.text_field, id_field=args.id_field,
-                vector_field=args.vector_field, model=args.model, pooling=args.pooling, batch_size=args.batch_size,
-                chunk_rows=args.chunk_rows, restart=args.restart, progress=not args.no_progress, threads=args.threads,
-                keep_columns=args.keep_columns or (),
+                vector_field=args.vector_field, model=args.model, pooling=args.pooling, quantize=args.quantize,
+                batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart,
+                progress=not args.no_progress, threads=args.threads, keep_columns=args.keep_columns or (),
                 vector_column=None if args.vector_column == defaults.VECTOR_COLUMN else args.vector_column,
                 normalize=args.normalize)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.quantize is not None and (args.engine == "ray" or args.embeddings is not None):
-        raise ValueError("--quantize applies to text input with --engine local")
     if args.engine == "ray":
         from flowcore.ray import calibrate_ray
 
@@ -97,12 +98,5 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--address, --num-workers and --gpus-per-worker need --engine ray")
     from flowcore.batch.job import calibrate_file
 
-    factory = None
-    if args.quantize is not None:
-        import functools
-
-        from flowcore.text.encoder import Encoder
-
-        factory = functools.partial(Encoder, quantize=args.quantize)
-    print(calibrate_file(args.flow, args.out, encoder_factory=factory, **job_options(args)))
+    print(calibrate_file(args.flow, args.out, **job_options(args)))
     return 0

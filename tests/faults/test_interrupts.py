@@ -1,7 +1,6 @@
 """Ctrl-C and kill: the first SIGINT/SIGTERM stops a job at a chunk boundary with one line saying
 where and exit status 130/143, a second exits at once; nothing half-written is visible and the
 same command resumes to a byte-identical result."""
-import functools
 import json
 import os
 import signal
@@ -9,6 +8,7 @@ import socket
 
 import pytest
 from faults_support import (
+    at_stage,
     chunks_done,
     cli_args,
     embeddings,
@@ -32,9 +32,8 @@ def test_a_signal_in_process_stops_at_a_chunk_boundary_and_the_job_resumes(tmp_p
         if stage == "written" and chunk.index == 2:
             os.kill(os.getpid(), signal.SIGINT)
 
-    with pytest.raises(JobInterrupted) as stopped:
-        calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False,
-                       on_chunk=interrupt)
+    with pytest.raises(JobInterrupted) as stopped, at_stage(interrupt):
+        calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False)
     rows = stopped.value.rows
     assert rows % 40 == 0 and 120 <= rows < 400 and chunks_done(out) * 40 == rows
     assert stopped.value.exit_status == 130
@@ -57,7 +56,7 @@ def test_cli_sigint_exits_130_with_one_line_saying_where_it_stopped(tmp_path, fl
         if stage == "committed" and chunk.index == 1:
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(job, "calibrate_file", functools.partial(job.calibrate_file, on_chunk=interrupt))
+    monkeypatch.setattr(job, "_at_stage", interrupt)
     assert main(["calibrate", *cli_args(flow_path, tmp_path / "in.npy", out), "--no-progress"]) == 130
     rows = chunks_done(out) * 40
     assert rows >= 80
