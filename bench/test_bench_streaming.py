@@ -26,7 +26,8 @@ import torch
 from support import busy_core
 
 from flowcore import Encoder, FlowCalibrator
-from flowcore.batch.job import CalibrationJob, default_threads
+from flowcore.batch.core import default_threads
+from flowcore.batch.job import CalibrationJob
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 

@@ -1,6 +1,7 @@
 """The execution policy, in one place: how many CPU threads each kind of work gets, and the only
 calls that change torch's thread count (`pinned_threads`, restored after the block; and
-`use_one_thread_in_this_process` for worker processes).
+`use_threads_in_this_process` for worker processes, a forked child or a Ray actor, which exist for
+their work alone).
 
 torch's CPU results depend on the thread count (reductions split differently), so every count
 is fixed by the work and the CPUs this process may use, never by the machine's load; a count a
@@ -15,9 +16,10 @@ user passes wins. The policies:
   threads in one session.
 - `inference_workers(blocks)`: CPU flow inference runs its row blocks side by side, one torch
   thread each.
-- `job_threads(text)`: a batch job's pinned count (recorded in its progress file and manifest, so
-  that a resumed job is byte-identical): 1 for text, one fewer than the CPUs for stored vectors
-  (the reader and writer threads keep a core).
+- `job_threads(text, actor)`: a batch job's pinned count (recorded in its progress file and
+  manifest, so that a resumed job is byte-identical): 1 for text, one fewer than the CPUs for
+  stored vectors (the reader and writer threads keep a core); 1 per Ray actor (the pool has an
+  actor per CPU).
 - `parallel_jobs(requested)`: processes or workers a command runs side by side (`flowcore sts
   --jobs`): the CPUs available.
 """
@@ -29,7 +31,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 __all__ = ["SMALL_BATCH_ROWS", "available_cpus", "check_threads", "encoder_threads", "inference_workers",
            "job_threads", "parallel_jobs", "pinned_threads", "side_by_side", "training_threads",
-           "use_one_thread_in_this_process"]
+           "use_threads_in_this_process"]
 
 Item = TypeVar("Item")
 
@@ -88,9 +90,9 @@ def inference_workers(blocks: int) -> int:
     return max(1, min(_torch_threads(), available_cpus(), blocks))
 
 
-def job_threads(text: bool) -> int:
+def job_threads(text: bool, actor: bool = False) -> int:
     """A batch job's pinned torch thread count by default (see the module docstring)."""
-    if text:
+    if text or actor:
         return 1
     return max(1, min(_torch_threads(), available_cpus() - 1))
 
@@ -117,12 +119,12 @@ def pinned_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def use_one_thread_in_this_process() -> None:
-    """One torch thread for the rest of a worker process (a forked child, whose OpenMP pool would
-    hang with more; a Ray actor): the process exists for this work alone."""
+def use_threads_in_this_process(threads: int = 1) -> None:
+    """torch's thread count for the rest of a worker process, which exists for this work alone: a
+    forked child (its OpenMP pool would hang with more than one) or a Ray actor."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
 
 
 def side_by_side(workers: int, run: Callable[[Item], None], items: Iterable[Item]) -> None:

@@ -31,10 +31,10 @@ SCRIPT = textwrap.dedent(
         corpus.write("a cat sat on the mat\\nthe dog barked\\n\\nstocks fell sharply\\n")
     main(["fit", "--input", os.path.join(folder, "corpus.txt"), "--out", os.path.join(folder, "text.flow"),
           "--recipe", "standardized", "--epochs", "1", "--train-batch-size", "2"])
-    for source, out in ((["--embeddings", "vectors.npy", "--flow", "model.flow"], "vectors.out.npy"),
-                        (["--input", "corpus.txt", "--flow", "text.flow"], "text.out.npy")):
+    for source, out in ((["--embeddings", "vectors.npy", "--calibrator", "model.flow"], "vectors.out.npy"),
+                        (["--input", "corpus.txt", "--calibrator", "text.flow"], "text.out.npy")):
         main(["calibrate", *[os.path.join(folder, a) if a.endswith((".npy", ".flow", ".txt")) else a
-                             for a in source], "--out", os.path.join(folder, out), "--no-progress"])
+                             for a in source], "--out", os.path.join(folder, out), "--quiet"])
     assert np.load(os.path.join(folder, "vectors.out.npy")).shape == (400, 16)
     assert np.isnan(np.load(os.path.join(folder, "text.out.npy"))[2]).all()  # the empty line, kept as a reject
     try:

@@ -28,16 +28,17 @@ class OutputLock:
     """An exclusive, non-blocking lock on `OUT.lock` beside an output, held inside a `with` block.
 
     Args:
-        out: the output file the lock protects.
+        out: the output the lock protects.
+        path: the lock file (default: `OUT.lock` beside `out`).
 
     Example:
         >>> with OutputLock(Path("vectors.npy")) as lock:
         ...     lock.took_over      # the holder record a killed job left, or None
     """
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, path: Path | None = None):
         self.out = Path(out)
-        self.path = self.out.with_name(self.out.name + ".lock")
+        self.path = Path(path) if path is not None else self.out.with_name(self.out.name + ".lock")
         self.took_over: dict | None = None
         self._descriptor: int | None = None
 

@@ -19,18 +19,13 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore._fs import atomic_write, fsync
-from flowcore.batch.pipeline import CalibratedChunk
-from flowcore.batch.rows import Reject
+from flowcore.batch.core import JobMismatchError
+from flowcore.batch.rows import CalibratedChunk, Reject
 
 __all__ = ["VECTOR_COLUMN", "JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog", "open_output"]
 
 VECTOR_COLUMN = defaults.VECTOR_COLUMN
 """The default name of a parquet output's vector column."""
-
-
-class JobMismatchError(ValueError):
-    """A progress file exists for a different job than the one requested, or the partial
-    output it describes is missing or does not match it."""
 
 
 def _require_partial(path: Path) -> None:

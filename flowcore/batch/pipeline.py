@@ -1,7 +1,6 @@
-"""The streaming computation: chunks of a source encoded (text) and calibrated in order
-(`calibrate_chunks`, `iter_calibrated`), the check that a flow fits its input
-(`check_compatible`), and `BackgroundThread`, the one helper that runs a stage of a batch job
-(reading, writing) in a thread beside the caller.
+"""The streaming computation: chunks of a source calibrated in order by `flowcore.batch.core`
+(`calibrate_chunks`, `iter_calibrated`), and `BackgroundThread`, the one helper that runs a stage
+of a batch job (reading, writing) in a thread beside the caller.
 
 Reading runs a bounded number of chunks ahead in a background thread, so memory stays flat and
 I/O overlaps compute; rejected rows stay NaN rows of the calibrated chunks.
@@ -10,24 +9,24 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from flowcore import defaults
-from flowcore._vectors import unit_rows
-from flowcore.batch.rows import NON_FINITE_OUTPUT, Chunk, Position, Reject, reject_non_finite
+from flowcore.batch.core import (
+    calibrate_chunk,
+    check_compatible,
+    default_chunk_rows,
+    encode_with,
+    normalized,
+)
+from flowcore.batch.rows import CalibratedChunk, Chunk
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 
-__all__ = [
-    "EMBEDDING_CHUNK_BYTES", "QUEUE_DEPTH", "TEXT_CHUNK_ROWS", "BackgroundThread", "CalibratedChunk",
-    "calibrate_chunks", "check_compatible", "default_chunk_rows", "encode_with", "iter_calibrated", "normalized",
-]
+__all__ = ["QUEUE_DEPTH", "BackgroundThread", "calibrate_chunks", "encode_with", "iter_calibrated"]
 
-TEXT_CHUNK_ROWS = defaults.TEXT_CHUNK_ROWS
-EMBEDDING_CHUNK_BYTES = defaults.EMBEDDING_CHUNK_BYTES
 QUEUE_DEPTH = 2
 
 _END = object()
@@ -140,108 +139,23 @@ class BackgroundThread:
             self._raise_error()
 
 
-@dataclass
-class CalibratedChunk:
-    """Rows [row_start, row_start + len(vectors)) calibrated; rejected rows are NaN. `meta`: the
-    source chunk's kept columns (see `Chunk`)."""
-
-    index: int
-    row_start: int
-    vectors: np.ndarray
-    ids: list[str | None] | None
-    rejects: list[Reject]
-    end: Position
-    meta: dict | None = None
-
-
-def default_chunk_rows(source: TextCorpus | EmbeddingFile, dim: int) -> int:
-    """Text: chunks of a fixed count of sentences; embeddings: the power of two nearest below
-    ~8 MiB of float32 rows."""
-    if source.kind == "text":
-        return TEXT_CHUNK_ROWS
-    rows = max(1, EMBEDDING_CHUNK_BYTES // (4 * dim))
-    return 1 << (rows.bit_length() - 1)
-
-
 def calibrate_chunks(chunks: Iterable[Chunk], transform: Callable[[np.ndarray], np.ndarray], dim: int,
-                     encode: Callable[[list[str]], np.ndarray] | None = None,
-                     prefetch: int = QUEUE_DEPTH) -> Iterator[CalibratedChunk]:
-    """Calibrate reader chunks in order; reading runs up to `prefetch` chunks ahead in a thread.
-
-    `transform` maps finite (n, dim) float32 rows to calibrated rows; `encode` turns the good
-    texts of a text chunk into embeddings first. Rejected rows stay NaN."""
+                     encode: Callable[[list[str]], np.ndarray] | None = None, prefetch: int = QUEUE_DEPTH,
+                     output_dim: int | None = None) -> Iterator[CalibratedChunk]:
+    """`calibrate_chunk` over reader chunks in order; reading runs up to `prefetch` chunks ahead
+    in a thread."""
     with BackgroundThread.reading(chunks, prefetch) as reader:
         for chunk in reader:
-            yield _calibrated(chunk, transform, dim, encode)
-
-
-def _calibrated(chunk: Chunk, transform, dim: int, encode) -> CalibratedChunk:
-    rejects = list(chunk.rejects)
-    good = np.ones(chunk.rows, dtype=bool)
-    good[[reject.row - chunk.row_start for reject in rejects]] = False
-    if chunk.texts is not None:
-        if encode is None:
-            raise ValueError("a text corpus needs an encoder")
-        vectors = np.full((chunk.rows, dim), np.nan, dtype=np.float32)
-        if good.any():
-            vectors[good] = encode([text for text, keep in zip(chunk.texts, good) if keep])
-            rejects += reject_non_finite(vectors, chunk.row_start, good, "the encoder returned NaN/Inf")
-    else:
-        vectors = chunk.vectors
-    if good.all():
-        out = np.array(transform(vectors), dtype=np.float32)
-    else:
-        out = np.full((chunk.rows, dim), np.nan, dtype=np.float32)
-        if good.any():
-            out[good] = transform(vectors[good])
-    rejects += _reject_non_finite_output(out, chunk.row_start, good)
-    return CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
-                           sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
-
-
-def _reject_non_finite_output(out: np.ndarray, row_start: int, good: np.ndarray) -> list[Reject]:
-    """Rows of finite input that the flow (or the normalisation) mapped to NaN/Inf: rejected with
-    their counts, never written as if they were results."""
-    return [Reject(reject.row, reject.reason, f"the flow returned {reject.detail}")
-            for reject in reject_non_finite(out, row_start, good, reason=NON_FINITE_OUTPUT)]
-
-
-def normalized(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    """`transform` followed by `unit_rows`."""
-    return lambda vectors: unit_rows(transform(vectors))
-
-
-def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] | None:
-    """The `encode` function of `calibrate_chunks` for an `Encoder` (None for None)."""
-    if encoder is None:
-        return None
-    return lambda texts: encoder.encode(texts, batch_size=batch_size, show_progress_bar=False)
+            yield calibrate_chunk(chunk, transform, dim, encode, output_dim)
 
 
 def iter_calibrated(calibrator, source: TextCorpus | EmbeddingFile, encoder=None, chunk_rows: int | None = None,
                     batch_size: int = defaults.BATCH_SIZE, normalize: bool = False) -> Iterator[CalibratedChunk]:
-    """Stream a whole source through a fitted `FlowCalibrator` (and `Encoder` for text), one
+    """Stream a whole source through a fitted calibrator (and `Encoder` for text), one
     `CalibratedChunk` at a time, with reading overlapped with compute; `normalize` scales the
     calibrated rows to unit length (rejected rows stay NaN)."""
     check_compatible(calibrator, source, encoder)
     chunk_rows = chunk_rows or default_chunk_rows(source, calibrator.dim)
     transform = normalized(calibrator.transform) if normalize else calibrator.transform
-    return calibrate_chunks(source.chunks(chunk_rows), transform, calibrator.dim, encode_with(encoder, batch_size))
-
-
-def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=None,
-                     requested_model: str | None = None) -> None:
-    """Refuse, before any work, inputs the flow was not fitted for: embeddings of another width,
-    or text through another encoder or pooling than the flow's `provenance` records
-    (`requested_model`: the name the encoder was asked for, which counts as matching when it is
-    the recorded one)."""
-    dim = calibrator.dim
-    if source.kind == "embeddings":
-        if source.dim != dim:
-            raise ValueError(f"{source.path} holds {source.dim}-wide vectors but the flow expects {dim}")
-        return
-    if encoder is None:
-        raise ValueError(f"{source.path} is text: an encoder is needed to embed it")
-    from flowcore.calibration.flow_file import check_encoder_fits  # torch: only once a flow is in hand
-
-    check_encoder_fits(calibrator.provenance, dim, encoder, requested_model)
+    return calibrate_chunks(source.chunks(chunk_rows), transform, calibrator.dim, encode_with(encoder, batch_size),
+                            output_dim=calibrator.output_dim)

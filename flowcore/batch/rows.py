@@ -1,6 +1,7 @@
-"""Row types shared by every source, the pipeline and the job: `Reject`, `Position`, `TextRow`,
-`Chunk`, the reject reasons, and the small helpers every source needs (format detection, a
-file's identity, parquet record batches from a row on).
+"""Row types shared by every source, the core and the engines: `Reject`, `Position`, `TextRow`,
+`Chunk`, `CalibratedChunk`, the reject reasons and the rules that give them (`text_reject`,
+`vector_rejects`, `reject_non_finite`), and the small helpers every source needs (format
+detection, a file's identity, parquet record batches from a row on).
 
 Every input row keeps its place: row `i` of a source is row `i` of the calibrated output. A row
 that cannot be used becomes a `Reject` (row, line, reason, detail) instead of being dropped, so
@@ -19,10 +20,10 @@ import numpy as np
 
 __all__ = [
     "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_UTF8", "MISSING_ID", "MISSING_TEXT",
-    "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "Chunk", "Position",
-    "Reject", "TextRow",
-    "check_keep_columns", "count_reasons", "detect_format", "file_changed", "file_identity", "open_parquet",
-    "parquet_batches", "reject_non_finite", "require_file",
+    "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS", "NULL", "PARQUET_BATCH_ROWS",
+    "WRONG_WIDTH", "CalibratedChunk", "Chunk", "Position", "Reject", "TextRow", "check_keep_columns", "count_reasons",
+    "detect_format", "file_changed", "file_identity", "not_unicode", "open_parquet", "parquet_batches",
+    "reject_non_finite", "require_file", "text_reject", "vector_rejects",
 ]
 
 # Reject reasons (the `reason` field of a rejects file line).
@@ -36,7 +37,11 @@ MISSING_ID = "missing id field"
 MISSING_VECTOR = "missing vector"
 NON_FINITE = "NaN/Inf"
 NON_FINITE_OUTPUT = "non-finite output"
+NOT_A_VECTOR = "not a vector"
 WRONG_WIDTH = "wrong width"
+
+NULL, NOT_NUMBERS = -1, -2
+"""The lengths `vector_rejects` reads as a null vector and as a value that is not a list of numbers."""
 
 PARQUET_BATCH_ROWS = 8192
 """Rows per parquet record batch read (sources re-cut batches into chunks)."""
@@ -100,6 +105,20 @@ class Chunk:
     ids: list[str | None] | None = None
     texts: list[str | None] | None = None
     vectors: np.ndarray | None = None
+    meta: dict | None = None
+
+
+@dataclass
+class CalibratedChunk:
+    """Rows [row_start, row_start + len(vectors)) calibrated; rejected rows are NaN. `meta`: the
+    source chunk's kept columns (see `Chunk`)."""
+
+    index: int
+    row_start: int
+    vectors: np.ndarray
+    ids: list[str | None] | None
+    rejects: list[Reject]
+    end: Position
     meta: dict | None = None
 
 
@@ -240,3 +259,51 @@ def reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarra
         vectors[offset] = np.nan
     candidates &= ~bad
     return rejects
+
+
+def not_unicode(value) -> bool:
+    """Whether a string holds a lone surrogate (JSON "\\ud800"), which no UTF-8 writer accepts."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:
+    """The one rule for a text value, read from a file or handed over in a batch: a missing
+    value (None), a value that is not a string, a blank one or one holding a lone surrogate is
+    rejected; None for a usable text."""
+    if text is None:
+        return Reject(row, MISSING_TEXT, f"no {field!r} value", line)
+    if not isinstance(text, str):
+        return Reject(row, MISSING_TEXT, f"{field!r} is a {type(text).__name__}, not text", line)
+    if not text.strip():
+        return Reject(row, EMPTY_TEXT, line=line)
+    if not_unicode(text):
+        return Reject(row, INVALID_UTF8, f"{field!r} holds a lone surrogate (a \\u escape)", line)
+    return None
+
+
+def vector_rejects(vectors: np.ndarray, lengths: np.ndarray, row_start: int) -> list[Reject]:
+    """The one rule for stored vectors: row i of `vectors` (n, dim) was given `lengths[i]` values
+    (`NULL`: none, `NOT_NUMBERS`: not a list of numbers). A row of another length than dim is
+    rejected (missing vector, not a vector, wrong width), then a row holding NaN/Inf; every
+    rejected row becomes all-NaN. Returned in row order."""
+    dim = vectors.shape[1]
+    fits = lengths == dim
+    rejects = []
+    for offset in np.flatnonzero(~fits):
+        vectors[offset] = np.nan
+        length = int(lengths[offset])
+        row = row_start + int(offset)
+        if length == NULL:
+            rejects.append(Reject(row, MISSING_VECTOR))
+        elif length == NOT_NUMBERS:
+            rejects.append(Reject(row, NOT_A_VECTOR, "not a list of numbers"))
+        else:
+            rejects.append(Reject(row, WRONG_WIDTH, f"{length} values, expected {dim}"))
+    rejects += reject_non_finite(vectors, row_start, fits)
+    return sorted(rejects, key=lambda reject: reject.row)

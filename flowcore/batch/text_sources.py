@@ -22,10 +22,8 @@ from flowcore.batch.rows import (
     BROKEN_CSV,
     BROKEN_JSON,
     EMPTY_LINE,
-    EMPTY_TEXT,
     INVALID_UTF8,
     MISSING_ID,
-    MISSING_TEXT,
     Chunk,
     Position,
     Reject,
@@ -33,9 +31,11 @@ from flowcore.batch.rows import (
     check_keep_columns,
     detect_format,
     file_identity,
+    not_unicode,
     open_parquet,
     parquet_batches,
     require_file,
+    text_reject,
 )
 from flowcore.batch.sampling import sample_stream
 
@@ -43,8 +43,6 @@ __all__ = ["TEXT_FORMATS", "TextCorpus", "read_texts", "sample_texts"]
 
 TEXT_FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
                 ".parquet": "parquet", ".pq": "parquet"}
-
-_ABSENT = object()
 
 
 def _rejected(row: int, line: int | None, reason: str, detail: str = "") -> TextRow:
@@ -206,13 +204,13 @@ class TextCorpus:
             return _rejected(row, line, BROKEN_JSON, "nested too deeply")
         if not isinstance(record, dict):
             return _rejected(row, line, BROKEN_JSON, f"expected a JSON object, got {type(record).__name__}")
-        entry = self._from_fields(row, line, record.get(self.text_field, _ABSENT),
-                                  record.get(self.id_field, _ABSENT) if self.id_field else None)
+        entry = self._from_fields(row, line, record.get(self.text_field),
+                                  record.get(self.id_field) if self.id_field else None)
         if self.keep_columns:
             meta = tuple(_json_text(record.get(name)) for name in self.keep_columns)
-            unwritable = [name for name, value in zip(self.keep_columns, meta) if _not_unicode(value)]
+            unwritable = [name for name, value in zip(self.keep_columns, meta) if not_unicode(value)]
             if unwritable:  # no UTF-8 writer takes the value: the row is rejected, the value never written
-                meta = tuple(None if _not_unicode(value) else value for value in meta)
+                meta = tuple(None if not_unicode(value) else value for value in meta)
                 if entry.reject is None:
                     entry = _rejected(row, line, INVALID_UTF8,
                                       f"{unwritable[0]!r} holds a lone surrogate (a \\u escape)")
@@ -220,19 +218,14 @@ class TextCorpus:
         return entry
 
     def _from_fields(self, row: int, line: int | None, text, record_id) -> TextRow:
-        if text is _ABSENT or text is None:
-            return _rejected(row, line, MISSING_TEXT, f"no {self.text_field!r} value")
-        if not isinstance(text, str):
-            return _rejected(row, line, MISSING_TEXT, f"{self.text_field!r} is a {type(text).__name__}, not text")
-        if not text.strip():
-            return _rejected(row, line, EMPTY_TEXT)
-        if _not_unicode(text):
-            return _rejected(row, line, INVALID_UTF8, f"{self.text_field!r} holds a lone surrogate (a \\u escape)")
+        reject = text_reject(row, line, text, self.text_field)
+        if reject is not None:
+            return TextRow(row, line, None, None, reject)
         if self.id_field is not None:
-            if record_id is _ABSENT or record_id is None:
+            if record_id is None:
                 return _rejected(row, line, MISSING_ID, f"no {self.id_field!r} value")
             record_id = str(record_id)
-            if _not_unicode(record_id):
+            if not_unicode(record_id):
                 return _rejected(row, line, INVALID_UTF8, f"{self.id_field!r} holds a lone surrogate (a \\u escape)")
         return TextRow(row, line, record_id, text, None)
 
@@ -277,9 +270,9 @@ class TextCorpus:
                     elif not fields or not any(value.strip() for value in fields):
                         entry = _rejected(row, first_line, EMPTY_LINE)
                     else:
-                        text = fields[text_index] if text_index < len(fields) else _ABSENT
-                        record_id = _ABSENT if id_index is None or id_index >= len(fields) else fields[id_index]
-                        entry = self._from_fields(row, first_line, text, record_id if id_index is not None else None)
+                        text = fields[text_index] if text_index < len(fields) else None
+                        record_id = None if id_index is None or id_index >= len(fields) else fields[id_index]
+                        entry = self._from_fields(row, first_line, text, record_id)
                         if keep_indexes:
                             entry = entry._replace(meta=tuple(fields[i] if i < len(fields) else None
                                                               for i in keep_indexes))
@@ -308,17 +301,6 @@ class TextCorpus:
                 entry = self._from_fields(row, None, text, record_id if self.id_field else None)
                 row += 1
                 yield entry._replace(meta=meta), Position(row)
-
-
-def _not_unicode(value) -> bool:
-    """Whether a string holds a lone surrogate (JSON "\\ud800"), which no UTF-8 writer accepts."""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _json_text(value) -> str | None:

@@ -18,8 +18,7 @@ import numpy as np
 
 from flowcore.batch.rows import (
     MISSING_ID,
-    MISSING_VECTOR,
-    WRONG_WIDTH,
+    NULL,
     Chunk,
     Position,
     Reject,
@@ -30,6 +29,7 @@ from flowcore.batch.rows import (
     parquet_batches,
     reject_non_finite,
     require_file,
+    vector_rejects,
 )
 
 __all__ = ["EMBEDDING_FORMATS", "EmbeddingFile", "NpyMatrix"]
@@ -241,22 +241,13 @@ class EmbeddingFile:
         import pyarrow.compute as pc
 
         vectors = np.full((len(column), self.dim), np.nan, dtype=np.float32)
-        lengths = pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False)
+        lengths = pc.list_value_length(column).fill_null(NULL).to_numpy(zero_copy_only=False)
         fits = lengths == self.dim
         if fits.any():
             values = column.filter(pa.array(fits)).flatten().to_numpy(zero_copy_only=False)
             with np.errstate(over="ignore"):  # values beyond float32 become Inf, rejected as such
                 vectors[fits] = np.asarray(values, dtype=np.float32).reshape(-1, self.dim)
-        rejects = []
-        for offset in np.flatnonzero(~fits):
-            if lengths[offset] < 0:
-                rejects.append(Reject(row_start + int(offset), MISSING_VECTOR))
-            else:
-                rejects.append(Reject(row_start + int(offset), WRONG_WIDTH,
-                                      f"{lengths[offset]} values, expected {self.dim}"))
-        rejects += reject_non_finite(vectors, row_start, fits)
-        rejects.sort(key=lambda reject: reject.row)
-        return vectors, rejects
+        return vectors, vector_rejects(vectors, lengths, row_start)
 
 
 def _release(mapped: mmap.mmap, start: int, length: int) -> None:

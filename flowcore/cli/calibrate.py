@@ -1,28 +1,40 @@
 """`flowcore calibrate`: stream a text corpus or stored embeddings through a fitted flow into one
-.npy or .parquet file (with its OUT.manifest.json), resumably (see flowcore.batch.job)."""
+.npy or .parquet file (with its OUT.manifest.json), resumably (flowcore.batch.job), or on Ray into
+a folder of shards (flowcore.batch.ray)."""
 from __future__ import annotations
 
 import argparse
 
 from flowcore import defaults
-from flowcore.cli.arguments import add_quantize_argument
+from flowcore.cli import check_device
+from flowcore.cli.arguments import (
+    add_device_argument,
+    add_progress_arguments,
+    add_quantize_argument,
+    add_renamed,
+    check_output,
+    show_progress,
+)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "calibrate",
-        help="calibrate a whole corpus or stored embeddings with a fitted flow (streaming, resumable)",
-        description="Calibrate a text corpus or stored embeddings with a fitted flow, a chunk at a time. "
+        help="calibrate a whole corpus or stored embeddings with a fitted calibrator (streaming, resumable)",
+        description="Calibrate a text corpus or stored embeddings with a fitted calibrator (a flow, whitening or "
+        "any calibration `flowcore fit` writes), a chunk at a time. "
         "Killed, the same command resumes after the last completed chunk (the progress file "
         "OUT.progress.json, removed at the end); rejected rows are listed in OUT.rejects.jsonl and are NaN rows "
         "in .npy output, null vectors in .parquet output. A finished job describes its output in "
-        "OUT.manifest.json (model and revision, pooling, flow file sha256, dim, normalisation, rows, rejects, "
+        "OUT.manifest.json (model and revision, pooling, calibrator file sha256, dim, normalisation, rows, rejects, "
         "columns, format versions). One job at a time writes an output (OUT.lock); Ctrl-C or SIGTERM stops at "
         "the next chunk boundary (exit status 130/143; a second one exits at once), and the same command resumes. "
-        "Rows the flow maps to NaN/Inf are rejected too (docs/faults.md lists every fault and what you see).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "Rows the calibration maps to NaN/Inf are rejected too (docs/faults.md lists every fault and what you see).",
     )
-    parser.add_argument("--flow", required=True, help="flow file written by `flowcore fit`")
+    calibrator = parser.add_mutually_exclusive_group(required=True)
+    calibrator.add_argument("--calibrator", metavar="FILE",
+                            help="a calibrator file written by `flowcore fit` (a flow or any other calibration)")
+    add_renamed(calibrator, "--flow", "--calibrator")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input",
                         help="text corpus: .txt (one sentence per line), .jsonl, .csv (with header) or .parquet")
@@ -42,18 +54,24 @@ def register(subparsers) -> None:
                         "a missing value is null")
     parser.add_argument("--normalize", action="store_true",
                         help="scale calibrated vectors to unit length (for cosine / dot-product stores)")
-    parser.add_argument("--model", default=None, help="encoder for text input (default: the one the flow records)")
-    parser.add_argument("--pooling", default=None, help="pooling for text input (default: the one the flow records)")
+    parser.add_argument("--model", default=None,
+                        help="encoder for text input (default: the one the calibrator records)")
+    parser.add_argument("--pooling", default=None,
+                        help="pooling for text input (default: the one the calibrator records)")
     add_quantize_argument(parser)
     parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="encoder batch size")
     parser.add_argument("--chunk-rows", type=int, default=None,
-                        help="rows per chunk (resume granularity); default: 1024 sentences, or ~8 MiB of vectors")
+                        help=f"rows per chunk (resume granularity; a shard on Ray); default: "
+                        f"{defaults.TEXT_CHUNK_ROWS} sentences, or ~{defaults.EMBEDDING_CHUNK_BYTES >> 20} MiB "
+                        "of vectors")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (pinned for resuming: float results depend on it); default: one "
                         "fewer than the CPUs for embeddings (a core for reading and writing), "
-                        "1 for text (bit-reproducible resumes)")
+                        "1 for text (bit-reproducible resumes), 1 per worker with --engine ray")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_argument(parser)
+    add_progress_arguments(parser)
+    add_renamed(parser, "--no-progress", "--quiet", nargs=0, const=True)
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process, one output file; ray: a Ray Data actor pool over a file, folder "
                         "or glob, writing OUT/ as a folder of parquet shards with rejects.jsonl and manifest.json "
@@ -74,35 +92,31 @@ def _column_list(value: str) -> tuple[str, ...]:
 
 
 def job_options(args: argparse.Namespace) -> dict:
-    """The `flowcore.batch.job.calibrate_file` keyword arguments (after the flow path and the
-    output) that the parsed `calibrate` flags ask for."""
+    """The keyword arguments of both engines (`calibrate_file`, `calibrate_ray`; after the flow
+    path and the output) that the parsed `calibrate` flags ask for."""
     return dict(input=args.input, embeddings=args.embeddings, text_field=args.text_field, id_field=args.id_field,
-                vector_field=args.vector_field, model=args.model, pooling=args.pooling, batch_size=args.batch_size,
-                chunk_rows=args.chunk_rows, restart=args.restart, progress=not args.no_progress, threads=args.threads,
-                keep_columns=args.keep_columns or (),
+                vector_field=args.vector_field, model=args.model, pooling=args.pooling, quantize=args.quantize,
+                batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart,
+                progress=show_progress(args), threads=args.threads, keep_columns=args.keep_columns or (),
                 vector_column=None if args.vector_column == defaults.VECTOR_COLUMN else args.vector_column,
-                normalize=args.normalize)
+                normalize=args.normalize, **({"device": args.device} if args.device is not None else {}))
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.quantize is not None and (args.engine == "ray" or args.embeddings is not None):
-        raise ValueError("--quantize applies to text input with --engine local")
+    check_device(args.device)
     if args.engine == "ray":
         from flowcore.ray import calibrate_ray
 
-        print(calibrate_ray(args.flow, args.out, address=args.address, num_workers=args.num_workers,
+        if args.device is not None:
+            raise ValueError("--device is for --engine local; on Ray, --gpus-per-worker puts each worker on a GPU")
+        check_output(args.out, inputs=[args.calibrator, args.input, args.embeddings], folder=True)
+        print(calibrate_ray(args.calibrator, args.out, address=args.address, num_workers=args.num_workers,
                             gpus_per_worker=args.gpus_per_worker, **job_options(args)))
         return 0
     if args.address is not None or args.num_workers is not None or args.gpus_per_worker:
         raise ValueError("--address, --num-workers and --gpus-per-worker need --engine ray")
     from flowcore.batch.job import calibrate_file
 
-    factory = None
-    if args.quantize is not None:
-        import functools
-
-        from flowcore.text.encoder import Encoder
-
-        factory = functools.partial(Encoder, quantize=args.quantize)
-    print(calibrate_file(args.flow, args.out, encoder_factory=factory, **job_options(args)))
+    check_output(args.out, inputs=[args.calibrator, args.input, args.embeddings], suffixes=(".npy", ".parquet"))
+    print(calibrate_file(args.calibrator, args.out, **job_options(args)))
     return 0

@@ -19,7 +19,7 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore.calibration.corpus_size import small_corpus_warning
-from flowcore.runtime import training_threads, use_one_thread_in_this_process
+from flowcore.runtime import training_threads, use_threads_in_this_process
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, PreFitted, build_calibrator, settings_record
 from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.data import DATASETS, STSPairs, default_data_dir, fit_corpus_sentences, load_test
@@ -252,7 +252,7 @@ def _score_in_processes(scorer: _Scorer, prepared: list[_Dataset], workers: int)
     _WORK = (dataclasses.replace(scorer, bars=False), prepared)  # parallel progress bars would interleave
     order = sorted(range(len(prepared)), key=lambda index: -len(prepared[index].corpus_vectors))
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=use_one_thread_in_this_process) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=use_threads_in_this_process) as pool:
             results = dict(zip(order, pool.map(_score_one, order, chunksize=1)))
     finally:
         _WORK = None

@@ -1,6 +1,6 @@
 """The resumable calibration job: results match the in-memory flow, bad rows are reported and
 kept as NaN, a job killed with SIGKILL resumes to byte-identical output, changed jobs and
-mismatched flows are refused, the `on_chunk` hook sees every chunk at every stage, and memory
+mismatched flows are refused, the writer's stage seam sees every chunk at every stage, and memory
 stays flat on a large memory-mapped input."""
 import json
 import os
@@ -15,9 +15,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import flowcore.batch.job as job
 from flowcore import FlowCalibrator
 from flowcore.batch import outputs
-from flowcore.batch.job import STAGES, CalibrationJob, JobMismatchError, calibrate_file
+from flowcore.batch.job import CalibrationJob, JobMismatchError, calibrate_file
 from flowcore.batch.rows import EMPTY_LINE, NON_FINITE
 from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 from flowcore.calibration.flow_file import EncoderProvenance
@@ -191,7 +192,8 @@ def test_a_missing_partial_output_is_reported_not_silently_refilled(tmp_path):
         run_job(tmp_path / "in.npy", out, crashing_after(99)[0])
 
 
-def test_on_chunk_sees_each_chunk_at_each_stage_with_its_data_durable_before_its_record(tmp_path, flow):
+def test_the_stage_seam_sees_each_chunk_at_each_stage_with_its_data_durable_before_its_record(tmp_path, flow,
+                                                                                             monkeypatch):
     flow_path, _ = flow
     embeddings_with_bad_rows(tmp_path / "in.npy", rows=120)
     out = tmp_path / "out.npy"
@@ -203,15 +205,16 @@ def test_on_chunk_sees_each_chunk_at_each_stage_with_its_data_durable_before_its
         stored = np.frombuffer(Path(f"{out}.partial").read_bytes()[start:start + chunk.vectors.nbytes], np.float32)
         seen.append((stage, chunk.index, done, np.array_equal(stored, chunk.vectors.reshape(-1), equal_nan=True)))
 
-    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=50, progress=False, on_chunk=record)
-    assert STAGES == ("writing", "written", "committed")
+    monkeypatch.setattr(job, "_at_stage", record)
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=50, progress=False)
     assert [entry[:3] for entry in seen] == [(stage, index, index + (stage == "committed"))
-                                             for index in range(3) for stage in STAGES]
+                                             for index in range(3) for stage in ("writing", "written", "committed")]
     assert [entry[3] for entry in seen if entry[0] != "writing"] == [True] * 6
 
 
 @pytest.mark.parametrize("stage", ["writing", "written"])
-def test_a_fault_injected_through_on_chunk_stops_the_job_and_it_resumes_to_identical_output(tmp_path, stage):
+def test_a_fault_injected_between_stages_stops_the_job_and_it_resumes_to_identical_output(tmp_path, stage,
+                                                                                          monkeypatch):
     embeddings_with_bad_rows(tmp_path / "in.npy", rows=430)
     reference = tmp_path / "reference.npy"
     run_job(tmp_path / "in.npy", reference, crashing_after(10**6)[0])
@@ -221,8 +224,9 @@ def test_a_fault_injected_through_on_chunk_stops_the_job_and_it_resumes_to_ident
         if at == stage and chunk.index == 3:
             raise Crash
 
-    with pytest.raises(Crash):
-        run_job(tmp_path / "in.npy", out, crashing_after(10**6)[0], on_chunk=fail_at_chunk_3)
+    with monkeypatch.context() as patch, pytest.raises(Crash):
+        patch.setattr(job, "_at_stage", fail_at_chunk_3)
+        run_job(tmp_path / "in.npy", out, crashing_after(10**6)[0])
     assert not out.exists()
     assert json.loads(Path(f"{out}.progress.json").read_text())["done"]["chunks"] == 3
     transform, state = crashing_after(10**6)
@@ -257,18 +261,22 @@ def test_text_is_refused_with_another_encoder_pooling_or_width(tmp_path, flow):
     calibrator.save(tmp_path / "text.flow")
     (tmp_path / "c.txt").write_text("one\ntwo\n")
 
-    def calibrate(**options):
-        return calibrate_file(tmp_path / "text.flow", tmp_path / "out.npy", input=tmp_path / "c.txt",
-                              encoder_factory=StandInEncoder, progress=False, **options)
+    def calibrate(encoder=StandInEncoder(), **options):
+        return calibrate_file(tmp_path / "text.flow", tmp_path / "out.npy", input=tmp_path / "c.txt", encoder=encoder,
+                              progress=False, **options)
 
     with pytest.raises(ValueError, match="fitted on embeddings from encoder 'stand-in', not 'other'"):
-        calibrate(model="other")
+        calibrate(StandInEncoder(model="other"))
     with pytest.raises(ValueError, match="fitted on 'mean' pooling, not 'cls'"):
-        calibrate(pooling="cls")
-    with pytest.raises(ValueError, match="--model/--pooling apply to text input"):
+        calibrate(StandInEncoder(pooling="cls"))
+    with pytest.raises(ValueError, match="an encoder is for text input, instead of model/pooling/quantize"):
+        calibrate(model="stand-in")
+    with pytest.raises(ValueError, match="--model/--pooling/--quantize apply to text input"):
         calibrate_file(tmp_path / "text.flow", tmp_path / "out.npy", embeddings=tmp_path / "c.txt", model="x")
+    with pytest.raises(ValueError, match="--model/--pooling/--quantize apply to text input"):
+        calibrate_file(tmp_path / "text.flow", tmp_path / "out.npy", embeddings=tmp_path / "c.txt", quantize="int8")
     assert not (tmp_path / "out.npy").exists() and not (tmp_path / "out.npy.progress.json").exists()
-    summary = calibrate()  # model and pooling default to the recorded ones
+    summary = calibrate()
     assert summary.rows == 2 and np.isfinite(np.load(tmp_path / "out.npy")).all()
 
 
@@ -278,8 +286,8 @@ def test_text_rows_are_encoded_calibrated_and_rejects_kept_in_place(tmp_path, fl
     calibrator.save(tmp_path / "text.flow")
     (tmp_path / "c.txt").write_bytes(b"one\n\ntwo words\n\xff\nthree\n")
     out = tmp_path / "out.npy"
-    calibrate_file(tmp_path / "text.flow", out, input=tmp_path / "c.txt", encoder_factory=StandInEncoder,
-                   chunk_rows=2, progress=False)
+    calibrate_file(tmp_path / "text.flow", out, input=tmp_path / "c.txt", encoder=StandInEncoder(), chunk_rows=2,
+                   progress=False)
     result = np.load(out)
     expected = calibrator.transform(StandInEncoder().encode(["one", "two words", "three"]))
     np.testing.assert_allclose(result[[0, 2, 4]], expected, rtol=1e-5, atol=1e-5)
@@ -290,24 +298,23 @@ def test_text_rows_are_encoded_calibrated_and_rejects_kept_in_place(tmp_path, fl
 
 SLOW_CLI = """
 import sys, time
-from flowcore.batch.job import calibrate_file
-from flowcore.cli import build_parser
-from flowcore.cli.calibrate import job_options
+import flowcore.batch.job as job
+from flowcore.cli import main
 
 seconds = float(sys.argv[1])
-args = build_parser().parse_args(["calibrate", *sys.argv[2:]])
 
 def slow(stage, chunk):  # half before a chunk's write, half between its write and its commit
     if stage in ("writing", "written"):
         time.sleep(seconds / 2)
 
-print(calibrate_file(args.flow, args.out, **job_options(args), on_chunk=slow))
+job._at_stage = slow
+sys.exit(main(["calibrate", *sys.argv[2:]]))
 """
 
 
 def start_slow_cli(args, seconds_per_chunk: float):
-    """`flowcore calibrate ARGS`, with each chunk slowed down through the job's `on_chunk` hook."""
-    return subprocess.Popen([sys.executable, "-c", SLOW_CLI, str(seconds_per_chunk), *map(str, args), "--no-progress"],
+    """`flowcore calibrate ARGS`, with each chunk slowed down through the job's stage seam."""
+    return subprocess.Popen([sys.executable, "-c", SLOW_CLI, str(seconds_per_chunk), *map(str, args), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -341,7 +348,7 @@ def assert_kill_and_resume_gives_identical_output(args, out: Path, reference: Pa
         recorded.append(kill_after_chunks(start_slow_cli(args, 0.3), progress, chunks, extra))
         assert not out.exists(), "an incomplete output must never look complete"
     assert recorded == sorted(recorded)
-    finished = subprocess.run([*CLI, "calibrate", *map(str, args), "--no-progress"], capture_output=True, text=True)
+    finished = subprocess.run([*CLI, "calibrate", *map(str, args), "--quiet"], capture_output=True, text=True)
     assert finished.returncode == 0, finished.stderr
     assert "resumed at row" in finished.stdout
     assert out.read_bytes() == reference.read_bytes()
@@ -355,7 +362,7 @@ def test_cli_killed_at_several_points_resumes_to_byte_identical_npy(tmp_path, fl
     reference = tmp_path / "reference.npy"
     calibrate_file(flow_path, reference, embeddings=tmp_path / "in.npy", chunk_rows=50, progress=False)
     out = tmp_path / "out.npy"
-    args = ["--flow", flow_path, "--embeddings", tmp_path / "in.npy", "--out", out, "--chunk-rows", 50]
+    args = ["--calibrator", flow_path, "--embeddings", tmp_path / "in.npy", "--out", out, "--chunk-rows", 50]
     # before any chunk is done; before a chunk's write; between a chunk's write and its commit
     assert_kill_and_resume_gives_identical_output(args, out, reference, kills=[(0, 0.05), (2, 0.1), (6, 0.22)])
     np.testing.assert_array_equal(np.isnan(np.load(out)).any(axis=1).nonzero()[0], [5, 250, 499])
@@ -366,7 +373,7 @@ def test_cli_refuses_a_mismatched_flow_in_one_clean_line(tmp_path, flow, capsys)
 
     flow_path, _ = flow
     np.save(tmp_path / "in.npy", np.zeros((4, 3), dtype=np.float32))
-    code = main(["calibrate", "--flow", str(flow_path), "--embeddings", str(tmp_path / "in.npy"),
+    code = main(["calibrate", "--calibrator", str(flow_path), "--embeddings", str(tmp_path / "in.npy"),
                  "--out", str(tmp_path / "out.npy")])
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -485,7 +492,8 @@ def test_cli_killed_on_a_text_corpus_resumes_to_byte_identical_parquet(tmp_path,
     reference = tmp_path / "reference.parquet"
     calibrate_file(flow_path, reference, progress=False, **options)
     out = tmp_path / "out.parquet"
-    args = ["--flow", flow_path, "--input", tmp_path / "c.jsonl", "--id-field", "id", "--out", out, "--chunk-rows", 32,
+    args = ["--calibrator", flow_path, "--input", tmp_path / "c.jsonl", "--id-field", "id", "--out", out,
+            "--chunk-rows", 32,
             "--keep-columns", "text", "--normalize", "--vector-column", "vector"]
     assert_kill_and_resume_gives_identical_output(args, out, reference, kills=[(1, 0.22), (5, 0.05)])
     table = pq.read_table(out)
@@ -500,11 +508,12 @@ def test_text_with_another_encoder_or_pooling_is_refused_before_any_work(tmp_pat
 
     flow_path, encoder, other_model = text_flow
     (tmp_path / "c.txt").write_text("the cat sat\n")
-    base = ["calibrate", "--flow", str(flow_path), "--input", str(tmp_path / "c.txt"), "--out", str(tmp_path / "o.npy")]
+    base = ["calibrate", "--calibrator", str(flow_path), "--input", str(tmp_path / "c.txt"),
+            "--out", str(tmp_path / "o.npy")]
     assert main(base + ["--model", other_model]) == 2
     assert f"fitted on embeddings from encoder {encoder.model_id!r}" in capsys.readouterr().err
     assert main(base + ["--pooling", "mean"]) == 2
     assert "fitted on 'first-last-avg' pooling, not 'mean'" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
-    assert main(base + ["--no-progress"]) == 0
+    assert main(base + ["--quiet"]) == 0
     assert "calibrated 1 rows: 1 ok, 0 rejected" in capsys.readouterr().out

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from flowcore import FlowCalibrator
-from flowcore.batch.pipeline import BackgroundThread, calibrate_chunks, check_compatible, iter_calibrated
+from flowcore.batch.core import check_compatible
+from flowcore.batch.pipeline import BackgroundThread, calibrate_chunks, iter_calibrated
 from flowcore.batch.rows import Chunk, Position
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile

@@ -151,7 +151,7 @@ def test_text_input_keeps_metadata_columns_and_a_missing_value_is_null_not_a_rej
     write_text_corpora(tmp_path)
     out = tmp_path / "out.parquet"
     summary = calibrate_file(flow[0], out, input=tmp_path / f"c{suffix}", id_field="id", keep_columns=["title", "n"],
-                             encoder_factory=StandInEncoder, chunk_rows=4, progress=False)
+                             encoder=StandInEncoder(), chunk_rows=4, progress=False)
     table = pq.read_table(out)
     assert table.schema.names == ["id", "embedding", "title", "n"]
     assert (table.schema.field("title").type, table.schema.field("n").type) == kinds
@@ -169,7 +169,7 @@ def test_keep_columns_errors_are_clear_and_come_before_any_work(tmp_path, flow):
 
     def calibrate(out="out.parquet", **options):
         options.setdefault("input", tmp_path / "c.jsonl")
-        return calibrate_file(flow_path, tmp_path / out, encoder_factory=StandInEncoder, progress=False, **options)
+        return calibrate_file(flow_path, tmp_path / out, encoder=StandInEncoder(), progress=False, **options)
 
     with pytest.raises(ValueError, match=r"need \.parquet output"):
         calibrate("out.npy", keep_columns=["title"])
@@ -182,7 +182,7 @@ def test_keep_columns_errors_are_clear_and_come_before_any_work(tmp_path, flow):
     with pytest.raises(ValueError, match="no column 'nope' to keep"):
         calibrate(input=tmp_path / "c.parquet", keep_columns=["nope"])
     with pytest.raises(ValueError, match="a .npy file has no columns to keep"):
-        calibrate(input=None, embeddings=tmp_path / "in.npy", model=None, keep_columns=["title"])
+        calibrate_file(flow_path, tmp_path / "out.parquet", embeddings=tmp_path / "in.npy", keep_columns=["title"])
     with pytest.raises(ValueError, match="column 'title' is kept twice"):
         calibrate(keep_columns=["title", "title"])
     with pytest.raises(ValueError, match="two output columns would be named 'id'"):
@@ -200,17 +200,17 @@ def test_cli_flags_reach_the_job(tmp_path, flow, capsys, monkeypatch):
     pq.write_table(pa.table({"emb": pa.array(rng.normal(size=(20, DIM)).astype(np.float32).tolist()),
                              "lang": ["en", "de"] * 10, "n": list(range(20))}), tmp_path / "in.parquet")
     out = tmp_path / "out.parquet"
-    code = main(["calibrate", "--flow", str(flow[0]), "--embeddings", str(tmp_path / "in.parquet"), "--vector-field",
-                 "emb", "--out", str(out), "--keep-columns", "lang, n", "--vector-column", "vec", "--normalize",
-                 "--no-progress"])
+    code = main(["calibrate", "--calibrator", str(flow[0]), "--embeddings", str(tmp_path / "in.parquet"),
+                 "--vector-field", "emb", "--out", str(out), "--keep-columns", "lang, n", "--vector-column", "vec",
+                 "--normalize", "--quiet"])
     assert code == 0
     assert f"manifest: {out}.manifest.json" in capsys.readouterr().out
     table = pq.read_table(out)
     assert table.schema.names == ["id", "vec", "lang", "n"] and table.column("lang").to_pylist()[:2] == ["en", "de"]
     np.testing.assert_allclose(np.linalg.norm(np.array(table.column("vec").to_pylist()), axis=1), 1.0, atol=1e-6)
     with pytest.raises(SystemExit):
-        main(["calibrate", "--flow", str(flow[0]), "--embeddings", str(tmp_path / "in.parquet"), "--out", str(out),
-              "--keep-columns", "a,,b"])
+        main(["calibrate", "--calibrator", str(flow[0]), "--embeddings", str(tmp_path / "in.parquet"),
+              "--out", str(out), "--keep-columns", "a,,b"])
     assert "expected column names separated by commas" in capsys.readouterr().err
 
 
@@ -264,7 +264,7 @@ def test_the_manifest_describes_a_text_job(tmp_path, text_flow):
     calibration = manifest["calibration"]
     assert (calibration["path"], calibration["sha256"]) == (str(flow_path.resolve()), file_sha256(flow_path))
     assert calibration["fitted_for"] == {"model": model, "pooling": "first-last-avg"}
-    assert calibration["config"] == "l2_d3_w32" and calibration["method"] == "bert-flow"
+    assert calibration["config"] == "l2_d3_w32" and calibration["method"] == "flow"
     assert manifest["input"]["path"] == str((tmp_path / "c.jsonl").resolve())
     assert manifest["input"]["kind"] == "text" and manifest["input"]["keep_columns"] == ["lang"]
     assert manifest["threads"] == 1 and manifest["chunk_rows"] == 16
@@ -373,26 +373,26 @@ def test_a_changed_keep_columns_is_refused_on_resume(tmp_path, flow):
     assert run(10**6, ["title"]).resumed_from == 2
 
 
-def test_an_earlier_flowcores_unfinished_run_is_refused_until_restart(tmp_path, flow):
+def test_an_unfinished_run_of_progress_version_1_is_refused_in_one_line_until_restart(tmp_path, flow):
     flow_path, _ = flow
     np.save(tmp_path / "in.npy", np.ones((5, DIM), dtype=np.float32))
     out = tmp_path / "out.npy"
-    legacy = {"format": "flowcore-calibrate-manifest", "version": 1, "job": {}, "rows": 5, "done": {}}
-    Path(f"{out}.manifest.json").write_text(json.dumps(legacy))
-    with pytest.raises(JobMismatchError, match=r"unfinished run of an earlier flowcore.*out.npy.progress.json"):
+    record = Path(f"{out}.manifest.json")  # where version 1 kept its progress record
+    record.write_text(json.dumps({"format": "flowcore-calibrate-manifest", "version": 1, "job": {}, "rows": 5,
+                                  "done": {}}))
+    with pytest.raises(JobMismatchError) as refused:
         calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)
+    assert str(refused.value) == (f"{record} records an unfinished run of an earlier flowcore, which this version "
+                                  "cannot resume; rerun with --restart to start over")
     calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", restart=True, progress=False)
-    assert read_manifest(out)["format"] == MANIFEST_FORMAT
+    assert read_manifest(out)["format"] == MANIFEST_FORMAT and not Path(f"{out}.progress.json").exists()
     calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)  # a finished run's manifest is fine
 
 
-def test_an_unfinished_float32_text_job_is_not_resumed_in_int8(tmp_path, text_flow):
+def test_an_unfinished_float32_text_job_is_not_resumed_in_int8(tmp_path, text_flow, monkeypatch):
     """The encoder's quantize mode is part of a text job's identity: int8 rows never continue a
     float32 run (the manifest alone would not stop them mixing)."""
-    import functools
-
-    from flowcore import Encoder
-    from flowcore.batch.job import JobMismatchError
+    import flowcore.batch.job as job
 
     pytest.importorskip("onnxruntime")
     flow_path, model = text_flow
@@ -401,9 +401,9 @@ def test_an_unfinished_float32_text_job_is_not_resumed_in_int8(tmp_path, text_fl
     def stop_after_first_chunk(*args, **kwargs):
         raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(job, "_at_stage", stop_after_first_chunk)
+        calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, progress=False)
+    with pytest.raises(JobMismatchError, match="encoder.quantize was None, now 'int8'"):
         calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, progress=False,
-                       on_chunk=stop_after_first_chunk)
-    with pytest.raises(JobMismatchError, match="quantize"):
-        calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, progress=False,
-                       encoder_factory=functools.partial(Encoder, quantize="int8"))
+                       quantize="int8")

@@ -1,16 +1,20 @@
 """`flowcore calibrate --engine ray` on a local 2-CPU Ray cluster: the single-process job's rows
-and vectors, bad rows kept, a worker killed mid-job, reruns that skip finished shards."""
+and vectors and its manifest format, bad rows kept, a worker killed mid-job, reruns that skip
+finished shards, and the local job's refusals (a second writer, changed inputs, a signal)."""
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import flowcore.batch.ray as ray_engine
 from flowcore import Encoder, FlowCalibrator
+from flowcore.batch.core import InputChangedError, JobMismatchError
 from flowcore.batch.job import calibrate_file
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.cli import main
@@ -58,15 +62,15 @@ def _as_matrix(column):
 
 
 def fail_at_shard(at_shard: int):
-    """An `on_shard` hook whose worker fails (as a full disk would) on one shard."""
-    def hook(stage: str, shard: int) -> None:
+    """A worker seam (`_before_shard_write`) that fails (as a full disk would) on one shard."""
+    def hook(shard: int) -> None:
         if shard == at_shard:
             raise OSError(28, "No space left on device")
     return hook
 
 
 def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_run(ray_session, vector_flow,
-                                                                                   tmp_path, capsys):
+                                                                                   tmp_path, capsys, monkeypatch):
     """A folder of two .npy files: a run fails at shard 5 and keeps what it wrote; the rerun (the
     CLI) writes only the rest; the result is the single-process job's, byte for byte."""
     ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -78,14 +82,16 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
     matrices[1][20] = np.inf
     for index, matrix in enumerate(matrices):
         np.save(parts / f"part{index}.npy", matrix)
-    with pytest.raises(ShardsFailedError, match=r"shard 5 \(.*part1.npy rows 0-63\): OSError: .*No space left "
-                       r"on device; the shards already written are kept: rerun the same command"):
+    with monkeypatch.context() as patch, pytest.raises(ShardsFailedError, match=r"shard 5 \(.*part1.npy rows 0-63\): "
+                                                       r"OSError: .*No space left on device; the shards already "
+                                                       r"written are kept: rerun the same command"):
+        patch.setattr(ray_engine, "_before_shard_write", fail_at_shard(5))
         calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, num_workers=2,
-                      progress=False, on_shard=fail_at_shard(5))
+                      progress=False)
     done = sorted(p.name for p in (out / "shards").glob("part-*.parquet"))
     assert "part-00000005.parquet" not in done and 0 < len(done) < 8
-    command = ["calibrate", "--engine", "ray", "--flow", str(vector_flow), "--embeddings", str(parts), "--out",
-               str(out), "--chunk-rows", "64", "--threads", "1", "--num-workers", "1", "--no-progress"]
+    command = ["calibrate", "--engine", "ray", "--calibrator", str(vector_flow), "--embeddings", str(parts), "--out",
+               str(out), "--chunk-rows", "64", "--threads", "1", "--num-workers", "1", "--quiet"]
     assert main(command) == 0
     printed = capsys.readouterr().out
     assert f"{8 - len(done)} of 8 shards written by this run" in printed
@@ -104,13 +110,21 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
         (7, "NaN/Inf", "part0.npy"), (320, "NaN/Inf", "part1.npy")]
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["rows"], manifest["rejected"], len(manifest["shards"]), manifest["dim"]) == (450, 2, 8, DIM)
+    local = json.loads(Path(f"{tmp_path / 'single1.npy'}.manifest.json").read_text())  # one manifest format
+    assert (manifest["format"], manifest["version"]) == (local["format"], local["version"])
+    assert set(local) <= set(manifest) and manifest["calibration"] == local["calibration"]
+    assert (manifest["id_type"], manifest["encoder"], manifest["file"]) == ("int64", None, "shards")
+    assert manifest["format_versions"]["flow_file"] == local["format_versions"]["flow_file"]
+    assert set(manifest["format_versions"]) == {"manifest", "job", "flow_file", "parquet"}
 
     again = calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, progress=False)
     assert again.shards_written == 0 and again.rows == 450  # a finished job: nothing to redo
-    with pytest.raises(ValueError, match="records another job .*chunk_rows"):
+    with pytest.raises(JobMismatchError, match=r"job.json records an unfinished run of a different job "
+                       r"\(chunk_rows was 64, now 32\)"):
         calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=32, progress=False)
     os.utime(parts / "part1.npy", ns=(1, 1))  # an input rewritten since: its shards would mix two contents
-    with pytest.raises(ValueError, match=r"records another job \(different input_files\)"):
+    with pytest.raises(InputChangedError, match=r"parts changed since the unfinished run that .*job.json records "
+                       r"\(input.files\[1\].mtime_ns was \d+, now 1\)"):
         calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, progress=False)
     assert main([*command[:-3], "--num-workers", "0"]) == 2
     assert "--num-workers must be at least 1" in capsys.readouterr().err
@@ -119,16 +133,17 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
 
 
 def kill_own_worker_once(marker: str, at_shard: int):
-    """An `on_shard` hook that SIGKILLs the worker process the first time it is about to write
-    shard `at_shard` (the marker file makes it happen once across restarts)."""
-    def hook(stage: str, shard: int) -> None:
+    """A worker seam that SIGKILLs the worker process the first time it is about to write shard
+    `at_shard` (the marker file makes it happen once across restarts)."""
+    def hook(shard: int) -> None:
         if shard == at_shard and not os.path.exists(marker):
             Path(marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
     return hook
 
 
-def test_text_with_a_worker_killed_mid_job_ends_like_the_single_process_job(ray_session, text_flow, tmp_path):
+def test_text_with_a_worker_killed_mid_job_ends_like_the_single_process_job(ray_session, text_flow, tmp_path,
+                                                                            monkeypatch):
     ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     rng = np.random.default_rng(2)
     lines = [json.dumps({"id": f"s{i}", "text": " ".join(rng.choice(WORDS, size=rng.integers(1, 10))),
@@ -142,8 +157,8 @@ def test_text_with_a_worker_killed_mid_job_ends_like_the_single_process_job(ray_
     single = tmp_path / "single.parquet"
     calibrate_file(text_flow, single, **options)
     marker = tmp_path / "killed"
-    summary = calibrate_ray(text_flow, tmp_path / "out", num_workers=1,
-                            on_shard=kill_own_worker_once(str(marker), at_shard=3), **options)
+    monkeypatch.setattr(ray_engine, "_before_shard_write", kill_own_worker_once(str(marker), at_shard=3))
+    summary = calibrate_ray(text_flow, tmp_path / "out", num_workers=1, **options)
     assert marker.exists()  # a worker really died mid-job; Ray restarted it and redid its shard
     assert (summary.rows, summary.shards, summary.rejects) == (200, 8, {"broken JSON": 1, "empty text": 1})
     expected, got = pq.read_table(single), _vectors(tmp_path / "out", "embedding")
@@ -170,3 +185,80 @@ def test_shard_starts_are_the_single_process_reader_chunk_boundaries(tmp_path):
         expected = [chunk.end for chunk in source.chunks(10)][:-1]
         starts = shard_starts(source, 10)
         assert starts[1:] == expected and starts[0].row == 0, name
+
+
+def signal_driver_at_shard(driver: int, at_shard: int):
+    """A worker seam that sends SIGINT to the driver process before writing shard `at_shard`,
+    each shard taking a while (so that the driver stops before the last one)."""
+    def hook(shard: int) -> None:
+        if shard == at_shard:
+            os.kill(driver, signal.SIGINT)
+        time.sleep(0.3)
+    return hook
+
+
+def rewrite_at_shard(path: str, at_shard: int):
+    """A worker seam that rewrites an input file (same size, later mtime) before writing shard `at_shard`."""
+    def hook(shard: int) -> None:
+        if shard == at_shard:
+            np.save(path, np.load(path) + 1.0)
+            stat = os.stat(path)
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    return hook
+
+
+def test_the_ray_engine_refuses_and_stops_as_the_local_job_does(ray_session, vector_flow, tmp_path, monkeypatch):
+    """A second writer is refused, a signal stops the job at a shard boundary and the rerun
+    finishes it, an input that changes under a worker stops the job and its rerun is refused,
+    and an output folder that holds the input is refused."""
+    from flowcore.batch.interrupts import JobInterrupted
+    from flowcore.batch.lock import OutputLock, OutputLockedError
+
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    np.save(tmp_path / "in.npy", np.random.default_rng(3).normal(size=(128, DIM)).astype(np.float32))
+    out = tmp_path / "out"
+    options = dict(embeddings=str(tmp_path / "in.npy"), chunk_rows=16, num_workers=1, progress=False)
+    out.mkdir()
+    with OutputLock(out, out / "job.lock"):
+        with pytest.raises(OutputLockedError, match=r"out is being written by another flowcore job .*job.lock"):
+            calibrate_ray(vector_flow, out, **options)
+
+    with monkeypatch.context() as patch, pytest.raises(JobInterrupted) as stopped:
+        patch.setattr(ray_engine, "_before_shard_write", signal_driver_at_shard(os.getpid(), at_shard=1))
+        calibrate_ray(vector_flow, out, **options)
+    assert str(stopped.value).startswith("SIGINT: stopped at row ") and stopped.value.exit_status == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+    written = len(list((out / "shards").glob("part-*.parquet")))
+    assert 0 < written < 8 and not (out / "manifest.json").exists()
+    summary = calibrate_ray(vector_flow, out, **options)
+    assert (summary.rows, summary.shards, summary.shards_written) == (128, 8, 8 - written)
+    calibrate_file(vector_flow, tmp_path / "single.parquet", embeddings=tmp_path / "in.npy", chunk_rows=16,
+                   threads=1, progress=False)
+    assert np.array_equal(_as_matrix(_vectors(out, "embedding").column("embedding")),
+                          _as_matrix(pq.read_table(tmp_path / "single.parquet").column("embedding")))
+
+    monkeypatch.setattr(ray_engine, "_before_shard_write", rewrite_at_shard(str(tmp_path / "in.npy"), at_shard=2))
+    with pytest.raises(ShardsFailedError, match=r"in.npy changed while the job read it \(it was modified"):
+        calibrate_ray(vector_flow, out, restart=True, **options)
+    with pytest.raises(InputChangedError, match=r"in.npy changed since the unfinished run that .*job.json records"):
+        calibrate_ray(vector_flow, out, **options)
+    with pytest.raises(ValueError, match="the output folder .* holds the input"):
+        calibrate_ray(vector_flow, tmp_path, embeddings=str(tmp_path / "in.npy"), progress=False)
+
+
+def test_quantize_works_on_the_ray_engine_as_on_the_local_job(ray_session, text_flow, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(4)
+    (tmp_path / "c.txt").write_text("".join(" ".join(rng.choice(WORDS, size=rng.integers(1, 10))) + "\n"
+                                            for _ in range(60)))
+    options = ["--calibrator", str(text_flow), "--input", str(tmp_path / "c.txt"), "--chunk-rows", "20",
+               "--threads", "1", "--quantize", "int8", "--quiet"]
+    assert main(["calibrate", *options, "--out", str(tmp_path / "single.parquet")]) == 0
+    assert main(["calibrate", *options, "--out", str(tmp_path / "out"), "--engine", "ray", "--num-workers", "1"]) == 0
+    assert "calibrated 60 rows: 60 ok, 0 rejected" in capsys.readouterr().out
+    expected = pq.read_table(tmp_path / "single.parquet").column("embedding")
+    assert _as_matrix(_vectors(tmp_path / "out", "embedding").column("embedding")).tobytes() == \
+        _as_matrix(expected).tobytes()
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["encoder"]["quantize"] == "int8"
+    assert json.loads((tmp_path / "out" / "job.json").read_text())["encoder"]["quantize"] == "int8"

@@ -1,8 +1,9 @@
 """What the fault tests share: a small fitted flow, inputs with known bad rows, the `flowcore
 calibrate` command run in a child process with each chunk slowed down (so that a signal or a
-second job lands mid-job), and readers of what a job left behind."""
+second job lands mid-job), the job's stage seam, and readers of what a job left behind."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ DIM = 8
 REPO = Path(__file__).resolve().parents[2]
 
 SLOW_CLI = """
-import functools, sys, time
+import sys, time
 import flowcore.batch.job as job
 from flowcore.cli import main
 
@@ -26,9 +27,22 @@ def slow(stage, chunk):  # half before a chunk's write, half between its write a
     if stage in ("writing", "written"):
         time.sleep(seconds / 2)
 
-job.calibrate_file = functools.partial(job.calibrate_file, on_chunk=slow)
-sys.exit(main(["calibrate", *sys.argv[2:], "--no-progress"]))
+job._at_stage = slow
+sys.exit(main(["calibrate", *sys.argv[2:], "--quiet"]))
 """
+
+
+@contextlib.contextmanager
+def at_stage(hook):
+    """The local job's stage seam (`flowcore.batch.job._at_stage`) set to `hook(stage, chunk)`
+    inside the block."""
+    import flowcore.batch.job as job
+
+    saved, job._at_stage = job._at_stage, hook
+    try:
+        yield
+    finally:
+        job._at_stage = saved
 
 
 def fitted_flow(folder: Path, dim: int = DIM, seed: int = 0) -> Path:
@@ -53,7 +67,7 @@ def embeddings(path: Path, rows: int = 400, dim: int = DIM) -> np.ndarray:
 
 
 def cli_args(flow: Path, source: Path, out: Path, chunk_rows: int = 40) -> list[str]:
-    return ["--flow", str(flow), "--embeddings", str(source), "--out", str(out), "--chunk-rows", str(chunk_rows)]
+    return ["--calibrator", str(flow), "--embeddings", str(source), "--out", str(out), "--chunk-rows", str(chunk_rows)]
 
 
 def start_slow_cli(args: list[str], seconds_per_chunk: float = 0.3) -> subprocess.Popen:
@@ -65,7 +79,7 @@ def start_slow_cli(args: list[str], seconds_per_chunk: float = 0.3) -> subproces
 
 def run_cli(args: list[str]) -> subprocess.CompletedProcess:
     """`flowcore calibrate ARGS` to the end, in a child process."""
-    return subprocess.run([sys.executable, "-m", "flowcore", "calibrate", *args, "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "flowcore", "calibrate", *args, "--quiet"],
                           capture_output=True, text=True)
 
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from faults_support import REPO, chunks_done, embeddings, fitted_flow, leftovers, same_result
+from faults_support import REPO, at_stage, chunks_done, embeddings, fitted_flow, leftovers, same_result
 
 import flowcore.batch.job as job
 import flowcore.batch.lock as lock
@@ -142,7 +142,8 @@ def test_an_output_folder_removed_mid_job_is_reported_and_a_rerun_starts_over_id
             shutil.rmtree(folder)
 
     with pytest.raises(OutputWriteError, match=r"out.npy.progress.json: the output folder no longer exists"):
-        calibrate(flow_path, tmp_path / "in.npy", out, on_chunk=remove_folder)
+        with at_stage(remove_folder):
+            calibrate(flow_path, tmp_path / "in.npy", out)
     with pytest.raises(FileNotFoundError, match=f"output folder not found: {folder}"):
         calibrate(flow_path, tmp_path / "in.npy", out)
     folder.mkdir()
@@ -154,6 +155,7 @@ def test_an_output_folder_removed_mid_job_is_reported_and_a_rerun_starts_over_id
 TMPFS_DRIVER = """
 import json, os, shutil, subprocess, sys
 from pathlib import Path
+import flowcore.batch.job as job
 from flowcore.batch.job import calibrate_file
 
 work, flow, source = map(Path, sys.argv[1:4])
@@ -165,9 +167,10 @@ def remount(options):
     subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)] if "remount" not in options
                    else ["mount", "-o", options, str(mount)], check=True)
 
-def attempt(name, out, **options):
+def attempt(name, out, hook=lambda stage, chunk: None):
+    job._at_stage = hook
     try:
-        summary = calibrate_file(flow, out, embeddings=source, chunk_rows=40, progress=False, **options)
+        summary = calibrate_file(flow, out, embeddings=source, chunk_rows=40, progress=False)
         seen[name] = {"ok": True, "resumed_from": summary.resumed_from}
     except Exception as error:
         seen[name] = {"ok": False, "error": str(error), "type": type(error).__name__}
@@ -188,7 +191,7 @@ def fill_at_chunk_2(stage, chunk):
             except OSError:
                 pass
 
-attempt("fills up", mount / "out.npy", on_chunk=fill_at_chunk_2)
+attempt("fills up", mount / "out.npy", fill_at_chunk_2)
 os.remove(mount / "filler")
 attempt("space again", mount / "out.npy")
 shutil.copy(mount / "out.npy", work / "out.npy")
@@ -198,7 +201,7 @@ def stop_at_chunk_2(stage, chunk):
     if stage == "written" and chunk.index == 2:
         raise RuntimeError("stopped by the test")
 
-attempt("stopped", mount / "second.npy", on_chunk=stop_at_chunk_2)
+attempt("stopped", mount / "second.npy", stop_at_chunk_2)
 remount("remount,ro")
 attempt("read-only", mount / "second.npy")
 remount("remount,rw")

@@ -124,7 +124,7 @@ def test_a_valid_safetensors_file_that_is_not_a_flow_is_refused(tmp_path):
 def test_a_valid_flow_of_another_width_is_refused_before_any_work(tmp_path, capsys):
     wide = fitted_flow(tmp_path, dim=2 * DIM)
     np.save(tmp_path / "in.npy", np.zeros((5, DIM), dtype=np.float32))
-    assert main(["calibrate", "--flow", str(wide), "--embeddings", str(tmp_path / "in.npy"),
+    assert main(["calibrate", "--calibrator", str(wide), "--embeddings", str(tmp_path / "in.npy"),
                  "--out", str(tmp_path / "out.npy")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"flowcore calibrate: error: {tmp_path / 'in.npy'} holds {DIM}-wide vectors but the flow expects {2 * DIM}"]

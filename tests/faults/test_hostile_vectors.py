@@ -24,8 +24,8 @@ SPECIALS = [np.nan, np.inf, -np.inf, 1e39, -0.0, 3.0e38]
 
 
 def calibrate(flow_path, source, out, capsys) -> tuple[int, str]:
-    code = main(["calibrate", "--flow", str(flow_path), "--embeddings", str(source), "--out", str(out),
-                 "--chunk-rows", "16", "--no-progress"])
+    code = main(["calibrate", "--calibrator", str(flow_path), "--embeddings", str(source), "--out", str(out),
+                 "--chunk-rows", "16", "--quiet"])
     return code, capsys.readouterr().err
 
 

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from faults_support import DIM, chunks_done, embeddings, leftovers
+from faults_support import DIM, at_stage, chunks_done, embeddings, leftovers
 
 from flowcore.batch.job import CalibrationJob, InputChangedError, calibrate_file
 from flowcore.batch.text_sources import TextCorpus
@@ -53,8 +53,8 @@ def replaced_keeping_size_and_mtime(path):
 def test_an_input_changed_between_runs_is_refused_and_restart_starts_over(tmp_path, flow_path, change, what):
     embeddings(tmp_path / "in.npy", rows=400)
     out = tmp_path / "out.npy"
-    with pytest.raises(Stop):
-        calibrate(flow_path, tmp_path / "in.npy", out, on_chunk=stop_at_chunk(2))
+    with pytest.raises(Stop), at_stage(stop_at_chunk(2)):
+        calibrate(flow_path, tmp_path / "in.npy", out)
     change(tmp_path / "in.npy")
     with pytest.raises(InputChangedError) as refused:
         calibrate(flow_path, tmp_path / "in.npy", out)
@@ -72,22 +72,19 @@ def test_an_input_changed_between_runs_is_refused_and_restart_starts_over(tmp_pa
 def test_embeddings_appended_while_the_job_runs_stop_it_in_one_line(tmp_path, flow_path, capsys):
     embeddings(tmp_path / "in.npy", rows=400)
     out = tmp_path / "out.npy"
-    import flowcore.batch.job as job
-
     def append_at_chunk_1(stage, chunk):
         if stage == "committed" and chunk.index == 1:
             with open(tmp_path / "in.npy", "ab") as handle:
                 handle.write(bytes(DIM * 4))
 
-    with pytest.raises(InputChangedError) as stopped:
-        job.calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False,
-                           on_chunk=append_at_chunk_1)
+    with pytest.raises(InputChangedError) as stopped, at_stage(append_at_chunk_1):
+        calibrate(flow_path, tmp_path / "in.npy", out)
     assert str(stopped.value) == (f"{tmp_path / 'in.npy'} changed while the job read it (its size went from 12,928 "
                                   "to 12,960 bytes); the output so far is kept as it was, and a rerun is refused: "
                                   "add --restart to start over")
     assert chunks_done(out) == 2 and not out.exists()
-    assert main(["calibrate", "--flow", str(flow_path), "--embeddings", str(tmp_path / "in.npy"), "--out", str(out),
-                 "--chunk-rows", "40", "--no-progress"]) == 2
+    assert main(["calibrate", "--calibrator", str(flow_path), "--embeddings", str(tmp_path / "in.npy"),
+                 "--out", str(out), "--chunk-rows", "40", "--quiet"]) == 2
     assert "in.npy: 32 bytes after the 400 x 8 rows its header describes" in capsys.readouterr().err
 
 
@@ -103,27 +100,32 @@ def test_a_text_corpus_rewritten_while_the_job_reads_it_stops_the_job(tmp_path):
             os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
 
     job = CalibrationJob(TextCorpus(corpus), out, lambda x: x, DIM, progress=False, chunk_rows=10,
-                         encode=lambda texts: np.ones((len(texts), DIM), dtype=np.float32),
-                         on_chunk=rewrite_at_chunk_0)
-    with pytest.raises(InputChangedError, match="changed while the job read it"):
+                         encode=lambda texts: np.ones((len(texts), DIM), dtype=np.float32))
+    with pytest.raises(InputChangedError, match="changed while the job read it"), at_stage(rewrite_at_chunk_0):
         job.run()
     assert not out.exists()
 
 
-def test_a_progress_file_from_before_input_fingerprints_still_resumes(tmp_path, flow_path):
+def test_a_progress_file_from_before_input_fingerprints_is_refused_until_restart(tmp_path, flow_path):
     import json
+
+    from flowcore.batch.job import JobMismatchError
 
     embeddings(tmp_path / "in.npy", rows=400)
     reference = tmp_path / "reference.npy"
     calibrate(flow_path, tmp_path / "in.npy", reference)
     out = tmp_path / "out.npy"
-    with pytest.raises(Stop):
-        calibrate(flow_path, tmp_path / "in.npy", out, on_chunk=stop_at_chunk(2))
+    with pytest.raises(Stop), at_stage(stop_at_chunk(2)):
+        calibrate(flow_path, tmp_path / "in.npy", out)
     progress = tmp_path / "out.npy.progress.json"
     record = json.loads(progress.read_text())
     del record["job"]["input"]["fingerprint"]
     progress.write_text(json.dumps(record))
-    assert calibrate(flow_path, tmp_path / "in.npy", out).resumed_from == 120
+    with pytest.raises(JobMismatchError) as refused:
+        calibrate(flow_path, tmp_path / "in.npy", out)
+    assert str(refused.value) == (f"{progress} records an unfinished run of an earlier flowcore, which this version "
+                                  "cannot resume; rerun with --restart to start over")
+    assert calibrate(flow_path, tmp_path / "in.npy", out, restart=True).resumed_from == 0
     assert out.read_bytes() == reference.read_bytes()
 
 

@@ -1,7 +1,6 @@
 """Ctrl-C and kill: the first SIGINT/SIGTERM stops a job at a chunk boundary with one line saying
 where and exit status 130/143, a second exits at once; nothing half-written is visible and the
 same command resumes to a byte-identical result."""
-import functools
 import json
 import os
 import signal
@@ -9,6 +8,7 @@ import socket
 
 import pytest
 from faults_support import (
+    at_stage,
     chunks_done,
     cli_args,
     embeddings,
@@ -32,9 +32,8 @@ def test_a_signal_in_process_stops_at_a_chunk_boundary_and_the_job_resumes(tmp_p
         if stage == "written" and chunk.index == 2:
             os.kill(os.getpid(), signal.SIGINT)
 
-    with pytest.raises(JobInterrupted) as stopped:
-        calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False,
-                       on_chunk=interrupt)
+    with pytest.raises(JobInterrupted) as stopped, at_stage(interrupt):
+        calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False)
     rows = stopped.value.rows
     assert rows % 40 == 0 and 120 <= rows < 400 and chunks_done(out) * 40 == rows
     assert stopped.value.exit_status == 130
@@ -57,8 +56,8 @@ def test_cli_sigint_exits_130_with_one_line_saying_where_it_stopped(tmp_path, fl
         if stage == "committed" and chunk.index == 1:
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(job, "calibrate_file", functools.partial(job.calibrate_file, on_chunk=interrupt))
-    assert main(["calibrate", *cli_args(flow_path, tmp_path / "in.npy", out), "--no-progress"]) == 130
+    monkeypatch.setattr(job, "_at_stage", interrupt)
+    assert main(["calibrate", *cli_args(flow_path, tmp_path / "in.npy", out), "--quiet"]) == 130
     rows = chunks_done(out) * 40
     assert rows >= 80
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
@@ -80,7 +79,7 @@ def test_cli_a_second_job_is_refused_then_sigterm_and_a_double_sigint_stop_clean
     process = start_slow_cli(args, seconds_per_chunk=0.6)
     wait_for_chunks(process, out, 1)
     for extra in ([], ["--restart"]):  # --restart must not wipe the running job's work either
-        assert main(["calibrate", *args, *extra, "--no-progress"]) == 2
+        assert main(["calibrate", *args, *extra, "--quiet"]) == 2
         started = json.loads((tmp_path / "out.npy.lock").read_text())["started"]
         assert capsys.readouterr().err.strip().splitlines() == [
             f"flowcore calibrate: error: {out} is being written by another flowcore job (pid {process.pid} on "
@@ -105,6 +104,6 @@ def test_cli_a_second_job_is_refused_then_sigterm_and_a_double_sigint_stop_clean
     assert stderr.strip().splitlines()[-1] == "SIGINT again: exiting now; rerun the same command to resume"
     assert not out.exists() and (tmp_path / "out.npy.lock").exists()  # a stale lock, its flock released
 
-    assert main(["calibrate", *args, "--no-progress"]) == 0
+    assert main(["calibrate", *args, "--quiet"]) == 0
     assert "resumed at row" in capsys.readouterr().out
     assert same_result(out, reference) and leftovers(out) == []

@@ -22,8 +22,8 @@ def test_a_held_lock_refuses_a_second_job_naming_the_holder_and_touches_nothing(
             calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)
         message = str(refused.value)
         assert f"pid {os.getpid()} on {socket.gethostname()}, started {holder['started']}" in message
-        assert main(["calibrate", "--flow", str(flow_path), "--embeddings", str(tmp_path / "in.npy"),
-                     "--out", str(out), "--restart", "--no-progress"]) == 2
+        assert main(["calibrate", "--calibrator", str(flow_path), "--embeddings", str(tmp_path / "in.npy"),
+                     "--out", str(out), "--restart", "--quiet"]) == 2
         assert capsys.readouterr().err.strip().splitlines() == [f"flowcore calibrate: error: {message}"]
         assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy", "out.npy.lock"]
     assert not (tmp_path / "out.npy.lock").exists()

@@ -115,7 +115,7 @@ def test_cache_keeps_int8_apart(tiny_bert, sentences, tmp_path):
 
 @pytest.mark.parametrize("argv", [
     ["encode", "--input", "in.txt", "--out", "out.npy"],
-    ["calibrate", "--flow", "flow.pt", "--input", "in.txt", "--out", "out.npy"],
+    ["calibrate", "--calibrator", "flow.pt", "--input", "in.txt", "--out", "out.npy"],
     ["sts"],
     ["analyze", "--corpus", "corpus.txt", "--out", "report"],
 ])

@@ -1,0 +1,447 @@
+"""The calibration core both batch engines run, so that they refuse, reject and write alike: the
+job (`JobSpec`), one chunk calibrated with every reject rule (`calibrate_chunk`),
+the check of a job's record (`check_identity`), the report (`CalibrationSummary`) and the
+description of a finished output (`manifest`). The local engine (`flowcore.batch.job`) adds a
+lock, signals, a progress file and reader/writer threads; the Ray engine (`flowcore.batch.ray`)
+adds shards and actors.
+
+The manifest, format "flowcore-vectors-manifest" version 1: `file`, `file_format`; `rows`, `ok`,
+`rejected`, `rejects` (count by reason), `rejects_file`; `dim` (output width), `dtype`,
+`normalized`, `rejected_rows` (how a rejected row is stored); `id_column`, `id_type`,
+`id_source`, `vector_column`, `columns` (parquet name and type), `kept_columns`; `input` (kind,
+and each file's path, size, mtime, fingerprint and reading options); `encoder` (text: model,
+revision, hashes, pooling, batch size, quantize; None for stored embeddings); `calibration`
+(method, path, sha256, config, `fitted_for`); `threads`, `chunk_rows`; `format_versions`
+(manifest, job record, calibration file, npy or parquet). Ray adds `shards` and `resume_granularity`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import InitVar, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from flowcore import defaults
+from flowcore._vectors import unit_rows
+from flowcore.batch.rows import (
+    NON_FINITE_OUTPUT,
+    NOT_NUMBERS,
+    NULL,
+    CalibratedChunk,
+    Chunk,
+    Position,
+    Reject,
+    reject_non_finite,
+    text_reject,
+    vector_rejects,
+)
+from flowcore.batch.text_sources import TextCorpus
+from flowcore.batch.vector_sources import EmbeddingFile
+from flowcore.runtime import check_threads, job_threads
+
+__all__ = [
+    "MANIFEST_FORMAT", "MANIFEST_VERSION", "CalibrationSummary", "InputChangedError", "JobMismatchError", "JobSpec",
+    "arrow_type_name", "calibrate_chunk", "check_compatible", "check_identity", "chunk_of_values",
+    "default_chunk_rows", "encode_with", "load_calibrator", "load_encoder", "manifest", "normalized",
+]
+
+MANIFEST_FORMAT = "flowcore-vectors-manifest"
+MANIFEST_VERSION = 1
+
+
+class JobMismatchError(ValueError):
+    """A job's record (progress file, Ray job file) describes another job than the one requested,
+    or the partial output it describes is missing or does not match it."""
+
+
+class InputChangedError(JobMismatchError):
+    """The input changed while a job read it (appended, truncated, replaced, rewritten)."""
+
+
+def default_chunk_rows(source: TextCorpus | EmbeddingFile, dim: int) -> int:
+    """Text: chunks of a fixed count of sentences; embeddings: the power of two nearest below
+    `defaults.EMBEDDING_CHUNK_BYTES` of float32 rows."""
+    if source.kind == "text":
+        return defaults.TEXT_CHUNK_ROWS
+    rows = max(1, defaults.EMBEDDING_CHUNK_BYTES // (4 * dim))
+    return 1 << (rows.bit_length() - 1)
+
+
+def load_calibrator(path: str | os.PathLike, device=None):
+    """The one place batch jobs load a calibration file (any calibration: `flowcore.load`). The
+    core uses only what every calibrator has (`flowcore.calibration.Calibrator`): `name`, `dim`
+    (input width), `output_dim`, `provenance` (the encoder it was fitted on, or None) and
+    `transform`."""
+    from flowcore.calibration.base import load
+
+    return load(path, device=device)
+
+
+def normalized(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """`transform` followed by `unit_rows`."""
+    return lambda vectors: unit_rows(transform(vectors))
+
+
+def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] | None:
+    """The `encode` function of `calibrate_chunk` for an `Encoder` (None for None)."""
+    if encoder is None:
+        return None
+    return lambda texts: encoder.encode(texts, batch_size=batch_size, show_progress_bar=False)
+
+
+def load_encoder(calibrator, model: str | None = None, pooling: str | None = None, quantize: str | None = None,
+                 threads: int | None = None, device=None):
+    """The `Encoder` for text a calibration will map: the model and pooling it records unless
+    others are asked for, checked against its record."""
+    from flowcore.calibration.flow_file import check_encoder_fits
+    from flowcore.text.encoder import Encoder
+
+    recorded = calibrator.provenance
+    if recorded is None and model is None:
+        raise ValueError("the flow file records no encoder (it was fitted on raw embeddings); "
+                         "pass --model and --pooling for the encoder that produced them")
+    requested = model or recorded.model
+    pooling = pooling or (recorded.pooling if recorded is not None else None)
+    encoder = Encoder(model=requested, threads=threads, device=device, quantize=quantize,
+                      **({"pooling": pooling} if pooling else {}))
+    check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, requested)
+    return encoder
+
+
+@dataclass
+class JobSpec:
+    """One calibration job, checked once on construction (contradictions are refused before any
+    work): the calibration file, the input and how it is read, the text encoder, torch threads,
+    chunking and the output options. Both engines run a `JobSpec`.
+
+    Args:
+        flow: a calibration file (`flowcore fit`).
+        input / embeddings: exactly one: txt/jsonl/csv/parquet text, or .npy/parquet vectors (a
+            file; for the Ray engine also a folder or a glob).
+        text_field, id_field, vector_field: the columns of the text, the id (default: the row
+            number) and the stored vector.
+        model, pooling, quantize, batch_size: the text encoder (model and pooling default to the
+            calibration's record; quantize "int8" is `Encoder`'s CPU mode).
+        chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
+        threads: torch CPU threads (default: `flowcore.runtime.job_threads`; `actor`: per Ray actor).
+        keep_columns, vector_column: input columns copied to parquet output; its vector column.
+        normalize: scale calibrated rows to unit length.
+        device: torch device for the encoder and the calibration (default: CPU).
+
+    Example:
+        >>> spec = JobSpec("model.flow", input="corpus.jsonl", id_field="id", quantize="int8")
+    """
+
+    flow: str | os.PathLike
+    input: str | os.PathLike | None = None
+    embeddings: str | os.PathLike | None = None
+    text_field: str = "text"
+    id_field: str | None = None
+    vector_field: str = defaults.VECTOR_COLUMN
+    model: str | None = None
+    pooling: str | None = None
+    quantize: str | None = None
+    batch_size: int = defaults.BATCH_SIZE
+    chunk_rows: int | None = None
+    threads: int | None = None
+    keep_columns: tuple = ()
+    vector_column: str | None = None
+    normalize: bool = False
+    device: str | None = None
+    actor: InitVar[bool] = False
+
+    def __post_init__(self, actor: bool) -> None:
+        from flowcore._fs import file_sha256
+
+        if (self.input is None) == (self.embeddings is None):
+            raise ValueError("give exactly one of a text corpus (input) or stored embeddings (embeddings)")
+        self.kind = "text" if self.input is not None else "embeddings"
+        self.path = str(self.input if self.kind == "text" else self.embeddings)  # for Ray also a folder or a glob
+        if self.kind == "embeddings" and (self.model or self.pooling or self.quantize):
+            raise ValueError("--model/--pooling/--quantize apply to text input, not to stored embeddings")
+        if self.chunk_rows is not None and self.chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
+        if self.vector_column is not None and (not isinstance(self.vector_column, str) or not self.vector_column):
+            raise ValueError(f"the vector column needs a non-empty name, got {self.vector_column!r}")
+        self.threads = check_threads(self.threads) or job_threads(self.kind == "text", actor)
+        if not isinstance(self.keep_columns, str):  # a string is refused by the source, naming it
+            self.keep_columns = tuple(self.keep_columns or ())
+        self.flow_sha256 = file_sha256(self.flow)
+        self.flow = Path(self.flow).resolve()
+
+    def open(self, path: str | os.PathLike) -> TextCorpus | EmbeddingFile:
+        """One input file as a source, read the way the spec says."""
+        if self.kind == "text":
+            return TextCorpus(path, text_field=self.text_field, id_field=self.id_field, keep_columns=self.keep_columns)
+        return EmbeddingFile(path, vector_field=self.vector_field, id_field=self.id_field,
+                             keep_columns=self.keep_columns)
+
+    def prepare(self, paths, encoder=None) -> tuple:
+        """(calibrator, sources, encoder) for the input files `paths`, each source checked against
+        the calibration before any work (`check_compatible`). `encoder`: (text) an `Encoder` to use
+        as it is, instead of the one the spec names (`load_encoder`)."""
+        if encoder is not None and (self.kind == "embeddings" or self.model or self.pooling or self.quantize):
+            raise ValueError("an encoder is for text input, instead of model/pooling/quantize")
+        calibrator = load_calibrator(self.flow, device=self.device)
+        sources = [self.open(path) for path in paths]
+        requested = None
+        if self.kind == "text" and encoder is None:
+            encoder = load_encoder(calibrator, self.model, self.pooling, self.quantize, self.threads, self.device)
+            requested = self.model or calibrator.provenance.model
+        for source in sources:
+            check_compatible(calibrator, source, encoder, requested)
+        return calibrator, sources, encoder
+
+    def identity(self, encoder) -> dict:
+        """What a job's record pins besides its input and output: the calibration file's hash
+        and (text) the encoder, whose int8 rows must never continue a float32 run."""
+        identity: dict = {"flow_sha256": self.flow_sha256}
+        if self.device not in (None, "cpu"):  # another device's floats must never continue a CPU run
+            identity["device"] = self.device
+        if encoder is not None:
+            identity["encoder"] = {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": self.batch_size}
+            if getattr(encoder, "quantize", None) is not None:
+                identity["encoder"]["quantize"] = encoder.quantize
+        return identity
+
+    def describe(self, calibrator, encoder) -> dict:
+        """The manifest entries the spec knows: the encoder (text; for stored embeddings None,
+        the calibration's `fitted_for` says what they should come from), the calibration and its
+        file's format version."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.flow), framework="pt") as reader:
+            file_version = (reader.metadata() or {}).get("format_version")
+        described = None
+        if encoder is not None:
+            describe = getattr(encoder, "describe", None)
+            described = describe() if describe is not None else {"model": encoder.model_id, "pooling": encoder.pooling}
+            described["batch_size"] = self.batch_size
+        recorded = calibrator.provenance
+        return {
+            "encoder": described,
+            "calibration": {"method": calibrator.name, "path": str(self.flow),
+                            "sha256": self.flow_sha256, "config": getattr(calibrator, "config", None),
+                            "fitted_for": recorded.to_json() if recorded else None},
+            "format_versions": {"flow_file": file_version},
+        }
+
+
+def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=None,
+                     requested_model: str | None = None) -> None:
+    """Refuse, before any work, inputs the calibration was not fitted for: embeddings of another
+    width, or text through another encoder or pooling than its record (`requested_model`: the
+    name the encoder was asked for, which matches when it is the recorded one)."""
+    from flowcore.calibration.flow_file import check_encoder_fits  # torch: only once a calibration is in hand
+
+    if source.kind == "embeddings":
+        if source.dim != calibrator.dim:
+            raise ValueError(f"{source.path} holds {source.dim}-wide vectors but the flow expects {calibrator.dim}")
+        return
+    if encoder is None:
+        raise ValueError(f"{source.path} is text: an encoder is needed to embed it")
+    check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, requested_model)
+
+
+def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray], dim: int,
+                    encode: Callable[[list[str]], np.ndarray] | None = None,
+                    output_dim: int | None = None) -> CalibratedChunk:
+    """The one path every row takes, in both engines: the rows a reader rejected stay rejected;
+    a text chunk's good texts are encoded (`dim`-wide), and a row the encoder returns NaN/Inf
+    for is rejected; the good rows are calibrated by `transform` (`output_dim`-wide, default
+    `dim`), and a row it maps to NaN/Inf is rejected as `NON_FINITE_OUTPUT`, never written as a
+    result. Every rejected row is a NaN row; rejects come back in row order."""
+    rejects = list(chunk.rejects)
+    good = np.ones(chunk.rows, dtype=bool)
+    good[[reject.row - chunk.row_start for reject in rejects]] = False
+    if chunk.texts is not None:
+        if encode is None:
+            raise ValueError("a text corpus needs an encoder")
+        vectors = np.full((chunk.rows, dim), np.nan, dtype=np.float32)
+        if good.any():
+            vectors[good] = encode([text for text, keep in zip(chunk.texts, good) if keep])
+            rejects += reject_non_finite(vectors, chunk.row_start, good, "the encoder returned NaN/Inf")
+    else:
+        vectors = chunk.vectors
+    if good.all():
+        out = np.array(transform(vectors), dtype=np.float32)
+    else:
+        out = np.full((chunk.rows, output_dim or dim), np.nan, dtype=np.float32)
+        if good.any():
+            out[good] = transform(vectors[good])
+    rejects += [Reject(reject.row, reject.reason, f"the flow returned {reject.detail}")
+                for reject in reject_non_finite(out, chunk.row_start, good, reason=NON_FINITE_OUTPUT)]
+    return CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
+                           sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
+
+
+def chunk_of_values(values, column: str, dim: int | None = None) -> Chunk:
+    """Rows handed over as values (a column of a Ray batch) as a chunk, each checked by the
+    readers' rules: texts when `dim` is None (`text_reject`), else stored vectors `dim` wide (a
+    (rows, dim) array, or one value per row: `vector_rejects`; a value that is not a list of
+    numbers is a reject, never an error). A NaN in place of a value is a null (Ray's pandas
+    conversions write None so)."""
+    rows = len(values)
+    if dim is None:
+        texts = [None if _nan(text) else text for text in values]
+        rejects = [reject for row, text in enumerate(texts) if (reject := text_reject(row, None, text, column))]
+        for reject in rejects:
+            texts[reject.row] = None
+        return Chunk(0, 0, rows, Position(rows), rejects, texts=texts)
+    vectors = np.full((rows, dim), np.nan, dtype=np.float32)
+    if isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype.kind in "iuf":  # a tensor column
+        lengths = np.full(rows, values.shape[1])
+        if values.shape[1] == dim:
+            with np.errstate(over="ignore"):  # values beyond float32 become Inf, rejected as such
+                vectors[:] = values
+    else:
+        lengths = np.empty(rows, dtype=np.int64)
+        for row, value in enumerate(values):
+            numbers = _numbers(value)
+            lengths[row] = numbers if isinstance(numbers, int) else len(numbers)
+            if lengths[row] == dim:
+                with np.errstate(over="ignore"):
+                    vectors[row] = numbers
+    return Chunk(0, 0, rows, Position(rows), vector_rejects(vectors, lengths, 0), vectors=vectors)
+
+
+def _numbers(value) -> np.ndarray | int:
+    """A vector value as a 1-D float array (a null element as NaN), or `NULL` for None and
+    `NOT_NUMBERS` for anything that is not a flat list of numbers."""
+    if value is None or _nan(value):
+        return NULL
+    if isinstance(value, (str, bytes)):
+        return NOT_NUMBERS
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError):  # ragged
+        return NOT_NUMBERS
+    if array.ndim != 1:
+        return NOT_NUMBERS
+    if array.dtype.kind == "O":
+        if not all(item is None or (isinstance(item, (int, float, np.integer, np.floating))
+                                    and not isinstance(item, (bool, np.bool_))) for item in array):
+            return NOT_NUMBERS
+        return np.array([np.nan if item is None else item for item in array], dtype=np.float64)
+    return array if array.dtype.kind in "iuf" else NOT_NUMBERS
+
+
+def _nan(value) -> bool:
+    return isinstance(value, (float, np.floating)) and value != value
+
+
+def check_identity(recorded: dict, requested: dict, record: Path, input_name) -> None:
+    """The one check that a job's record (`record`) describes the job requested: a record whose
+    only differences are in its input raises `InputChangedError` (naming `input_name`), any other
+    difference `JobMismatchError`, each listing the differences."""
+    if recorded == requested:
+        return
+    changed = _differences(recorded, requested)
+    if all(change.startswith("input") for change in changed):
+        raise InputChangedError(f"{input_name} changed since the unfinished run that {record} records "
+                                f"({'; '.join(changed)}): the rows done so far came from its old content; "
+                                "restore it, or add --restart to start over")
+    raise JobMismatchError(f"{record} records an unfinished run of a different job ({'; '.join(changed)}); "
+                           "rerun the original command to finish it, or add --restart to start over")
+
+
+def _differences(old, new, path: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [change for key in sorted(set(old) | set(new))
+                for change in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [change for index, (a, b) in enumerate(zip(old, new))
+                for change in _differences(a, b, f"{path}[{index}]")]
+    return [] if old == new else [f"{path} was {old!r}, now {new!r}"]
+
+
+@dataclass
+class CalibrationSummary:
+    """What a finished job did: all rows and rejects, and what this run added (after a resume);
+    on Ray, the shards this run wrote of all."""
+
+    rows: int
+    rejects: dict[str, int]
+    seconds: float
+    rows_this_run: int
+    resumed_from: int
+    out: Path
+    rejects_path: Path
+    manifest_path: Path | None = None
+    lock_taken_over: dict | None = None
+    """The holder record of a killed job whose lock file this run took over, if any."""
+    shards: int | None = None
+    shards_written: int | None = None
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.rejects.values())
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_this_run / self.seconds if self.seconds > 0 else float("inf")
+
+    def __str__(self) -> str:
+        reasons = ", ".join(f"{count:,} {reason}" for reason, count in sorted(self.rejects.items()))
+        rejected = f"{self.rejected:,} rejected" + (f" ({reasons})" if reasons else "")
+        run = f"{self.rows_this_run:,} rows in {self.seconds:.1f} s ({self.rows_per_second:,.0f} rows/s)"
+        if self.shards is not None:
+            run = f"{self.shards_written} of {self.shards} shards written by this run ({run})"
+        elif self.resumed_from:
+            rejected += f", resumed at row {self.resumed_from:,}"
+        stale = self.lock_taken_over
+        took_over = (f"\ntook over the lock of a job that is no longer running (pid {stale.get('pid')} on "
+                     f"{stale.get('host')}, started {stale.get('started')})" if stale else "")
+        return (f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}; {run}\n"
+                f"output: {self.out}\nrejects: {self.rejects_path}"
+                + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else "") + took_over)
+
+
+def manifest(*, file: str, parquet: Path | None, rows: int, rejects: dict[str, int], rejects_file: str, dim: int,
+             normalized: bool, id_field: str | None, vector_column: str | None, kept_columns, input: dict,
+             description: dict, threads: int | None, chunk_rows: int, versions: dict,
+             id_source: str = "row number") -> dict:
+    """A finished output's manifest (the format is the module docstring's). `parquet`: a part
+    of parquet output, whose schema gives the columns (None: .npy output); `versions`: the
+    engine's format versions (its job record's); `description`: `JobSpec.describe`'s entries."""
+    import flowcore
+
+    rejected = sum(rejects.values())
+    if parquet is not None:
+        import pyarrow.parquet as pq
+
+        columns = [{"name": column.name, "type": arrow_type_name(column.type)} for column in pq.read_schema(parquet)]
+        file_version = {"parquet": pq.ParquetFile(parquet).metadata.format_version}
+    else:
+        columns, file_version = None, {"npy": "1.0"}
+    return {
+        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "flowcore_version": flowcore.__version__,
+        "file": file, "file_format": "npy" if parquet is None else "parquet",
+        "rows": rows, "ok": rows - rejected, "rejected": rejected, "rejects": dict(sorted(rejects.items())),
+        "rejects_file": rejects_file,
+        "dim": dim, "dtype": "float32", "normalized": normalized,
+        "rejected_rows": "NaN row" if parquet is None else "null vector",
+        "id_column": None if parquet is None else "id",
+        "id_type": None if parquet is None else "string" if id_field is not None else "int64",
+        "id_source": id_field if id_field is not None else id_source,
+        "vector_column": vector_column, "columns": columns, "kept_columns": list(kept_columns),
+        "input": input,
+        **{key: value for key, value in description.items() if key != "format_versions"},
+        "threads": threads, "chunk_rows": chunk_rows,
+        "format_versions": {"manifest": MANIFEST_VERSION, **versions, **description.get("format_versions", {}),
+                            **file_version},
+    }
+
+
+def arrow_type_name(kind) -> str:
+    """A pyarrow type as the manifest names it: floats by width (float32), lists without their
+    child field's name (which parquet readers rename), e.g. `fixed_size_list<float32>[384]`."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(kind):
+        return f"fixed_size_list<{arrow_type_name(kind.value_type)}>[{kind.list_size}]"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"{'large_' if pa.types.is_large_list(kind) else ''}list<{arrow_type_name(kind.value_type)}>"
+    return {"halffloat": "float16", "float": "float32", "double": "float64"}.get(str(kind), str(kind))

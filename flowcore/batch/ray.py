@@ -1,0 +1,425 @@
+"""Calibration on Ray Data, past one machine (published as `flowcore.ray`): `Calibrate` for
+`Dataset.map_batches` in your own pipelines, `calibrate_ray` (the engine behind `flowcore
+calibrate --engine ray`) and `moments` (whitening statistics as a Ray reduction).
+
+Both run `flowcore.batch.core` (the same job spec, `calibrate_chunk` with every reject rule,
+identity check and manifest as the local engine); this module adds shards and actors.
+`calibrate_ray` cuts each input file into shards that are exactly the local job's chunks, and a
+pool of actors reads, calibrates and writes one shard each (`OUT/shards/part-NNNNNNNN.parquet`,
+atomically, its rejects beside it): a rerun skips every shard written, and a worker killed
+mid-shard is restarted by Ray and redoes it. Workers read the inputs themselves, so every node
+must see the input and output paths (docs/scaling.md). Ray is imported lazily.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from flowcore import defaults
+from flowcore._fs import atomic_write, atomic_write_json
+from flowcore.batch.core import (
+    CalibrationSummary,
+    InputChangedError,
+    JobSpec,
+    calibrate_chunk,
+    check_identity,
+    chunk_of_values,
+    default_chunk_rows,
+    encode_with,
+    load_calibrator,
+    load_encoder,
+    manifest,
+    normalized,
+)
+from flowcore.batch.interrupts import JobInterrupted, StopSignals
+from flowcore.batch.lock import OutputLock
+from flowcore.batch.outputs import VECTOR_COLUMN, ParquetOutput, RejectsLog
+from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed
+from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
+from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
+from flowcore.runtime import job_threads, use_threads_in_this_process
+
+__all__ = ["JOB_FORMAT", "JOB_VERSION", "REJECT_COLUMN", "Calibrate", "ShardsFailedError", "calibrate_ray",
+           "input_files", "moments", "shard_starts"]
+
+JOB_FORMAT = "flowcore-ray-job"
+JOB_VERSION = 2
+"""`OUT/job.json`, the Ray job's record: its identity, kept after the job finishes."""
+REJECT_COLUMN = "reject"
+"""`Calibrate`'s reject column: the reason a row was rejected, "" for a calibrated row."""
+SCAN_BLOCK_BYTES = 1 << 23
+_ERROR_LINE = re.compile(r"^(flowcore\.batch\.ray\.)?ShardError: ")
+
+
+def _before_shard_write(shard: int) -> None:
+    """Called in a worker before a shard's vectors are written. Does nothing: the seam
+    fault-injection tests replace (the driver hands its current value to the workers)."""
+
+
+class ShardsFailedError(ValueError):
+    """A Ray job stopped before every shard was written; the shards already written are kept."""
+
+
+class ShardError(RuntimeError):
+    """A worker could not write a shard: the shard, its input rows and the cause, in one line."""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is an optional extra
+        raise ImportError("the Ray engine needs Ray Data: pip install 'flowcore[ray]'") from None
+    return ray
+
+
+class Calibrate:
+    """`ds.map_batches(Calibrate, fn_constructor_kwargs={...}, concurrency=N, batch_format="numpy")`:
+    calibrate a Ray Dataset's text (or stored vectors) with a calibration file, one actor per
+    model copy. Each batch gets `output_column` (float32, (rows, dim)) and `reject` (the reason,
+    "" for a calibrated row); a row the local job would reject is rejected alike, a NaN row.
+
+    Args:
+        flow: a calibration file written by `flowcore fit`.
+        text_column: the column holding sentences (text input).
+        vector_column: the column holding stored vectors instead (a (rows, dim) tensor column or
+            one array per row); None: text input.
+        output_column: the column the calibrated vectors go to.
+        model: the encoder for text (default: the one the flow records; another is refused).
+        pooling: the pooling for text (default: the flow's).
+        batch_size: the encoder's batch size.
+        quantize: "int8" for the encoder's int8 CPU mode (`Encoder(quantize=...)`).
+        normalize: scale calibrated vectors to unit length.
+        threads: torch CPU threads per actor (default 1: the local job's text results).
+        device: torch device for the encoder and the flow, e.g. "cuda" with `num_gpus=1`.
+
+    Example:
+        >>> ds = ray.data.read_parquet("corpus/")
+        >>> ds = ds.map_batches(flowcore.ray.Calibrate, fn_constructor_kwargs={"flow": "model.flow"},
+        ...                     concurrency=4, batch_size=1024, batch_format="numpy")
+        >>> ds.write_parquet("calibrated/")
+    """
+
+    def __init__(self, flow: str | os.PathLike, text_column: str = "text", vector_column: str | None = None,
+                 output_column: str = VECTOR_COLUMN, model: str | None = None, pooling: str | None = None,
+                 batch_size: int = defaults.BATCH_SIZE, normalize: bool = False, threads: int | None = None,
+                 device=None, quantize: str | None = None):
+        self.threads = threads or job_threads(vector_column is None, actor=True)
+        use_threads_in_this_process(self.threads)  # float results depend on the count
+        self.calibrator = load_calibrator(flow, device=device)
+        self.column, self.text = vector_column or text_column, vector_column is None
+        self.output_column = output_column
+        self.encode = None
+        if self.text:
+            encoder = load_encoder(self.calibrator, model, pooling, quantize, self.threads, device)
+            self.encode = encode_with(encoder, batch_size)
+        self.transform = normalized(self.calibrator.transform) if normalize else self.calibrator.transform
+
+    def _calibrated(self, chunk: Chunk) -> CalibratedChunk:
+        return calibrate_chunk(chunk, self.transform, self.calibrator.dim, self.encode, self.calibrator.output_dim)
+
+    def __call__(self, batch: dict) -> dict:
+        chunk = chunk_of_values(batch[self.column], self.column, None if self.text else self.calibrator.dim)
+        calibrated = self._calibrated(chunk)
+        reasons = np.full(chunk.rows, "", dtype=object)
+        for reject in calibrated.rejects:
+            reasons[reject.row] = reject.reason
+        return {**batch, self.output_column: calibrated.vectors, REJECT_COLUMN: reasons}
+
+
+def input_files(pattern: str | os.PathLike, formats: dict[str, str]) -> list[Path]:
+    """The files an input names, sorted: a file, a folder (every file below it with a suffix in
+    `formats`) or a glob (`corpus/*.jsonl`, `**` allowed). Error naming the input if none match."""
+    path = Path(pattern)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in formats)
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(pattern), recursive=True) if Path(p).is_file())
+    if not files:
+        raise FileNotFoundError(f"no input files match {pattern} (expected {', '.join(sorted(formats))} files)")
+    return files
+
+
+def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Position]:
+    """Where each chunk of `chunk_rows` rows of `source` starts, as the job's reader would reach
+    it: row numbers for .npy and parquet; for txt and jsonl (a row per line) one fast pass
+    counting newlines; for csv (quoted fields may span lines) one parsing pass."""
+    rows = source.rows
+    if source.kind == "embeddings" or source.format == "parquet":
+        return [Position(row) for row in range(0, rows, chunk_rows)]
+    if source.format == "csv":
+        starts = [Position()]
+        for entry, end in source.entries():
+            if end.row % chunk_rows == 0 and end.row < rows:
+                starts.append(end)
+        return starts
+    starts, seen, offset = [Position()], 0, 0
+    with open(source.path, "rb") as handle:
+        while block := handle.read(SCAN_BLOCK_BYTES):
+            newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+            lines = seen + 1 + np.arange(len(newlines))  # the line each newline ends
+            for index in np.flatnonzero(lines % chunk_rows == 0):
+                if int(lines[index]) < rows:
+                    starts.append(Position(int(lines[index]), offset + int(newlines[index]) + 1, int(lines[index])))
+            seen += len(newlines)
+            offset += len(block)
+    return starts
+
+
+@dataclass
+class _Shard:
+    """One shard: rows [row_start, row_start + rows) of input file `file`, written as `index`."""
+
+    index: int
+    file: int
+    start: Position
+    rows: int
+    global_row: int
+
+
+def _shard_path(folder: Path, index: int) -> Path:
+    return folder / f"part-{index:08d}.parquet"
+
+
+def _rejects_path(folder: Path, index: int) -> Path:
+    return folder / f"part-{index:08d}.rejects.jsonl"
+
+
+class _ShardWriter:
+    """The engine's actor: a `Calibrate` (the calibration and encoder, loaded once) that reads,
+    calibrates and writes whole shards (by index into `shards`) through flowcore's own readers and writer."""
+
+    def __init__(self, spec: JobSpec, files: list[dict], shards: list[_Shard], out: str, device, before_write):
+        self.spec, self.files, self.shards, self.before_write = spec, files, shards, before_write
+        self.calibrate = Calibrate(spec.flow, vector_column=spec.vector_field if spec.kind == "embeddings" else None,
+                                   model=spec.model, pooling=spec.pooling, batch_size=spec.batch_size, device=device,
+                                   normalize=spec.normalize, threads=spec.threads, quantize=spec.quantize)
+        self.folder = Path(out) / "shards"
+        self._sources: dict[int, TextCorpus | EmbeddingFile] = {}
+
+    def __call__(self, batch: dict) -> dict:
+        shards = [self.shards[index] for index in batch["shard"]]
+        for shard in shards:
+            try:
+                self._write(shard)
+            except Exception as error:
+                where = f"{self.files[shard.file]['path']} rows {shard.start.row}-{shard.start.row + shard.rows - 1}"
+                detail = " ".join(str(error).split())
+                raise ShardError(f"shard {shard.index} ({where}): {type(error).__name__}: {detail}") from error
+        return {"rows": np.array([shard.rows for shard in shards])}
+
+    def _write(self, shard: _Shard) -> None:
+        """Read, calibrate and write one shard: its rejects first, then its parquet file (atomically)."""
+        if shard.file not in self._sources:
+            self._sources[shard.file] = self.spec.open(self.files[shard.file]["path"])
+        source = self._sources[shard.file]
+        chunk = next(source.chunks(self.spec.chunk_rows, shard.start))
+        calibrated = self.calibrate._calibrated(chunk)
+        changed = file_changed(self.files[shard.file])
+        if chunk.rows != shard.rows:
+            changed = changed or f"shard {shard.index} has {chunk.rows} rows, expected {shard.rows}"
+        if changed is not None:
+            raise InputChangedError(f"{source.path} changed while the job read it ({changed}); "
+                                    "add --restart to start over")
+        shift = shard.global_row - calibrated.row_start
+        calibrated = replace(calibrated, index=shard.index, row_start=shard.global_row,
+                             rejects=[replace(reject, row=reject.row + shift) for reject in calibrated.rejects])
+        log = RejectsLog(_rejects_path(self.folder, shard.index))
+        log.open(None)
+        log.append(calibrated.rejects)
+        log.finish()
+        self.before_write(shard.index)
+        output = ParquetOutput(self.folder / "vectors.parquet", shard.rows, self.calibrate.calibrator.output_dim,
+                               with_ids=source.id_field is not None,
+                               vector_column=self.spec.vector_column or VECTOR_COLUMN,
+                               meta_types=source.meta_types() if source.keep_columns else (),
+                               parts=self.folder)  # shard files are the output's part files
+        output.write(calibrated)
+        output.sync()
+
+
+def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, address: str | None = None,
+                  num_workers: int | None = None, gpus_per_worker: float = 0, restart: bool = False,
+                  progress: bool = True, **options) -> CalibrationSummary:
+    """Calibrate a file, folder or glob of text (`input`) or stored vectors (`embeddings`) on Ray
+    into the folder `out`: parquet shards, `rejects.jsonl` and `manifest.json` (the module docstring).
+
+    Rows and vectors are the local job's on each file by itself (byte-identical on CPU with the
+    same chunks, threads and batch size); ids are the `id_field` values or the row number over
+    the files in sorted order. Like the local job it holds a lock (`OUT/job.lock`), refuses a
+    changed job, stops when an input changes under a worker, and stops on SIGINT/SIGTERM once the
+    shards in flight are written (`JobInterrupted`). It has no free-space check: parquet sizes
+    are not known in advance (as for the local job's parquet output); a failed write names its shard.
+
+    Args:
+        flow_path: a calibration file from `flowcore fit`.
+        out: the output folder (created).
+        address: a running Ray cluster ("auto", "ray://host:10001"); None starts a local one,
+            or uses the Ray session already initialised in this process.
+        num_workers: actors (model copies); default: one per CPU (per GPU with `gpus_per_worker`).
+        gpus_per_worker: GPUs per actor (0: CPU).
+        restart: ignore the shards of an earlier run and start over.
+        progress: show Ray Data's progress bars.
+        **options: the job, as `flowcore.batch.core.JobSpec` takes it; `input` and
+            `embeddings` may name a file, a folder or a glob.
+
+    Example:
+        >>> calibrate_ray("model.flow", "vectors/", input="corpus/*.jsonl", id_field="id", num_workers=8)
+    """
+    ray = _ray()
+    spec = JobSpec(flow_path, actor=True, **options)
+    if num_workers is not None and num_workers < 1:
+        raise ValueError(f"--num-workers must be at least 1, got {num_workers}")
+    if gpus_per_worker < 0:
+        raise ValueError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}")
+    if gpus_per_worker and spec.quantize is not None:
+        raise ValueError("--quantize is a CPU mode (ONNX Runtime); drop it with --gpus-per-worker")
+    files = input_files(spec.path, TEXT_FORMATS if spec.kind == "text" else EMBEDDING_FORMATS)
+    out = Path(out)
+    if out.suffix.lower() == ".npy" or out.is_file():
+        raise ValueError(f"{out}: the Ray engine writes a folder (parquet shards, rejects.jsonl, manifest.json); "
+                         "give --out a folder name")
+    if any(out.resolve() in path.resolve().parents for path in files):
+        raise ValueError(f"the output folder {out} holds the input; choose another --out")
+    calibrator, sources, encoder = spec.prepare(files)
+    spec.chunk_rows = spec.chunk_rows or default_chunk_rows(sources[0], calibrator.dim)  # what the actors cut
+    inputs = [source.identity() for source in sources]
+    identity = {"format": JOB_FORMAT, "version": JOB_VERSION, "input": {"files": inputs},
+                "output": {"path": str(out.resolve()), "vector_column": spec.vector_column or VECTOR_COLUMN},
+                "dim": calibrator.dim, "chunk_rows": spec.chunk_rows, "normalize": spec.normalize,
+                "threads": spec.threads, **spec.identity(encoder)}
+    out.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out, out / "job.lock") as lock:
+        folder, job_path = out / "shards", out / "job.json"
+        if job_path.exists() and not restart:
+            check_identity(json.loads(job_path.read_text(encoding="utf-8")), identity, job_path, spec.path)
+        elif folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(exist_ok=True)
+        atomic_write_json(job_path, identity, indent=1)
+
+        shards, global_row = [], 0
+        for file, source in enumerate(sources):
+            for start in shard_starts(source, spec.chunk_rows):
+                rows = min(spec.chunk_rows, source.rows - start.row)
+                shards.append(_Shard(len(shards), file, start, rows, global_row + start.row))
+            global_row += source.rows
+        pending = [shard for shard in shards if not _shard_path(folder, shard.index).is_file()]
+        started = time.perf_counter()
+        if pending:
+            _run_shards(ray, spec, inputs, shards, pending, out, address, num_workers, gpus_per_worker, progress)
+        written = [shard for shard in pending if _shard_path(folder, shard.index).is_file()]
+        missing = [shard.index for shard in shards if not _shard_path(folder, shard.index).is_file()]
+        if missing:
+            raise ShardsFailedError(f"{len(missing)} shard(s) were not written (first: {missing[0]}); rerun the same "
+                                    "command to write them")
+        seconds = time.perf_counter() - started
+        for leftover in [*folder.glob(".*"), *folder.glob("*.partial")]:  # writes cut short by a killed worker
+            leftover.unlink(missing_ok=True)
+        rejects = _join_rejects(out, folder, shards, [input["path"] for input in inputs])
+        described = manifest(
+            file="shards", parquet=_shard_path(folder, 0), rows=global_row, rejects=rejects,
+            rejects_file="rejects.jsonl", dim=calibrator.output_dim, normalized=spec.normalize,
+            id_field=spec.id_field, vector_column=spec.vector_column or VECTOR_COLUMN, kept_columns=spec.keep_columns,
+            input={"kind": spec.kind, "files": inputs}, description=spec.describe(calibrator, encoder),
+            threads=spec.threads, chunk_rows=spec.chunk_rows, versions={"job": JOB_VERSION},
+            id_source="row number (files in sorted order)")
+        described["shards"] = [{"file": f"shards/{_shard_path(folder, shard.index).name}",
+                                "input": inputs[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
+                                "first_id_row": shard.global_row} for shard in shards]
+        described["resume_granularity"] = "one shard"
+        atomic_write_json(out / "manifest.json", described, indent=1)
+    rows_this_run = sum(shard.rows for shard in written)
+    return CalibrationSummary(global_row, rejects, seconds, rows_this_run, global_row - rows_this_run, folder,
+                              out / "rejects.jsonl", out / "manifest.json", lock.took_over, len(shards), len(written))
+
+
+def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
+                address, num_workers, gpus_per_worker, progress: bool) -> None:
+    """Write `pending` shards on an actor pool of the cluster at `address` (or the running one);
+    the first SIGINT/SIGTERM stops it once the shards in flight are written (`JobInterrupted`)."""
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=progress)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = progress
+    resources = ray.cluster_resources()
+    if num_workers is None:
+        per_worker = gpus_per_worker or 1
+        available = resources.get("GPU", 0) if gpus_per_worker else resources.get("CPU", 1)
+        num_workers = max(1, int(available // per_worker))
+    num_workers = min(num_workers, len(pending))
+    dataset = ray.data.from_items([{"shard": shard.index} for shard in pending], override_num_blocks=len(pending))
+    resources_per_worker = {"num_cpus": spec.threads, **({"num_gpus": gpus_per_worker} if gpus_per_worker else {})}
+    writer = {"spec": spec, "files": inputs, "shards": shards, "out": str(out),
+              "device": "cuda" if gpus_per_worker > 0 else None, "before_write": _before_shard_write}
+    dataset = dataset.map_batches(_ShardWriter, fn_constructor_kwargs=writer, batch_size=1, batch_format="numpy",
+                                  concurrency=num_workers, **resources_per_worker)
+    done = 0
+    try:
+        with StopSignals() as stop:
+            for batch in dataset.iter_batches(batch_size=None):
+                done += int(batch["rows"].sum())
+                if stop.requested:
+                    break
+    except Exception as error:  # a worker's error reaches the driver as text inside Ray's: one line for the user
+        reasons = [line.strip() for line in str(error).splitlines() if _ERROR_LINE.match(line.strip())]
+        reason = reasons[-1] if reasons else f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        raise ShardsFailedError(f"the Ray job stopped: {reason}; the shards already written are kept: rerun the "
+                                "same command to finish") from None
+    if stop.requested and done < sum(shard.rows for shard in pending):
+        raise JobInterrupted(done, stop.signum)
+
+
+def _join_rejects(out: Path, folder: Path, shards: list[_Shard], inputs: list[str]) -> dict[str, int]:
+    """`OUT/rejects.jsonl`: every shard's rejects in row order, each naming its input file; the counts by reason."""
+    counts: dict[str, int] = {}
+    lines = []
+    for shard in shards:
+        with open(_rejects_path(folder, shard.index), encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                counts[record["reason"]] = counts.get(record["reason"], 0) + 1
+                lines.append(json.dumps({**record, "file": inputs[shard.file]}, ensure_ascii=False))
+    payload = "".join(line + "\n" for line in lines).encode("utf-8")
+    atomic_write(out / "rejects.jsonl", lambda stream: stream.write(payload))
+    return dict(sorted(counts.items()))
+
+
+def _batch_moments(batch: dict, column: str) -> dict:
+    from flowcore.calibration.moments import Moments
+
+    values = np.asarray(np.stack(list(batch[column])) if batch[column].dtype == object else batch[column])
+    moments = Moments.of(values)
+    return {"count": np.array([moments.count]), "mean": moments.mean[None], "comoment": moments.comoment[None]}
+
+
+def moments(dataset, column: str = VECTOR_COLUMN):
+    """The float64 `Moments` (count, mean, co-moment) of a Ray Dataset's vector column, each
+    block summarised where it lives and merged pairwise on the driver (O(d²) memory), e.g.
+    `Whitening.from_moments(flowcore.ray.moments(ds))` for BERT-whitening of a distributed corpus.
+
+    Args:
+        dataset: a `ray.data.Dataset` with a (rows, d) tensor column or one array per row.
+        column: the vector column.
+
+    Example:
+        >>> whitening = flowcore.Whitening.from_moments(flowcore.ray.moments(ds, "embedding"), dim=256)
+    """
+    from flowcore.calibration.moments import Moments, MomentsAccumulator
+
+    accumulator = MomentsAccumulator()
+    partial = dataset.map_batches(_batch_moments, fn_kwargs={"column": column}, batch_format="numpy",
+                                  batch_size=65536)
+    for batch in partial.iter_batches(batch_size=None, batch_format="numpy"):
+        for count, mean, comoment in zip(batch["count"], batch["mean"], batch["comoment"]):
+            accumulator.add_moments(Moments(int(count), np.asarray(mean), np.asarray(comoment)))
+    return accumulator.total()

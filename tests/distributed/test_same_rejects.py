@@ -1,0 +1,125 @@
+"""What the local job rejects, the Ray engine (`calibrate_ray`) and `flowcore.ray.Calibrate` reject
+the same way: the same hostile rows (empty, missing and non-text text, a lone surrogate; a
+missing, wrong-width or NaN vector, a finite vector the flow maps to NaN) give each engine the
+same reasons row by row, and the same vectors for the good rows. Rows only a Ray Dataset can
+hold (a string or a list of strings where a vector belongs) are rejects there, never a crash."""
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flowcore import Encoder, FlowCalibrator
+from flowcore.batch.job import calibrate_file
+from flowcore.batch.rows import (
+    EMPTY_TEXT,
+    INVALID_UTF8,
+    MISSING_TEXT,
+    MISSING_VECTOR,
+    NON_FINITE,
+    NON_FINITE_OUTPUT,
+    NOT_A_VECTOR,
+    WRONG_WIDTH,
+)
+from flowcore.ray import Calibrate, calibrate_ray
+
+from helpers.tiny_models import save_tiny_bert
+
+DIM = 8
+WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree".split()
+ENGINES = ["local", "ray", "Calibrate"]
+
+GOOD = np.random.default_rng(5).normal(size=(2, DIM)).tolist()
+VECTORS = [GOOD[0], None, [1.0] * (DIM - 1), [np.nan] + [0.0] * (DIM - 1), [None] + [0.0] * (DIM - 1),
+           [3.0e38] * DIM, [1e39] + [0.0] * (DIM - 1), GOOD[1]]
+VECTOR_REASONS = {1: MISSING_VECTOR, 2: WRONG_WIDTH, 3: NON_FINITE, 4: NON_FINITE, 5: NON_FINITE_OUTPUT, 6: NON_FINITE}
+NOT_VECTORS = ["abc", ["a"] * DIM, [True] * DIM]  # only a Ray Dataset can hold these where vectors belong
+
+ABSENT = object()
+TEXTS = ["the cat sat", "", "   ", None, 5, "\ud800 dog", "a dog ran", {"k": 1}, ABSENT, "big red house"]
+TEXT_REASONS = {1: EMPTY_TEXT, 2: EMPTY_TEXT, 3: MISSING_TEXT, 4: MISSING_TEXT, 5: INVALID_UTF8, 7: MISSING_TEXT,
+                8: MISSING_TEXT}
+
+
+@pytest.fixture(scope="module")
+def vector_flow(tmp_path_factory):
+    path = tmp_path_factory.mktemp("flow") / "model.flow"
+    rng = np.random.default_rng(0)
+    FlowCalibrator(seed=0, epochs=1).fit(rng.normal(size=(256, DIM)).astype(np.float32), progress=False).save(path)
+    assert not np.isfinite(FlowCalibrator.load(path).transform(np.full((1, DIM), 3.0e38, np.float32))).any()
+    return path
+
+
+@pytest.fixture(scope="module")
+def text_flow(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("text-flow")
+    encoder = Encoder(model=save_tiny_bert(folder / "bert", WORDS, hidden_size=16, num_layers=2), pooling="mean")
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 10))) for _ in range(256)]
+    FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), progress=False, encoder=encoder).save(
+        folder / "text.flow")
+    return folder / "text.flow"
+
+
+def _matrix(column) -> np.ndarray:
+    values = column.combine_chunks()
+    matrix = np.full((len(values), values.type.list_size), np.nan, dtype=np.float32)
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    matrix[valid] = values.filter(values.is_valid()).flatten().to_numpy().reshape(-1, values.type.list_size)
+    return matrix
+
+
+def calibrate_with(engine: str, request, tmp_path, flow, column: str, values: list, path) -> tuple[dict, np.ndarray]:
+    """Run `engine` over rows whose `column` holds `values` (the file engines read them from
+    `path`); returns ({row: reason} of the rejects, the calibrated vectors)."""
+    if engine == "local":
+        out = tmp_path / "out.parquet"
+        calibrate_file(flow, out, **{"input" if column == "text" else "embeddings": path}, chunk_rows=4, threads=1,
+                       progress=False)
+        rejects = [json.loads(line) for line in open(f"{out}.rejects.jsonl", encoding="utf-8")]
+        return {r["row"]: r["reason"] for r in rejects}, _matrix(pq.read_table(out).column("embedding"))
+    ray = request.getfixturevalue("ray_session")
+    if engine == "ray":
+        out = tmp_path / "out"
+        calibrate_ray(flow, out, **{"input" if column == "text" else "embeddings": str(path)}, chunk_rows=4,
+                      threads=1, num_workers=1, progress=False)
+        rejects = [json.loads(line) for line in open(out / "rejects.jsonl", encoding="utf-8")]
+        tables = [pq.read_table(shard) for shard in sorted((out / "shards").glob("part-*.parquet"))]
+        return {r["row"]: r["reason"] for r in rejects}, _matrix(pa.concat_tables(tables).column("embedding"))
+    items = [{"id": row, **({} if value is ABSENT else {column: value})} for row, value in enumerate(values)]
+    options = {"flow": str(flow), **({"vector_column": column} if column != "text" else {})}
+    rows = ray.data.from_items(items, override_num_blocks=1).map_batches(
+        Calibrate, fn_constructor_kwargs=options, concurrency=1, batch_size=64, batch_format="numpy").take_all()
+    rows = sorted(rows, key=lambda row: row["id"])
+    assert [row["id"] for row in rows] == list(range(len(values)))  # nothing dropped
+    return ({row["id"]: row["reject"] for row in rows if row["reject"]},
+            np.stack([np.asarray(row["embedding"], dtype=np.float32) for row in rows]))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_hostile_vectors_are_rejected_alike_by_every_engine(engine, request, tmp_path, vector_flow):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"embedding": pa.array(VECTORS, pa.list_(pa.float64()))}), path)
+    values = VECTORS + (NOT_VECTORS if engine == "Calibrate" else [])
+    reasons, vectors = calibrate_with(engine, request, tmp_path, vector_flow, "embedding", values, path)
+    expected = {**VECTOR_REASONS, **{len(VECTORS) + i: NOT_A_VECTOR for i in range(len(values) - len(VECTORS))}}
+    assert reasons == expected
+    assert np.isnan(vectors[sorted(expected)]).all()
+    reference = FlowCalibrator.load(vector_flow).transform(np.array(GOOD, dtype=np.float32))
+    np.testing.assert_allclose(vectors[[0, 7]], reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_hostile_texts_are_rejected_alike_by_every_engine(engine, request, tmp_path, text_flow):
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({} if text is ABSENT else {"text": text}) + "\n" for text in TEXTS))
+    reasons, vectors = calibrate_with(engine, request, tmp_path, text_flow, "text", TEXTS, path)
+    assert reasons == TEXT_REASONS
+    good = [row for row in range(len(TEXTS)) if row not in TEXT_REASONS]
+    assert np.isnan(vectors[sorted(TEXT_REASONS)]).all() and np.isfinite(vectors[good]).all()
+    local = tmp_path / "local.parquet"
+    if engine != "local":  # the local job's vectors, to compare with
+        calibrate_file(text_flow, local, input=path, chunk_rows=4, threads=1, progress=False)
+        np.testing.assert_allclose(vectors[good], _matrix(pq.read_table(local).column("embedding"))[good], rtol=1e-5,
+                                   atol=1e-6)
