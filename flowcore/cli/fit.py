@@ -47,8 +47,8 @@ def register(subparsers) -> None:
         "fit", help="fit a calibration (a flow by default) on embeddings or a text corpus",
         description="Fit a calibration without labels and save it (safetensors + JSON): a BERT-flow Glow trained "
         "by maximum likelihood (--calibration flow, the default), or whitening, zca, center, abtt or none, computed in "
-        "one pass. Any saved file is used like a flow file (flowcore sts --flow, flowcore export --flow, "
-        "flowcore.load).")
+        "one pass. Every saved file is used the same way: flowcore calibrate --calibrator, sts --calibrator, "
+        "export --calibrator, flowcore.load.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--embeddings", type=Path, help="a (rows, dim) .npy array of sentence vectors")
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")

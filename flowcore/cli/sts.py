@@ -1,6 +1,6 @@
 """`flowcore sts`: the BERT-flow experiment on the seven STS benchmarks (or on your own labelled
 pairs, `--pairs`) — frozen encoder → calibration (any of `flowcore.calibration.NAMES`, fitted
-without labels, or read from a calibrator file, `--flow`) → cosine → Spearman ×100 — printed as a
+without labels, or read from a calibrator file, `--calibrator`) → cosine → Spearman ×100 — printed as a
 paper-style markdown table, optionally saved as JSON records."""
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def register(subparsers) -> None:
                         help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (none: the raw vectors, "
                         "whitening: BERT-whitening, tempered by --whitening-power and truncated by --whitening-dim, "
                         "center: mean-centring, abtt: all-but-the-top, zca: ZCA whitening; default: "
-                        f"{DEFAULT_CALIBRATIONS}; with --flow: none and the file's calibration, the only ones "
+                        f"{DEFAULT_CALIBRATIONS}; with --calibrator: none and the file's calibration, the only ones "
                         "allowed then)")
     parser.add_argument("--datasets", default=None, type=lambda t: comma_names(t, DATASETS, "dataset"),
                         help=f"comma-separated built-in datasets (default: all of {','.join(DATASETS)})")

@@ -77,6 +77,34 @@ def test_npy_output_matches_the_in_memory_flow_and_keeps_bad_rows_as_nan(tmp_pat
     assert leftovers(tmp_path, out) == []
 
 
+@pytest.mark.parametrize("name, settings", [("whitening", {"power": 0.3, "dim": 5}), ("abtt", {"k": 2}),
+                                            ("zca", {}), ("center", {}), ("none", {})])
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+def test_any_saved_calibrator_calibrates_a_corpus_like_a_flow_file(tmp_path, name, settings, suffix):
+    """A whitening (tempered and truncated here), ABTT, ZCA, centring or identity file from
+    `flowcore fit` calibrates a corpus as a flow file does: its transform row by row, bad rows
+    kept, the output as wide as the calibrator's output, the method in the manifest."""
+    from flowcore.calibration import create, load
+
+    rng = np.random.default_rng(2)
+    fitted = create(name, **settings).fit(rng.normal(size=(300, DIM)) @ rng.normal(size=(DIM, DIM)))
+    fitted.save(tmp_path / "calibrator.flow")
+    matrix = embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
+    out = tmp_path / f"out{suffix}"
+    summary = calibrate_file(tmp_path / "calibrator.flow", out, embeddings=tmp_path / "in.npy", chunk_rows=64,
+                             progress=False)
+    result = np.load(out) if suffix == ".npy" else np.array(
+        [[np.nan] * fitted.output_dim if v is None else v for v in pq.read_table(out).column("embedding").to_pylist()],
+        dtype=np.float32)
+    good = np.setdiff1d(np.arange(200), [5, 100, 199])
+    assert result.shape == (200, fitted.output_dim) and summary.rejected == 3
+    np.testing.assert_allclose(result[good], load(tmp_path / "calibrator.flow").transform(matrix[good]), rtol=1e-6,
+                               atol=1e-6)
+    assert np.isnan(result[[5, 100, 199]]).all()
+    manifest = json.loads(Path(f"{out}.manifest.json").read_text())
+    assert manifest["calibration"]["method"] == name and manifest["dim"] == fitted.output_dim
+
+
 def test_parquet_output_holds_row_numbers_and_null_vectors_for_rejects(tmp_path, flow):
     flow_path, calibrator = flow
     matrix = embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
