@@ -248,7 +248,7 @@ def bench_calibration(check: Check) -> dict:
     rng = np.random.default_rng(0)
     sample = (rng.standard_normal((8192, DIM)) @ rng.standard_normal((DIM, DIM)) / DIM**0.5).astype(np.float32)
     path = check.out / "calibrator.flow"
-    flowcore.FlowCalibrator(epochs=1, batch_size=256, seed=0).fit(sample, progress=False).save(path)
+    flowcore.FlowCalibrator(epochs=1, batch_size=256, seed=0).fit(sample, show_progress_bar=False).save(path)
     cpu, gpu = flowcore.FlowCalibrator.load(path), flowcore.FlowCalibrator.load(path, device=DEVICE)
     path.unlink()
     X = np.empty((CALIBRATION_ROWS, DIM), dtype=np.float32)

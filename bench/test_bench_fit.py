@@ -64,7 +64,7 @@ def fit_flowcore(X: torch.Tensor, threads: int | None = None) -> tuple[float, li
 
     glow.bits_per_dim = stamped
     began = time.perf_counter()
-    (loss,) = flowcore.fit(glow, X, batch_size=32, lr=1e-3, seed=0, progress=False, threads=threads)
+    (loss,) = flowcore.fit(glow, X, batch_size=32, lr=1e-3, seed=0, show_progress_bar=False, threads=threads)
     total = time.perf_counter() - began
     return total, list(np.diff(stamps)), loss
 

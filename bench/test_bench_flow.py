@@ -44,7 +44,7 @@ def models():
     data = corpus(2048)
     torch.manual_seed(0)
     glow = flowcore.Glow.from_config(CONFIG, DIM)
-    flowcore.fit(glow, data[:1024], batch_size=512, progress=False)  # ActNorm init + two steps
+    flowcore.fit(glow, data[:1024], batch_size=512, show_progress_bar=False)  # ActNorm init + two steps
     glow.eval()
     normflows, nflows = NormflowsGlow(DIM), NflowsGlow(DIM)
     with torch.no_grad():

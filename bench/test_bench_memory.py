@@ -80,7 +80,7 @@ def test_calibrate_peak_rss_does_not_grow_with_the_input(folder):
     dim, small, large = 384, 1_000_000 // SCALE, 8_000_000 // SCALE
     flow = folder / "model.flow"
     sample = np.random.default_rng(1).normal(size=(4096, dim)).astype(np.float32)
-    FlowCalibrator(config="l2_d2_w32", epochs=1, batch_size=256, seed=0).fit(sample, progress=False).save(flow)
+    FlowCalibrator(config="l2_d2_w32", epochs=1, batch_size=256, seed=0).fit(sample, show_progress_bar=False).save(flow)
     peaks = {}
     for rows in (small, large):
         source = write_npy(folder / f"in-{rows}.npy", rows, dim)

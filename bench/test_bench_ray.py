@@ -74,9 +74,9 @@ def test_text_engine_overhead(ray_session, tmp_path, record, goal):
     corpus.write_text("".join(" ".join(rng.choice(WORDS, size=rng.integers(6, 20))) + "\n" for _ in range(SENTENCES)))
     encoder = Encoder(pooling="first-last-avg", threads=1)
     calibrator = FlowCalibrator(epochs=1, batch_size=256, seed=0)
-    calibrator.fit(encoder.encode(corpus.read_text().splitlines()[:1024]), progress=False, encoder=encoder)
+    calibrator.fit(encoder.encode(corpus.read_text().splitlines()[:1024]), show_progress_bar=False, encoder=encoder)
     calibrator.save(tmp_path / "text.flow")
-    options = dict(input=corpus, threads=1, progress=False)
+    options = dict(input=corpus, threads=1, show_progress_bar=False)
     rates = _rates(lambda: calibrate_file(tmp_path / "text.flow", tmp_path / "single.parquet", **options),
                    lambda workers: calibrate_ray(tmp_path / "text.flow", tmp_path / f"ray{workers}",
                                                  num_workers=workers, **options), SENTENCES)
@@ -90,10 +90,10 @@ def test_embeddings_engine_overhead(ray_session, tmp_path, record, goal):
     for start in range(0, ROWS, 262144):
         matrix[start:start + 262144] = rng.standard_normal((min(ROWS, start + 262144) - start, 384), dtype=np.float32)
     matrix.flush()
-    FlowCalibrator(epochs=1, batch_size=256, seed=0).fit(np.array(matrix[:4096]), progress=False).save(
+    FlowCalibrator(epochs=1, batch_size=256, seed=0).fit(np.array(matrix[:4096]), show_progress_bar=False).save(
         tmp_path / "emb.flow")
     del matrix
-    options = dict(embeddings=tmp_path / "emb.npy", threads=1, progress=False)
+    options = dict(embeddings=tmp_path / "emb.npy", threads=1, show_progress_bar=False)
     rates = _rates(lambda: calibrate_file(tmp_path / "emb.flow", tmp_path / "single.parquet", **options),
                    lambda workers: calibrate_ray(tmp_path / "emb.flow", tmp_path / f"ray{workers}",
                                                  num_workers=workers, **options), ROWS)

@@ -48,7 +48,7 @@ def embeddings_job(request, tmp_path_factory):
     data = np.random.default_rng(0).normal(size=(ROWS[dim], dim)).astype(np.float32)
     np.save(folder / "in.npy", data)
     # fitted briefly: speed, not quality, is measured
-    calibrator = FlowCalibrator(batch_size=256, seed=0).fit(data[:512], progress=False)
+    calibrator = FlowCalibrator(batch_size=256, seed=0).fit(data[:512], show_progress_bar=False)
     return dim, folder, data, calibrator
 
 
@@ -78,7 +78,7 @@ def test_streaming_npy_to_npy(benchmark, record, embeddings_job):
 
     def run():
         return CalibrationJob(EmbeddingFile(folder / "in.npy"), folder / "out.npy", calibrator.transform, dim,
-                              threads=default_threads(text=False), progress=False).run()
+                              threads=default_threads(text=False), show_progress_bar=False).run()
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     median = record(f"calibrate-npy-d{dim}", "streaming npy->npy")
@@ -94,7 +94,7 @@ def text_job(tmp_path_factory):
     sentences = [" ".join(rng.choice(WORDS, size=rng.integers(5, 25))) for _ in range(SENTENCES)]
     (folder / "corpus.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
     encoder = Encoder()
-    calibrator = FlowCalibrator(batch_size=256, seed=0).fit(encoder.encode(sentences[:512]), progress=False)
+    calibrator = FlowCalibrator(batch_size=256, seed=0).fit(encoder.encode(sentences[:512]), show_progress_bar=False)
     return folder, sentences, encoder, calibrator
 
 
@@ -124,7 +124,8 @@ def test_streaming_text_to_npy(benchmark, record, text_job):
 
     def run():  # the job's default for text: 1 thread (bit-reproducible resume)
         return CalibrationJob(TextCorpus(folder / "corpus.txt"), folder / "out.npy", calibrator.transform,
-                              calibrator.dim, encode=encode, threads=default_threads(text=True), progress=False).run()
+                              calibrator.dim, encode=encode, threads=default_threads(text=True),
+                                                                                     show_progress_bar=False).run()
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     median = record("calibrate-text", "streaming txt->npy, 1 thread")
@@ -157,7 +158,7 @@ def test_streaming_npy_to_npy_with_one_busy_core(record, goal, embeddings_job):
         pytest.skip("needs the idle run (test_streaming_npy_to_npy) first")
     seconds = _loaded_seconds(lambda: CalibrationJob(EmbeddingFile(folder / "in.npy"), folder / "out.npy",
                                                      calibrator.transform, dim, threads=default_threads(text=False),
-                                                     progress=False).run())
+                                                     show_progress_bar=False).run())
     record(f"calibrate-npy-d{dim}", "streaming npy->npy, one busy core", median=seconds)
     goal(f"calibrate npy d={dim}, one busy core: loaded / idle", seconds / IDLE[f"npy-d{dim}"], 1.6, at_most=True,
          how=f"{seconds:.2f} s / {IDLE[f'npy-d{dim}']:.2f} s, {len(data)} rows")
@@ -171,7 +172,7 @@ def test_streaming_text_to_npy_with_one_busy_core(record, goal, text_job):
     def run():
         return CalibrationJob(TextCorpus(folder / "corpus.txt"), folder / "out.npy", calibrator.transform,
                               calibrator.dim, encode=lambda texts: encoder.encode(texts, show_progress_bar=False),
-                              threads=default_threads(text=True), progress=False).run()
+                              threads=default_threads(text=True), show_progress_bar=False).run()
 
     seconds = _loaded_seconds(run)
     record("calibrate-text", "streaming txt->npy, one busy core", median=seconds)

@@ -110,3 +110,14 @@ def test_side_by_side_runs_every_item_and_raises_the_first_failure(workers):
         side_by_side(workers, failing, range(200))
     assert len(started) < 200, "the items not started yet are dropped"
 
+
+
+def test_progress_bars_show_on_a_terminal_unless_told(monkeypatch):
+    import sys
+
+    from flowcore._progress import progress_wanted
+
+    for terminal in (True, False):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda terminal=terminal: terminal)
+        assert progress_wanted(None) is terminal
+        assert progress_wanted(True) is True and progress_wanted(False) is False

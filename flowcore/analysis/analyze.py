@@ -105,7 +105,7 @@ def analyze(
         if sentences is None:
             raise ValueError("nothing to analyse: pass vectors or sentences")
         say(f"embedding {len(sentences)} corpus sentences with {encoder.model_id} ({encoder.pooling} pooling)")
-        vectors = cache.embed(encoder, sentences, batch_size, progress=progress is not None)
+        vectors = cache.embed(encoder, sentences, batch_size, show_progress_bar=progress is not None)
     check_matrix(vectors, min_rows=2, name="the corpus vectors")  # one clear error naming the bad rows, up front
     distinct = len(set(sentences)) if sentences is not None else len(vectors)
     fitted = [name for name in calibrations if name != "none"]
@@ -120,13 +120,13 @@ def analyze(
     pair_vectors = []
     for given in pairs:
         say(f"{given.dataset}: embedding {len(given)} pairs")
-        pair_vectors.append((cache.embed(encoder, given.sentences1, batch_size, progress=False),
-                             cache.embed(encoder, given.sentences2, batch_size, progress=False)))
+        pair_vectors.append((cache.embed(encoder, given.sentences1, batch_size, show_progress_bar=False),
+                             cache.embed(encoder, given.sentences2, batch_size, show_progress_bar=False)))
     similarities: list[dict[str, np.ndarray]] = [{} for _ in pairs]
     for name in calibrations:
         started = time.perf_counter()
         try:
-            calibrator = build_calibrator(name, settings, progress=False)
+            calibrator = build_calibrator(name, settings, show_progress_bar=False)
             if name != "none":
                 say(f"fitting {name} on {len(vectors)} {corpus_name} vectors")
                 calibrator.fit(vectors)

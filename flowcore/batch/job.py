@@ -40,6 +40,7 @@ from flowcore._fs import (
     remove_temporaries,
     write_error,
 )
+from flowcore._progress import progress_wanted
 from flowcore.batch.core import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -178,7 +179,7 @@ class CalibrationJob:
             encoder and the calibration that made the vectors.
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
         restart: ignore an unfinished earlier run and start over.
-        progress: show a progress bar on stderr.
+        show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
         threads: when given, fixes torch's CPU thread count for the run; part of the identity,
             since float results depend on it.
         handle_signals: (main thread only) the first SIGINT/SIGTERM stops the job at the next
@@ -192,7 +193,7 @@ class CalibrationJob:
     def __init__(self, source: TextCorpus | EmbeddingFile, out: str | os.PathLike,
                  transform: Callable[[np.ndarray], np.ndarray], dim: int,
                  encode: Callable[[list[str]], np.ndarray] | None = None, identity: dict | None = None,
-                 chunk_rows: int | None = None, restart: bool = False, progress: bool = True,
+                 chunk_rows: int | None = None, restart: bool = False, show_progress_bar: bool | None = None,
                  threads: int | None = None, normalize: bool = False, vector_column: str | None = None,
                  description: dict | None = None, handle_signals: bool = True, output_dim: int | None = None):
         self.source, self.dim, self.encode = source, dim, encode
@@ -214,7 +215,7 @@ class CalibrationJob:
         self.chunk_rows = chunk_rows or default_chunk_rows(source, dim)
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
-        self.restart, self.progress = restart, progress
+        self.restart, self.show_progress_bar = restart, progress_wanted(show_progress_bar)
         self.handle_signals = handle_signals
         self.threads = check_threads(threads)
         self._identity = {**(identity or {}), **({"threads": threads} if threads is not None else {})}
@@ -314,7 +315,7 @@ class CalibrationJob:
         from tqdm import tqdm
 
         bar = tqdm(total=rows, initial=progress.rows, unit="rows", unit_scale=True, dynamic_ncols=True,
-                   disable=not self.progress, file=sys.stderr, desc="calibrate")
+                   disable=not self.show_progress_bar, file=sys.stderr, desc="calibrate")
 
         def write(chunk: CalibratedChunk) -> None:
             if stop.requested:  # chunks read ahead of a stop are dropped, to be redone on resume
@@ -370,7 +371,7 @@ def _check_space(path: Path, needed: int | None) -> None:
 
 
 def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, encoder=None, restart: bool = False,
-                   progress: bool = True, **options) -> CalibrationSummary:
+                   show_progress_bar: bool | None = None, **options) -> CalibrationSummary:
     """Calibrate a text corpus or stored embeddings with the calibration file at `flow_path`
     into `out` (.npy or .parquet), resumably, and describe the result in `OUT.manifest.json`.
     Anything the calibration was not fitted for is refused before work starts.
@@ -381,7 +382,7 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
         encoder: (text) an `Encoder` to use as it is, instead of the one `options` name (its
             model and pooling are still checked against the calibration's record).
         restart: ignore an unfinished earlier run and start over.
-        progress: show a progress bar on stderr.
+        show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
         **options: the job, as `flowcore.batch.core.JobSpec` takes it: `input` or
             `embeddings`, text_field, id_field, vector_field, model, pooling, quantize,
             batch_size, chunk_rows, threads, keep_columns, vector_column, normalize.
@@ -393,7 +394,7 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
     calibrator, (source,), encoder = spec.prepare([spec.path], encoder)
     job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, spec.batch_size),
                          identity=spec.identity(encoder), chunk_rows=spec.chunk_rows, restart=restart,
-                         progress=progress, threads=spec.threads, normalize=spec.normalize,
+                         show_progress_bar=show_progress_bar, threads=spec.threads, normalize=spec.normalize,
                          vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
                          output_dim=calibrator.output_dim)
     return job.run()

@@ -25,6 +25,7 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore._fs import atomic_write, atomic_write_json
+from flowcore._progress import progress_wanted
 from flowcore.batch.core import (
     CalibrationSummary,
     InputChangedError,
@@ -249,7 +250,7 @@ class _ShardWriter:
 
 def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, address: str | None = None,
                   num_workers: int | None = None, gpus_per_worker: float = 0, restart: bool = False,
-                  progress: bool = True, **options) -> CalibrationSummary:
+                  show_progress_bar: bool | None = None, **options) -> CalibrationSummary:
     """Calibrate a file, folder or glob of text (`input`) or stored vectors (`embeddings`) on Ray
     into the folder `out`: parquet shards, `rejects.jsonl` and `manifest.json` (the module docstring).
 
@@ -268,7 +269,7 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         num_workers: actors (model copies); default: one per CPU (per GPU with `gpus_per_worker`).
         gpus_per_worker: GPUs per actor (0: CPU).
         restart: ignore the shards of an earlier run and start over.
-        progress: show Ray Data's progress bars.
+        show_progress_bar: Ray Data's progress bars; None shows them when stderr is a terminal.
         **options: the job, as `flowcore.batch.core.JobSpec` takes it; `input` and
             `embeddings` may name a file, a folder or a glob.
 
@@ -316,7 +317,8 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         pending = [shard for shard in shards if not _shard_path(folder, shard.index).is_file()]
         started = time.perf_counter()
         if pending:
-            _run_shards(ray, spec, inputs, shards, pending, out, address, num_workers, gpus_per_worker, progress)
+            _run_shards(ray, spec, inputs, shards, pending, out, address, num_workers, gpus_per_worker,
+                        progress_wanted(show_progress_bar))
         written = [shard for shard in pending if _shard_path(folder, shard.index).is_file()]
         missing = [shard.index for shard in shards if not _shard_path(folder, shard.index).is_file()]
         if missing:

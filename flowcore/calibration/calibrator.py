@@ -117,7 +117,7 @@ class FlowCalibrator(Calibrator):
             raise RuntimeError("this FlowCalibrator is not fitted yet; call .fit(X) or FlowCalibrator.load(path)")
         return self.flow
 
-    def fit(self, X, progress: bool = True, encoder=None, checkpoint=None,
+    def fit(self, X, show_progress_bar: bool | None = None, encoder=None, checkpoint=None,
             checkpoint_every: int = defaults.CHECKPOINT_EVERY, rows=None,
             threads: int | None = None) -> "FlowCalibrator":
         """Train on the rows of `X` (numpy array, memory map or tensor, at least 2 rows).
@@ -166,7 +166,8 @@ class FlowCalibrator(Calibrator):
             heldout = None if heldout is None else selected[heldout]
         selection = _HeldoutSelection(flow, data, heldout, prepare, linear_start=recipe.input == "whiten")
         self.losses = fit(flow, data, epochs=recipe.epochs, batch_size=recipe.batch_size, lr=recipe.lr,
-                          seed=self.seed, progress=progress, on_epoch=selection if heldout is not None else None,
+                          seed=self.seed, show_progress_bar=show_progress_bar,
+                          on_epoch=selection if heldout is not None else None,
                           checkpoint=checkpoint, checkpoint_every=checkpoint_every, rows=train, prepare=prepare,
                           threads=threads)
         if heldout is not None:

@@ -97,7 +97,7 @@ def job_options(args: argparse.Namespace) -> dict:
     return dict(input=args.input, embeddings=args.embeddings, text_field=args.text_field, id_field=args.id_field,
                 vector_field=args.vector_field, model=args.model, pooling=args.pooling, quantize=args.quantize,
                 batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart,
-                progress=show_progress(args), threads=args.threads, keep_columns=args.keep_columns or (),
+                show_progress_bar=show_progress(args), threads=args.threads, keep_columns=args.keep_columns or (),
                 vector_column=None if args.vector_column == defaults.VECTOR_COLUMN else args.vector_column,
                 normalize=args.normalize, **({"device": args.device} if args.device is not None else {}))
 

@@ -161,7 +161,7 @@ def _cached_corpus(args):
                             **({"max_length": encoder.max_length} if args.max_length != defaults.MAX_LENGTH else {}),
                             **({"quantize": encoder.quantize} if encoder.quantize else {})}}
     job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, defaults.BATCH_SIZE),
-                         identity=identity, restart=args.restart, progress=show_progress(args), threads=1,
+                         identity=identity, restart=args.restart, show_progress_bar=show_progress(args), threads=1,
                          description=identity)
     finished = None
     if cache.exists() and job.manifest_path.exists() and not args.restart:
@@ -281,7 +281,7 @@ def _fit_flow(args, data, rows, encoder, started: float) -> int:
     if args.restart:
         checkpoint.unlink(missing_ok=True)
     # records the encoder and pooling (None: raw embeddings)
-    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, progress=show_progress(args),
+    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, show_progress_bar=show_progress(args),
                    checkpoint_every=args.checkpoint_every or defaults.CHECKPOINT_EVERY, rows=rows, threads=args.threads)
     calibrator.save(args.out)
     checkpoint.unlink(missing_ok=True)

@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
                 _check_flow_fits(given.calibrator, encoder, args)
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
-                                settings=settings, cache=cache, batch_size=args.batch_size, progress=progress,
+                                settings=settings, cache=cache, batch_size=args.batch_size, show_progress_bar=progress,
                                 pairs=pairs, fitted=fitted, jobs=parallel_jobs(args.jobs))
     seconds = time.perf_counter() - started
     if pairs is not None:

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowcore._fs import atomic_write
+from flowcore._progress import progress_wanted
 from flowcore.runtime import check_threads, pinned_threads, training_threads
 from flowcore.validation import as_tensor, check_matrix
 
@@ -37,7 +38,7 @@ class CheckpointMismatchError(ValueError):
 
 
 def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
-        device=None, progress: bool = True, init_rows: int = 1024,
+        device=None, show_progress_bar: bool | None = None, init_rows: int = 1024,
         on_epoch: Callable[[int, float], bool | None] | None = None, *, checkpoint: str | os.PathLike | None = None,
         checkpoint_every: int = 1000, rows=None,
         prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int | None = None) -> list[float]:
@@ -69,7 +70,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         lr: Adam's learning rate (the paper's 1e-3).
         seed: seeds the batch order.
         device: move the flow there first (the data follows the flow).
-        progress: show a tqdm bar.
+        show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
         init_rows: rows used for ActNorm's data-dependent initialisation.
         on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch (1-based, its mean loss);
             a true result stops training (e.g. early stopping on held-out data).
@@ -101,11 +102,11 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     if threads is None and parameter.device.type == "cpu":
         threads = training_threads(batch_size)
     with pinned_threads(threads):
-        return _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, checkpoint,
+        return _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on_epoch, checkpoint,
                     checkpoint_every, rows, prepare, parameter)
 
 
-def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, checkpoint, checkpoint_every,
+def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on_epoch, checkpoint, checkpoint_every,
          rows, prepare, parameter) -> list[float]:
     flow_dim = getattr(flow, "dim", None)
     data = training_matrix(X, dim=flow_dim if prepare is None else None, rows=rows)
@@ -136,7 +137,7 @@ def _fit(flow, X, epochs, batch_size, lr, seed, progress, init_rows, on_epoch, c
 
 
     bar = tqdm(total=epochs * steps_per_epoch, initial=state.epoch * steps_per_epoch + state.step,
-               desc="fit flow", unit="step", disable=not progress)
+               desc="fit flow", unit="step", disable=not progress_wanted(show_progress_bar))
     try:
         for epoch in range(state.epoch, epochs if not state.finished else 0):
             flow.train()  # an on_epoch that scored held-out rows may have left it in eval mode

@@ -29,10 +29,10 @@ class FlowBaseline:
     `prewhiten` (whitening fitted first, then a flow on the raw whitened vectors; unlike the
     recipe input `whiten`, which starts the flow itself at whitening)."""
 
-    def __init__(self, flow, input: str | None = None, progress: bool = True):
+    def __init__(self, flow, input: str | None = None, show_progress_bar: bool | None = None):
         if input is not None and input not in FLOW_INPUTS:
             raise ValueError(f"unknown flow input {input!r}; choose from {', '.join(FLOW_INPUTS)}")
-        self.flow, self.input, self.progress = flow, input, progress
+        self.flow, self.input, self.show_progress_bar = flow, input, show_progress_bar
         self.whitening = None
 
     @property
@@ -53,7 +53,7 @@ class FlowBaseline:
     def fit(self, X) -> "FlowBaseline":
         if self.input == "prewhiten":
             self.whitening = create("whitening").fit(X)
-        self.flow.fit(self._prepared(X), progress=self.progress)
+        self.flow.fit(self._prepared(X), show_progress_bar=self.show_progress_bar)
         return self
 
     def transform(self, X):
@@ -77,7 +77,7 @@ class CalibrationSettings:
     device: str | None = None
 
 
-def build_calibrator(name: str, settings: CalibrationSettings, progress: bool = True):
+def build_calibrator(name: str, settings: CalibrationSettings, show_progress_bar: bool | None = None):
     """A fresh, unfitted calibrator of method `name` (`flowcore.calibration.create`) with its
     `settings`; the flow comes as a `FlowBaseline`."""
     if name == "flow":
@@ -86,7 +86,7 @@ def build_calibrator(name: str, settings: CalibrationSettings, progress: bool = 
         flow = create("flow", config=settings.flow_config, recipe=settings.flow_recipe, epochs=settings.flow_epochs,
                       batch_size=settings.flow_batch_size, lr=settings.flow_lr, seed=settings.seed,
                       device=settings.device, standardize=standardize)
-        return FlowBaseline(flow, input=settings.flow_input, progress=progress)
+        return FlowBaseline(flow, input=settings.flow_input, show_progress_bar=show_progress_bar)
     recorded = _RECORDED.get(name, {})
     return create(name, **{setting: getattr(settings, key) for key, setting in recorded.items()})
 

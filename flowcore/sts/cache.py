@@ -12,6 +12,7 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore._fs import atomic_write, atomic_write_json
+from flowcore._progress import progress_wanted
 
 __all__ = ["CACHE_ENV", "EmbeddingCache", "default_cache_dir"]
 
@@ -82,7 +83,7 @@ class EmbeddingCache:
         atomic_write_json(folder / f"{stem}.json", meta, ensure_ascii=False)
 
     def embed(self, encoder, sentences: list[str], batch_size: int = defaults.BATCH_SIZE,
-              progress: bool = True) -> np.ndarray:
+              show_progress_bar: bool | None = None) -> np.ndarray:
         """Vectors of `sentences` (rows aligned, repeats allowed), encoding only unseen ones.
 
         Args:
@@ -103,6 +104,7 @@ class EmbeddingCache:
         known = self._known(model, pooling, int(encoder.dim))
         missing = [s for s in dict.fromkeys(sentences) if s not in known]
         if missing:
+            progress = progress_wanted(show_progress_bar)
             if progress:
                 logger.info(f"encoding {len(missing)} sentences with {encoder.model_id} ({pooling} pooling)")
             vectors = np.asarray(encoder.encode(missing, batch_size=batch_size, show_progress_bar=progress),

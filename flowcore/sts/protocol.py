@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from flowcore import defaults
+from flowcore._progress import progress_wanted
 from flowcore.calibration.corpus_size import small_corpus_warning
 from flowcore.runtime import training_threads, use_threads_in_this_process
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, PreFitted, build_calibrator, settings_record
@@ -41,7 +42,7 @@ def evaluate(
     cache: EmbeddingCache | None = None,
     batch_size: int = defaults.BATCH_SIZE,
     factories: dict[str, Callable[[], object]] | None = None,
-    progress: bool = True,
+    show_progress_bar: bool | None = None,
     pairs: Iterable[STSPairs] | None = None,
     fitted: dict[str, PreFitted] | None = None,
     jobs: int = 1,
@@ -65,7 +66,8 @@ def evaluate(
         batch_size: the encoding batch size.
         factories: `{calibration name: zero-argument factory}` overriding `build_calibrator`,
             e.g. for a calibrator of your own or a stand-in.
-        progress: log progress (INFO on the `flowcore.sts` loggers) and show the encoder's progress bar.
+        show_progress_bar: the encoder's and the flow's progress bars, and progress lines as INFO
+            messages of the `flowcore.sts` loggers; None: when stderr is a terminal.
         pairs: labelled pairs of your own (e.g. `flowcore.sts.pairs.load_pairs`), evaluated instead
             of `datasets` (then `data_dir` is not read); "target" fits on each one's own sentences.
         fitted: `{calibration name: PreFitted}`, calibrators already fitted (e.g. a flow file,
@@ -87,6 +89,7 @@ def evaluate(
         `pairs` also pairs_file and skipped_lines; for `fitted` ones fit_corpus (the source) and
         their recorded settings.
     """
+    progress = progress_wanted(show_progress_bar)
     calibrations = list(calibrations)
     for name in calibrations:
         if name not in CALIBRATIONS:

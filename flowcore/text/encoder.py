@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowcore import defaults
+from flowcore._progress import progress_wanted
 from flowcore._vectors import unit_rows
 from flowcore.runtime import check_threads, encoder_threads, pinned_threads, side_by_side
 from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
@@ -36,7 +37,7 @@ __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "DEFAULT
 
 DEFAULT_BATCH_SIZE = defaults.BATCH_SIZE
 DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
-PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None shows a bar from this many distinct texts
+PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None: a bar on a terminal, from this many distinct texts
 _TOKENIZE_WINDOW = 20_000  # texts tokenized, sorted and encoded together (bounds host memory)
 CHARACTERS_PER_TOKEN = 64
 """Texts are cut to max_length x this many characters (at the last whitespace before the cut)
@@ -140,7 +141,8 @@ class Encoder:
         Args:
             sentences: a list of str (repeats are encoded once).
             batch_size: at most this many sentences per forward pass.
-            show_progress_bar: a tqdm bar; None shows one from 1000 distinct sentences.
+            show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal and
+                there are at least 1000 distinct sentences.
             normalize: scale rows to unit length (norm 1 within ~1e-7; an all-zero row stays zero).
             max_tokens: at most this many padded tokens per forward pass.
 
@@ -172,7 +174,7 @@ class Encoder:
         vectors = np.empty((len(distinct), self.dim), dtype=np.float32)
         truncated = np.zeros(len(distinct), dtype=bool)
         if show_progress_bar is None:
-            show_progress_bar = len(distinct) >= PROGRESS_MIN_SENTENCES
+            show_progress_bar = progress_wanted(None) and len(distinct) >= PROGRESS_MIN_SENTENCES
         threads, workers = None, 1
         if self.device.type == "cpu":  # n threads: n batches side by side, one torch thread each (not int8)
             threads, workers = encoder_threads(self.threads, quantized=self._quantized is not None)

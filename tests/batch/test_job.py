@@ -33,7 +33,7 @@ CLI = [sys.executable, "-m", "flowcore"]
 def flow(tmp_path_factory):
     """A small flow fitted on random 8-wide vectors, saved to a file."""
     rng = np.random.default_rng(0)
-    calibrator = FlowCalibrator(seed=0).fit(rng.normal(size=(256, DIM)).astype(np.float32), progress=False)
+    calibrator = FlowCalibrator(seed=0).fit(rng.normal(size=(256, DIM)).astype(np.float32), show_progress_bar=False)
     path = tmp_path_factory.mktemp("flow") / "model.flow"
     calibrator.save(path)
     return path, FlowCalibrator.load(path)
@@ -63,7 +63,7 @@ def test_npy_output_matches_the_in_memory_flow_and_keeps_bad_rows_as_nan(tmp_pat
     flow_path, calibrator = flow
     matrix = embeddings_with_bad_rows(tmp_path / "in.npy")
     out = tmp_path / "out.npy"
-    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=64, progress=False)
+    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=64, show_progress_bar=False)
 
     result = np.load(out)
     bad = [5, 300, 599]
@@ -92,7 +92,7 @@ def test_any_saved_calibrator_calibrates_a_corpus_like_a_flow_file(tmp_path, nam
     matrix = embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
     out = tmp_path / f"out{suffix}"
     summary = calibrate_file(tmp_path / "calibrator.flow", out, embeddings=tmp_path / "in.npy", chunk_rows=64,
-                             progress=False)
+                             show_progress_bar=False)
     result = np.load(out) if suffix == ".npy" else np.array(
         [[np.nan] * fitted.output_dim if v is None else v for v in pq.read_table(out).column("embedding").to_pylist()],
         dtype=np.float32)
@@ -109,7 +109,7 @@ def test_parquet_output_holds_row_numbers_and_null_vectors_for_rejects(tmp_path,
     flow_path, calibrator = flow
     matrix = embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
     out = tmp_path / "out.parquet"
-    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=64, progress=False)
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=64, show_progress_bar=False)
 
     table = pq.read_table(out)
     assert table.column_names == ["id", "embedding"]
@@ -140,7 +140,7 @@ def crashing_after(calls: int):
 
 def run_job(source_path, out, transform, **options):
     options.setdefault("chunk_rows", 50)
-    return CalibrationJob(EmbeddingFile(source_path), out, transform, DIM, progress=False, **options).run()
+    return CalibrationJob(EmbeddingFile(source_path), out, transform, DIM, show_progress_bar=False, **options).run()
 
 
 @pytest.mark.parametrize("suffix", [".npy", ".parquet"])
@@ -234,7 +234,7 @@ def test_the_stage_seam_sees_each_chunk_at_each_stage_with_its_data_durable_befo
         seen.append((stage, chunk.index, done, np.array_equal(stored, chunk.vectors.reshape(-1), equal_nan=True)))
 
     monkeypatch.setattr(job, "_at_stage", record)
-    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=50, progress=False)
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=50, show_progress_bar=False)
     assert [entry[:3] for entry in seen] == [(stage, index, index + (stage == "committed"))
                                              for index in range(3) for stage in ("writing", "written", "committed")]
     assert [entry[3] for entry in seen if entry[0] != "writing"] == [True] * 6
@@ -269,7 +269,7 @@ def test_embeddings_of_another_width_are_refused_before_any_work(tmp_path, flow)
     flow_path, _ = flow
     np.save(tmp_path / "in.npy", np.zeros((10, DIM + 1), dtype=np.float32))
     with pytest.raises(ValueError, match=r"holds 9-wide vectors but the flow expects 8"):
-        calibrate_file(flow_path, tmp_path / "out.npy", embeddings=tmp_path / "in.npy", progress=False)
+        calibrate_file(flow_path, tmp_path / "out.npy", embeddings=tmp_path / "in.npy", show_progress_bar=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
 
 
@@ -291,7 +291,7 @@ def test_text_is_refused_with_another_encoder_pooling_or_width(tmp_path, flow):
 
     def calibrate(encoder=StandInEncoder(), **options):
         return calibrate_file(tmp_path / "text.flow", tmp_path / "out.npy", input=tmp_path / "c.txt", encoder=encoder,
-                              progress=False, **options)
+                              show_progress_bar=False, **options)
 
     with pytest.raises(ValueError, match="fitted on embeddings from encoder 'stand-in', not 'other'"):
         calibrate(StandInEncoder(model="other"))
@@ -315,7 +315,7 @@ def test_text_rows_are_encoded_calibrated_and_rejects_kept_in_place(tmp_path, fl
     (tmp_path / "c.txt").write_bytes(b"one\n\ntwo words\n\xff\nthree\n")
     out = tmp_path / "out.npy"
     calibrate_file(tmp_path / "text.flow", out, input=tmp_path / "c.txt", encoder=StandInEncoder(), chunk_rows=2,
-                   progress=False)
+                   show_progress_bar=False)
     result = np.load(out)
     expected = calibrator.transform(StandInEncoder().encode(["one", "two words", "three"]))
     np.testing.assert_allclose(result[[0, 2, 4]], expected, rtol=1e-5, atol=1e-5)
@@ -388,7 +388,7 @@ def test_cli_killed_at_several_points_resumes_to_byte_identical_npy(tmp_path, fl
     flow_path, _ = flow
     embeddings_with_bad_rows(tmp_path / "in.npy", rows=500)
     reference = tmp_path / "reference.npy"
-    calibrate_file(flow_path, reference, embeddings=tmp_path / "in.npy", chunk_rows=50, progress=False)
+    calibrate_file(flow_path, reference, embeddings=tmp_path / "in.npy", chunk_rows=50, show_progress_bar=False)
     out = tmp_path / "out.npy"
     args = ["--calibrator", flow_path, "--embeddings", tmp_path / "in.npy", "--out", out, "--chunk-rows", 50]
     # before any chunk is done; before a chunk's write; between a chunk's write and its commit
@@ -414,7 +414,7 @@ import re, sys
 from flowcore.batch.job import CalibrationJob
 from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 source = EmbeddingFile(sys.argv[1])
-CalibrationJob(source, sys.argv[2], lambda x: x * 2.0, source.dim, progress=False).run()
+CalibrationJob(source, sys.argv[2], lambda x: x * 2.0, source.dim, show_progress_bar=False).run()
 print(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
 """
 
@@ -470,7 +470,8 @@ def text_flow(tmp_path_factory):
     folder = tmp_path_factory.mktemp("text-flow")
     model = tiny_bert(folder / "bert", seed=0)
     encoder = Encoder(model=model, pooling="first-last-avg")
-    calibrator = FlowCalibrator(seed=0).fit(encoder.encode(sentences(256, seed=0)), progress=False, encoder=encoder)
+    calibrator = FlowCalibrator(seed=0).fit(encoder.encode(sentences(256, seed=0)), show_progress_bar=False,
+                                            encoder=encoder)
     calibrator.save(folder / "text.flow")
     return folder / "text.flow", encoder, tiny_bert(folder / "other-bert", seed=1)
 
@@ -496,7 +497,8 @@ def test_text_corpus_every_bad_row_kind_is_rejected_and_good_rows_calibrated(tmp
     flow_path, encoder, _ = text_flow
     reasons = corpus_with_every_bad_row_kind(tmp_path / "c.jsonl", good_rows=150)
     out = tmp_path / "out.npy"
-    summary = calibrate_file(flow_path, out, input=tmp_path / "c.jsonl", id_field="id", chunk_rows=40, progress=False)
+    summary = calibrate_file(flow_path, out, input=tmp_path / "c.jsonl", id_field="id", chunk_rows=40,
+                             show_progress_bar=False)
 
     rejects = read_rejects(out)
     assert {r["row"]: r["reason"] for r in rejects} == reasons
@@ -518,7 +520,7 @@ def test_cli_killed_on_a_text_corpus_resumes_to_byte_identical_parquet(tmp_path,
     options = dict(input=tmp_path / "c.jsonl", id_field="id", chunk_rows=32, keep_columns=["text"], normalize=True,
                    vector_column="vector")
     reference = tmp_path / "reference.parquet"
-    calibrate_file(flow_path, reference, progress=False, **options)
+    calibrate_file(flow_path, reference, show_progress_bar=False, **options)
     out = tmp_path / "out.parquet"
     args = ["--calibrator", flow_path, "--input", tmp_path / "c.jsonl", "--id-field", "id", "--out", out,
             "--chunk-rows", 32,

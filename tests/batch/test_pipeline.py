@@ -22,7 +22,7 @@ DIM = 8
 def calibrator():
     """A small flow fitted on random 8-wide vectors."""
     return FlowCalibrator(seed=0).fit(np.random.default_rng(0).normal(size=(256, DIM)).astype(np.float32),
-                                      progress=False)
+                                      show_progress_bar=False)
 
 
 def test_iterator_api_streams_calibrated_chunks(tmp_path, calibrator):

@@ -35,7 +35,7 @@ DIM = 8
 def flow(tmp_path_factory):
     """A small flow fitted on random 8-wide vectors, recording a stand-in encoder, saved to a file."""
     rng = np.random.default_rng(0)
-    calibrator = FlowCalibrator(seed=0).fit(rng.normal(size=(256, DIM)).astype(np.float32), progress=False)
+    calibrator = FlowCalibrator(seed=0).fit(rng.normal(size=(256, DIM)).astype(np.float32), show_progress_bar=False)
     calibrator.provenance = EncoderProvenance("stand-in", "mean")
     path = tmp_path_factory.mktemp("flow") / "model.flow"
     calibrator.save(path)
@@ -85,7 +85,7 @@ def test_parquet_schema_is_what_vector_stores_expect(tmp_path, flow):
     out = tmp_path / "out.parquet"
     keep = ["year", "title", "score", "tags", "when"]
     calibrate_file(flow_path, out, embeddings=tmp_path / "in.parquet", vector_field="emb", id_field="doc",
-                   keep_columns=keep, vector_column="vector", chunk_rows=40, progress=False)
+                   keep_columns=keep, vector_column="vector", chunk_rows=40, show_progress_bar=False)
 
     schema = pq.read_schema(out)
     assert schema.names == ["id", "vector", *keep]
@@ -110,7 +110,7 @@ def test_row_number_ids_are_int64_and_the_default_vector_column_is_embedding(tmp
     flow_path, _ = flow
     np.save(tmp_path / "in.npy", np.random.default_rng(0).normal(size=(30, DIM)).astype(np.float32))
     out = tmp_path / "out.parquet"
-    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", show_progress_bar=False)
     schema = pq.read_schema(out)
     assert schema.names == ["id", "embedding"]
     assert schema.field("id").type == pa.int64() and schema.field("embedding").type == pa.list_(pa.float32(), DIM)
@@ -151,7 +151,7 @@ def test_text_input_keeps_metadata_columns_and_a_missing_value_is_null_not_a_rej
     write_text_corpora(tmp_path)
     out = tmp_path / "out.parquet"
     summary = calibrate_file(flow[0], out, input=tmp_path / f"c{suffix}", id_field="id", keep_columns=["title", "n"],
-                             encoder=StandInEncoder(), chunk_rows=4, progress=False)
+                             encoder=StandInEncoder(), chunk_rows=4, show_progress_bar=False)
     table = pq.read_table(out)
     assert table.schema.names == ["id", "embedding", "title", "n"]
     assert (table.schema.field("title").type, table.schema.field("n").type) == kinds
@@ -169,7 +169,7 @@ def test_keep_columns_errors_are_clear_and_come_before_any_work(tmp_path, flow):
 
     def calibrate(out="out.parquet", **options):
         options.setdefault("input", tmp_path / "c.jsonl")
-        return calibrate_file(flow_path, tmp_path / out, encoder=StandInEncoder(), progress=False, **options)
+        return calibrate_file(flow_path, tmp_path / out, encoder=StandInEncoder(), show_progress_bar=False, **options)
 
     with pytest.raises(ValueError, match=r"need \.parquet output"):
         calibrate("out.npy", keep_columns=["title"])
@@ -229,7 +229,8 @@ def text_flow(tmp_path_factory):
     encoder = Encoder(model=model, pooling="first-last-avg")
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 12))) for _ in range(256)]
-    FlowCalibrator(seed=0).fit(encoder.encode(texts), progress=False, encoder=encoder).save(folder / "text.flow")
+    FlowCalibrator(seed=0).fit(encoder.encode(texts), show_progress_bar=False,
+                               encoder=encoder).save(folder / "text.flow")
     return folder / "text.flow", model
 
 
@@ -240,7 +241,7 @@ def test_the_manifest_describes_a_text_job(tmp_path, text_flow):
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "vectors.parquet"
     summary = calibrate_file(flow_path, out, input=tmp_path / "c.jsonl", id_field="id", keep_columns=["lang"],
-                             normalize=True, chunk_rows=16, progress=False)
+                             normalize=True, chunk_rows=16, show_progress_bar=False)
     manifest = read_manifest(out)
     assert summary.manifest_path == Path(f"{out}.manifest.json")
     assert (manifest["format"], manifest["version"]) == (MANIFEST_FORMAT, MANIFEST_VERSION)
@@ -277,7 +278,7 @@ def test_the_manifest_of_npy_output_and_of_the_default_model(tmp_path, flow):
     flow_path, _ = flow
     np.save(tmp_path / "in.npy", np.random.default_rng(0).normal(size=(10, DIM)).astype(np.float32))
     out = tmp_path / "out.npy"
-    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", show_progress_bar=False)
     manifest = read_manifest(out)
     assert (manifest["file_format"], manifest["rows"], manifest["rejected"], manifest["normalized"]) == (
         "npy", 10, 0, False)
@@ -303,7 +304,7 @@ def test_normalize_gives_unit_rows_and_keeps_rejected_rows_nan(tmp_path, flow):
     matrix[[3, 60]] = np.nan
     np.save(tmp_path / "in.npy", matrix)
     calibrate_file(flow_path, tmp_path / "out.npy", embeddings=tmp_path / "in.npy", normalize=True, chunk_rows=32,
-                   progress=False)
+                   show_progress_bar=False)
     result = np.load(tmp_path / "out.npy")
     good = np.setdiff1d(np.arange(120), [3, 60])
     assert np.isnan(result[[3, 60]]).all()
@@ -334,7 +335,7 @@ def test_a_stopped_job_with_every_option_resumes_to_identical_output_and_manifes
         source = EmbeddingFile(tmp_path / "in.parquet", vector_field="emb", id_field="doc",
                                keep_columns=["title", "year", "tags", "when"])
         options = {"normalize": True, "vector_column": "vec", "chunk_rows": 50, **options}
-        return CalibrationJob(source, out, crashing_after(calls), DIM, progress=False, **options).run()
+        return CalibrationJob(source, out, crashing_after(calls), DIM, show_progress_bar=False, **options).run()
 
     reference = tmp_path / "reference.parquet"
     run(reference, 10**6)
@@ -364,7 +365,7 @@ def test_a_changed_keep_columns_is_refused_on_resume(tmp_path, flow):
     def run(calls, keep):
         source = TextCorpus(tmp_path / "c.jsonl", id_field="id", keep_columns=keep)
         return CalibrationJob(source, out, crashing_after(calls), DIM, encode=StandInEncoder().encode, chunk_rows=2,
-                              progress=False).run()
+                              show_progress_bar=False).run()
 
     with pytest.raises(RuntimeError, match="stopped"):
         run(1, ["title"])
@@ -381,12 +382,13 @@ def test_an_unfinished_run_of_progress_version_1_is_refused_in_one_line_until_re
     record.write_text(json.dumps({"format": "flowcore-calibrate-manifest", "version": 1, "job": {}, "rows": 5,
                                   "done": {}}))
     with pytest.raises(JobMismatchError) as refused:
-        calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)
+        calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", show_progress_bar=False)
     assert str(refused.value) == (f"{record} records an unfinished run of an earlier flowcore, which this version "
                                   "cannot resume; rerun with --restart to start over")
-    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", restart=True, progress=False)
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", restart=True, show_progress_bar=False)
     assert read_manifest(out)["format"] == MANIFEST_FORMAT and not Path(f"{out}.progress.json").exists()
-    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)  # a finished run's manifest is fine
+    # a finished run's manifest is fine
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", show_progress_bar=False)
 
 
 def test_an_unfinished_float32_text_job_is_not_resumed_in_int8(tmp_path, text_flow, monkeypatch):
@@ -403,7 +405,7 @@ def test_an_unfinished_float32_text_job_is_not_resumed_in_int8(tmp_path, text_fl
 
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
         patch.setattr(job, "_at_stage", stop_after_first_chunk)
-        calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, progress=False)
+        calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, show_progress_bar=False)
     with pytest.raises(JobMismatchError, match="encoder.quantize was None, now 'int8'"):
-        calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, progress=False,
+        calibrate_file(flow_path, tmp_path / "v.npy", input=tmp_path / "c.txt", chunk_rows=16, show_progress_bar=False,
                        quantize="int8")

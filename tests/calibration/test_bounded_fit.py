@@ -32,7 +32,7 @@ def mapped(tmp_path_factory):
 
 def fitted(X, **options):
     return flowcore.FlowCalibrator("l2_d2_w32", epochs=2, batch_size=1024, lr=5e-3, seed=5).fit(
-        X, progress=False, **options)
+        X, show_progress_bar=False, **options)
 
 
 def test_a_memory_mapped_fit_equals_the_in_memory_fit(mapped):
@@ -69,7 +69,7 @@ def test_fitting_on_chosen_rows_equals_fitting_on_their_copy(mapped):
     assert on_rows.heldout_bits_per_dim == on_copy.heldout_bits_per_dim
     np.testing.assert_array_equal(on_rows.transform(X[:500]), on_copy.transform(X[:500]))
     without_holdout = [flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized", batch_size=1024, seed=5).fit(
-        data, progress=False, **options) for data, options in ((damaged, {"rows": good}), (damaged[good], {}))]
+        data, show_progress_bar=False, **options) for data, options in ((damaged, {"rows": good}), (damaged[good], {}))]
     np.testing.assert_array_equal(*(calibrator.transform(X[:500]) for calibrator in without_holdout))
     with pytest.raises(ValueError, match=r"NaN or Inf values in row\(s\) 0, 7"):
         fitted(damaged, rows=np.arange(len(damaged)))
@@ -90,7 +90,7 @@ def test_training_on_rows_through_prepare_equals_training_on_the_prepared_copy()
     for data, options in ((X, {"rows": rows, "prepare": scaled}), (scaled(torch.from_numpy(X[rows])), {})):
         torch.manual_seed(0)
         glow = flowcore.Glow(8, levels=2, depth=2, width=8)
-        losses = flowcore.fit(glow, data, epochs=2, batch_size=256, seed=3, progress=False, **options)
+        losses = flowcore.fit(glow, data, epochs=2, batch_size=256, seed=3, show_progress_bar=False, **options)
         results.append((losses, {name: value.clone() for name, value in glow.state_dict().items()}))
     assert results[0][0] == results[1][0]
     for name, value in results[0][1].items():
@@ -105,12 +105,12 @@ BOUNDED_FIT = """
     path, margin = sys.argv[1], int(sys.argv[2])
     X = np.load(path, mmap_mode="r")
     options = dict(config="l2_d2_w32", epochs=1, batch_size=2048, seed=0, holdout=0.02)  # working memory << margin
-    flowcore.FlowCalibrator(**options).fit(np.array(X[:4000]), progress=False)  # warm up every code path
+    flowcore.FlowCalibrator(**options).fit(np.array(X[:4000]), show_progress_bar=False)  # warm up every code path
     with open("/proc/self/status") as status:
         data_kib = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
     limit = data_kib * 1024 + margin
     resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
-    calibrator = flowcore.FlowCalibrator(**options).fit(X, progress=False)
+    calibrator = flowcore.FlowCalibrator(**options).fit(X, show_progress_bar=False)
     print("fitted", calibrator.selected_epoch, calibrator.flow.dim)
     try:
         np.array(X)  # one copy of X: what the limit forbids

@@ -18,7 +18,7 @@ def data():
 def calibrator(data):
     # two full epochs (no held-out selection), so that the losses of both are recorded
     return flowcore.FlowCalibrator(config="l2_d2_w32", recipe="standardized", epochs=2, batch_size=64, lr=1e-3,
-                                   seed=3).fit(data, progress=False)
+                                   seed=3).fit(data, show_progress_bar=False)
 
 
 def test_transform_inverse_and_types(calibrator, data):
@@ -40,11 +40,11 @@ def test_chunked_and_streaming_transform_match(calibrator, data):
 
 def test_same_seed_same_model(data, calibrator):
     again = flowcore.FlowCalibrator(config="l2_d2_w32", recipe="standardized", epochs=2, batch_size=64, lr=1e-3,
-                                    seed=3).fit(data, progress=False)
+                                    seed=3).fit(data, show_progress_bar=False)
     np.testing.assert_array_equal(again.transform(data), calibrator.transform(data))
     default = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=3)
-    np.testing.assert_array_equal(default.fit(data, progress=False).transform(data),
-                                  default.fit(data, progress=False).transform(data))
+    np.testing.assert_array_equal(default.fit(data, show_progress_bar=False).transform(data),
+                                  default.fit(data, show_progress_bar=False).transform(data))
 
 
 def test_save_load_round_trip(calibrator, data, tmp_path):
@@ -131,7 +131,7 @@ def test_damaged_files_are_named(calibrator, tmp_path):
 @pytest.mark.parametrize("standardize", [True, False])
 def test_raw_and_standardized_inputs_round_trip(data, standardize, tmp_path):
     calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64, standardize=standardize).fit(
-        data, progress=False)
+        data, show_progress_bar=False)
     Z = calibrator.transform(data)
     np.testing.assert_allclose(calibrator.inverse_transform(Z), data, atol=2e-4, rtol=1e-4)
     calibrator.save(tmp_path / "m.flow")
@@ -147,7 +147,7 @@ def test_constant_coordinates_bypass_the_flow_instead_of_diverging():
     X = (rng.normal(size=(2000, 12)) @ rng.normal(size=(12, 12)) + 0.3).astype(np.float32)
     X[:, 4] = -0.0625 + rng.normal(size=2000).astype(np.float32) * 1e-32
     X[:, 9] = 0.5
-    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=32).fit(X, progress=False)
+    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=32).fit(X, show_progress_bar=False)
     assert calibrator.flow.dim == 10 and calibrator.dim == 12
     assert all(np.isfinite(calibrator.losses))
     Z = calibrator.transform(X)

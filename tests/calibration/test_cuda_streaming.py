@@ -17,7 +17,8 @@ def fitted(tmp_path_factory):
     data = (rng.normal(size=(3000, 24)) @ rng.normal(size=(24, 24)) + 1).astype(np.float32)
     data[:, 5] = 2.0  # a constant coordinate: the standardizer's gather/scatter path
     path = tmp_path_factory.mktemp("flow") / "model.flow"
-    flowcore.FlowCalibrator(config="l2_d2_w32", epochs=1, batch_size=64, seed=1).fit(data, progress=False).save(path)
+    flowcore.FlowCalibrator(config="l2_d2_w32", epochs=1, batch_size=64, seed=1).fit(data,
+                                                                                     show_progress_bar=False).save(path)
     return path, data
 
 

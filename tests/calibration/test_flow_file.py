@@ -13,7 +13,7 @@ from flowcore.calibration.flow_file import FORMAT_VERSION, EncoderProvenance, Fl
 @pytest.fixture(scope="module")
 def fitted():
     data = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
-    return data, flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, progress=False)
+    return data, flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, show_progress_bar=False)
 
 
 def _rewrite_header(source, target, version: str, edit) -> None:
@@ -34,7 +34,7 @@ class _FakeEncoder:
 
 def test_fit_records_the_encoder_as_typed_provenance(fitted, tmp_path):
     data, _ = fitted
-    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, progress=False,
+    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, show_progress_bar=False,
                                                                                 encoder=_FakeEncoder())
     assert calibrator.provenance == EncoderProvenance("/models/bert", "first-last-avg")
     calibrator.save(tmp_path / "m.flow")
@@ -47,10 +47,10 @@ def test_fit_records_the_encoder_as_typed_provenance(fitted, tmp_path):
 
 def test_a_failed_refit_keeps_the_old_provenance(fitted):
     data, _ = fitted
-    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, progress=False,
+    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, show_progress_bar=False,
                                                                                 encoder=_FakeEncoder())
     with pytest.raises(ValueError, match="NaN or Inf"):
-        calibrator.fit(np.full((10, 8), np.nan), progress=False, encoder=EncoderProvenance("other", "cls"))
+        calibrator.fit(np.full((10, 8), np.nan), show_progress_bar=False, encoder=EncoderProvenance("other", "cls"))
     assert calibrator.provenance == EncoderProvenance("/models/bert", "first-last-avg")
 
 

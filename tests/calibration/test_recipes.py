@@ -44,11 +44,13 @@ def test_the_linear_start_is_whitening(drop_direction):
         data[:, -1] = data[:, 0] + data[:, 1]  # rank 7: one direction without variance
     whitening = flowcore.Whitening().fit(data)
     assert whitening.output_dim == (7 if drop_direction else 8)
-    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=1, lr=1e-12, holdout=0.25).fit(data, progress=False)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=1, lr=1e-12, holdout=0.25).fit(data,
+                                                                                            show_progress_bar=False)
     Z = calibrator.transform(data)
     np.testing.assert_allclose(pair_cosines(Z), pair_cosines(whitening.transform(data)), atol=2e-3)
     assert np.abs(np.cov(Z, rowvar=False)[:7, :7] - np.eye(7)).max() < 0.05 or drop_direction
-    raw = flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized", epochs=1, lr=1e-12).fit(data, progress=False)
+    raw = flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized", epochs=1, lr=1e-12).fit(data,
+                                                                                              show_progress_bar=False)
     assert np.abs(pair_cosines(raw.transform(data)) - pair_cosines(whitening.transform(data))).max() > 0.05
 
 
@@ -72,7 +74,8 @@ def test_heldout_likelihood_keeps_the_start_when_training_does_not_help():
     """On Gaussian rows whitening is already the maximum-likelihood flow: training cannot beat it
     on held-out rows, so the start (epoch 0) is kept and the result is whitening."""
     data = anisotropic(600, seed=1)
-    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=3, lr=3e-2, batch_size=16).fit(data, progress=False)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=3, lr=3e-2, batch_size=16).fit(data,
+                                                                                            show_progress_bar=False)
     scores = calibrator.heldout_bits_per_dim
     assert calibrator.selected_epoch == 0 and len(scores) == 2 and scores[1] > scores[0]
     whitening = flowcore.Whitening().fit(data)
@@ -86,7 +89,8 @@ def test_heldout_likelihood_keeps_training_while_it_improves(tmp_path):
     rng = np.random.default_rng(2)
     t = rng.uniform(-2, 2, size=(1500, 4))
     data = np.concatenate([t, t ** 2 + 0.05 * rng.normal(size=t.shape)], axis=1).astype(np.float32)
-    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=2, lr=3e-3, batch_size=32).fit(data, progress=False)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=2, lr=3e-3, batch_size=32).fit(data,
+                                                                                            show_progress_bar=False)
     scores = calibrator.heldout_bits_per_dim
     assert calibrator.selected_epoch >= 1 and scores[calibrator.selected_epoch] < scores[0] - 0.05
     calibrator.save(tmp_path / "m.flow")
@@ -98,7 +102,7 @@ def test_heldout_likelihood_keeps_training_while_it_improves(tmp_path):
 
 def test_the_papers_recipe_is_raw_input_without_selection(tmp_path):
     data = anisotropic(300)
-    paper = flowcore.FlowCalibrator("l2_d2_w32", recipe="paper").fit(data, progress=False)
+    paper = flowcore.FlowCalibrator("l2_d2_w32", recipe="paper").fit(data, show_progress_bar=False)
     assert paper.standardizer is None and paper.heldout_bits_per_dim == [] and paper.selected_epoch is None
     assert (paper.epochs, paper.batch_size, paper.lr, paper.standardize) == (1, 32, 1e-3, False)
     paper.save(tmp_path / "paper.flow")
@@ -109,7 +113,8 @@ def test_files_from_before_recipes_are_refused_with_how_to_refit(tmp_path):
     from flowcore.calibration.flow_file import FlowFileError, load_flow, save_flow
 
     data = anisotropic(300)
-    flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized").fit(data, progress=False).save(tmp_path / "new.flow")
+    flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized").fit(data,
+                                                                    show_progress_bar=False).save(tmp_path / "new.flow")
     tensors, info = load_flow(tmp_path / "new.flow")
     for key in ("recipe", "heldout_bits_per_dim", "selected_epoch"):
         del info["training"][key]

@@ -24,7 +24,7 @@ def _anisotropic(rows=400, dim=8, seed=0):
 
 def _fit(name, X, encoder=None):
     calibrator = calibration.create(name, **SETTINGS.get(name, {}))
-    options = {"progress": False} if name == "flow" else {}
+    options = {"show_progress_bar": False} if name == "flow" else {}
     return calibrator.fit(X, encoder=encoder, **options)
 
 

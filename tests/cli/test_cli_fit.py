@@ -28,7 +28,7 @@ def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
     calibrator = flowcore.FlowCalibrator.load(out)
     assert (calibrator.config, calibrator.epochs, calibrator.seed, calibrator.dim) == ("l2_d2_w32", 2, 4, 16)
     expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=4).fit(
-        np.load(embeddings), progress=False)
+        np.load(embeddings), show_progress_bar=False)
     np.testing.assert_array_equal(calibrator.transform(np.load(embeddings)), expected.transform(np.load(embeddings)))
 
 
@@ -142,7 +142,7 @@ def test_killed_fit_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monk
     # the cache's good rows are fitted through their row numbers: the model of a fit on their copy
     vectors = np.load(cache)
     good = vectors[np.isfinite(vectors).all(1)]
-    expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=8).fit(good, progress=False)
+    expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=8).fit(good, show_progress_bar=False)
     np.testing.assert_array_equal(flowcore.FlowCalibrator.load(killed).transform(good), expected.transform(good))
 
 

@@ -185,7 +185,7 @@ def test_cli_flow_file_is_applied_not_fitted(tmp_path, capsys, stand_in):
     assert main(["sts", "--pairs", str(pairs), "--calibrator", str(flow), "--calibration", "none,whitening,flow"]) == 2
     assert "--calibration may hold none and flow only, not whitening" in capsys.readouterr().err
     other = tmp_path / "other.flow"
-    mismatched = FlowCalibrator(config="l2_d2_w32").fit(np.load(emb), progress=False,
+    mismatched = FlowCalibrator(config="l2_d2_w32").fit(np.load(emb), show_progress_bar=False,
                                                         encoder=EncoderProvenance("hash-encoder", "cls"))
     mismatched.save(other)
     assert main(["sts", "--pairs", str(pairs), "--calibrator", str(other), "--pooling", "mean", "--no-cache"]) == 2

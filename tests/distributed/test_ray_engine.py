@@ -30,7 +30,8 @@ WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree".s
 def vector_flow(tmp_path_factory):
     rng = np.random.default_rng(0)
     path = tmp_path_factory.mktemp("flow") / "model.flow"
-    FlowCalibrator(seed=0, epochs=1).fit(rng.normal(size=(256, DIM)).astype(np.float32), progress=False).save(path)
+    FlowCalibrator(seed=0, epochs=1).fit(rng.normal(size=(256, DIM)).astype(np.float32),
+                                         show_progress_bar=False).save(path)
     return path
 
 
@@ -40,7 +41,7 @@ def text_flow(tmp_path_factory):
     encoder = Encoder(model=save_tiny_bert(folder / "bert", WORDS, hidden_size=16, num_layers=2), pooling="mean")
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 10))) for _ in range(256)]
-    FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), progress=False, encoder=encoder).save(
+    FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), show_progress_bar=False, encoder=encoder).save(
         folder / "text.flow")
     return folder / "text.flow"
 
@@ -87,7 +88,7 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
                                                        r"written are kept: rerun the same command"):
         patch.setattr(ray_engine, "_before_shard_write", fail_at_shard(5))
         calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, num_workers=2,
-                      progress=False)
+                      show_progress_bar=False)
     done = sorted(p.name for p in (out / "shards").glob("part-*.parquet"))
     assert "part-00000005.parquet" not in done and 0 < len(done) < 8
     command = ["calibrate", "--engine", "ray", "--calibrator", str(vector_flow), "--embeddings", str(parts), "--out",
@@ -102,7 +103,7 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
     for index, offset in ((0, 0), (1, 300)):
         single = tmp_path / f"single{index}.npy"
         calibrate_file(vector_flow, single, embeddings=parts / f"part{index}.npy", chunk_rows=64, threads=1,
-                       progress=False)
+                       show_progress_bar=False)
         expected = np.load(single)
         assert ray_vectors[offset:offset + len(expected)].tobytes() == expected.tobytes()  # NaN rows included
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
@@ -117,15 +118,15 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
     assert manifest["format_versions"]["flow_file"] == local["format_versions"]["flow_file"]
     assert set(manifest["format_versions"]) == {"manifest", "job", "flow_file", "parquet"}
 
-    again = calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, progress=False)
+    again = calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, show_progress_bar=False)
     assert again.shards_written == 0 and again.rows == 450  # a finished job: nothing to redo
     with pytest.raises(JobMismatchError, match=r"job.json records an unfinished run of a different job "
                        r"\(chunk_rows was 64, now 32\)"):
-        calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=32, progress=False)
+        calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=32, show_progress_bar=False)
     os.utime(parts / "part1.npy", ns=(1, 1))  # an input rewritten since: its shards would mix two contents
     with pytest.raises(InputChangedError, match=r"parts changed since the unfinished run that .*job.json records "
                        r"\(input.files\[1\].mtime_ns was \d+, now 1\)"):
-        calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, progress=False)
+        calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, show_progress_bar=False)
     assert main([*command[:-3], "--num-workers", "0"]) == 2
     assert "--num-workers must be at least 1" in capsys.readouterr().err
     assert main(command[:1] + command[3:]) == 2  # --num-workers without --engine ray
@@ -152,7 +153,8 @@ def test_text_with_a_worker_killed_mid_job_ends_like_the_single_process_job(ray_
     lines[77] = json.dumps({"id": "e", "text": "   "})
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(lines) + "\n")
-    options = dict(input=corpus, id_field="id", keep_columns=("lang",), chunk_rows=25, threads=1, progress=False)
+    options = dict(input=corpus, id_field="id", keep_columns=("lang",), chunk_rows=25, threads=1,
+                   show_progress_bar=False)
     # one worker (the text job's CPU count): it is killed before writing shard 3, restarted, and redoes it
     single = tmp_path / "single.parquet"
     calibrate_file(text_flow, single, **options)
@@ -217,7 +219,7 @@ def test_the_ray_engine_refuses_and_stops_as_the_local_job_does(ray_session, vec
     ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     np.save(tmp_path / "in.npy", np.random.default_rng(3).normal(size=(128, DIM)).astype(np.float32))
     out = tmp_path / "out"
-    options = dict(embeddings=str(tmp_path / "in.npy"), chunk_rows=16, num_workers=1, progress=False)
+    options = dict(embeddings=str(tmp_path / "in.npy"), chunk_rows=16, num_workers=1, show_progress_bar=False)
     out.mkdir()
     with OutputLock(out, out / "job.lock"):
         with pytest.raises(OutputLockedError, match=r"out is being written by another flowcore job .*job.lock"):
@@ -233,7 +235,7 @@ def test_the_ray_engine_refuses_and_stops_as_the_local_job_does(ray_session, vec
     summary = calibrate_ray(vector_flow, out, **options)
     assert (summary.rows, summary.shards, summary.shards_written) == (128, 8, 8 - written)
     calibrate_file(vector_flow, tmp_path / "single.parquet", embeddings=tmp_path / "in.npy", chunk_rows=16,
-                   threads=1, progress=False)
+                   threads=1, show_progress_bar=False)
     assert np.array_equal(_as_matrix(_vectors(out, "embedding").column("embedding")),
                           _as_matrix(pq.read_table(tmp_path / "single.parquet").column("embedding")))
 
@@ -243,7 +245,7 @@ def test_the_ray_engine_refuses_and_stops_as_the_local_job_does(ray_session, vec
     with pytest.raises(InputChangedError, match=r"in.npy changed since the unfinished run that .*job.json records"):
         calibrate_ray(vector_flow, out, **options)
     with pytest.raises(ValueError, match="the output folder .* holds the input"):
-        calibrate_ray(vector_flow, tmp_path, embeddings=str(tmp_path / "in.npy"), progress=False)
+        calibrate_ray(vector_flow, tmp_path, embeddings=str(tmp_path / "in.npy"), show_progress_bar=False)
 
 
 def test_quantize_works_on_the_ray_engine_as_on_the_local_job(ray_session, text_flow, tmp_path, capsys):

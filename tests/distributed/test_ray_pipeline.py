@@ -15,7 +15,7 @@ def test_calibrate_adds_vectors_and_keeps_bad_rows(ray_session, tmp_path):
                       threads=1)
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 10))) for _ in range(120)]
-    calibrator = FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), progress=False, encoder=encoder)
+    calibrator = FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), show_progress_bar=False, encoder=encoder)
     calibrator.save(tmp_path / "text.flow")
     items = [{"id": i, "text": text} for i, text in enumerate(texts[:40])]
     items[5]["text"], items[9]["text"] = "  ", None

@@ -46,7 +46,8 @@ TEXT_REASONS = {1: EMPTY_TEXT, 2: EMPTY_TEXT, 3: MISSING_TEXT, 4: MISSING_TEXT, 
 def vector_flow(tmp_path_factory):
     path = tmp_path_factory.mktemp("flow") / "model.flow"
     rng = np.random.default_rng(0)
-    FlowCalibrator(seed=0, epochs=1).fit(rng.normal(size=(256, DIM)).astype(np.float32), progress=False).save(path)
+    FlowCalibrator(seed=0, epochs=1).fit(rng.normal(size=(256, DIM)).astype(np.float32),
+                                         show_progress_bar=False).save(path)
     assert not np.isfinite(FlowCalibrator.load(path).transform(np.full((1, DIM), 3.0e38, np.float32))).any()
     return path
 
@@ -57,7 +58,7 @@ def text_flow(tmp_path_factory):
     encoder = Encoder(model=save_tiny_bert(folder / "bert", WORDS, hidden_size=16, num_layers=2), pooling="mean")
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 10))) for _ in range(256)]
-    FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), progress=False, encoder=encoder).save(
+    FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), show_progress_bar=False, encoder=encoder).save(
         folder / "text.flow")
     return folder / "text.flow"
 
@@ -76,14 +77,14 @@ def calibrate_with(engine: str, request, tmp_path, flow, column: str, values: li
     if engine == "local":
         out = tmp_path / "out.parquet"
         calibrate_file(flow, out, **{"input" if column == "text" else "embeddings": path}, chunk_rows=4, threads=1,
-                       progress=False)
+                       show_progress_bar=False)
         rejects = [json.loads(line) for line in open(f"{out}.rejects.jsonl", encoding="utf-8")]
         return {r["row"]: r["reason"] for r in rejects}, _matrix(pq.read_table(out).column("embedding"))
     ray = request.getfixturevalue("ray_session")
     if engine == "ray":
         out = tmp_path / "out"
         calibrate_ray(flow, out, **{"input" if column == "text" else "embeddings": str(path)}, chunk_rows=4,
-                      threads=1, num_workers=1, progress=False)
+                      threads=1, num_workers=1, show_progress_bar=False)
         rejects = [json.loads(line) for line in open(out / "rejects.jsonl", encoding="utf-8")]
         tables = [pq.read_table(shard) for shard in sorted((out / "shards").glob("part-*.parquet"))]
         return {r["row"]: r["reason"] for r in rejects}, _matrix(pa.concat_tables(tables).column("embedding"))
@@ -120,6 +121,6 @@ def test_hostile_texts_are_rejected_alike_by_every_engine(engine, request, tmp_p
     assert np.isnan(vectors[sorted(TEXT_REASONS)]).all() and np.isfinite(vectors[good]).all()
     local = tmp_path / "local.parquet"
     if engine != "local":  # the local job's vectors, to compare with
-        calibrate_file(text_flow, local, input=path, chunk_rows=4, threads=1, progress=False)
+        calibrate_file(text_flow, local, input=path, chunk_rows=4, threads=1, show_progress_bar=False)
         np.testing.assert_allclose(vectors[good], _matrix(pq.read_table(local).column("embedding"))[good], rtol=1e-5,
                                    atol=1e-6)

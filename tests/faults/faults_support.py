@@ -51,7 +51,7 @@ def fitted_flow(folder: Path, dim: int = DIM, seed: int = 0) -> Path:
 
     rng = np.random.default_rng(seed)
     calibrator = FlowCalibrator(seed=0, config="l2_d2_w32").fit(rng.normal(size=(128, dim)).astype(np.float32),
-                                                                progress=False)
+                                                                show_progress_bar=False)
     path = folder / f"model-{dim}.flow"
     calibrator.save(path)
     return path

@@ -24,7 +24,7 @@ ADVICE = "the progress file records only the chunks completed before it; fix thi
 
 
 def calibrate(flow_path, source, out, **options):
-    return calibrate_file(flow_path, out, embeddings=source, chunk_rows=40, progress=False, **options)
+    return calibrate_file(flow_path, out, embeddings=source, chunk_rows=40, show_progress_bar=False, **options)
 
 
 class Faults:
@@ -170,7 +170,7 @@ def remount(options):
 def attempt(name, out, hook=lambda stage, chunk: None):
     job._at_stage = hook
     try:
-        summary = calibrate_file(flow, out, embeddings=source, chunk_rows=40, progress=False)
+        summary = calibrate_file(flow, out, embeddings=source, chunk_rows=40, show_progress_bar=False)
         seen[name] = {"ok": True, "resumed_from": summary.resumed_from}
     except Exception as error:
         seen[name] = {"ok": False, "error": str(error), "type": type(error).__name__}

@@ -48,7 +48,7 @@ def encode(texts):
 def run_job(path, out, **source_options):
     """The whole job over `path` (identity flow); returns (vectors or parquet table, rejects by row)."""
     source = TextCorpus(path, **source_options)
-    CalibrationJob(source, out, lambda x: x, DIM, encode=encode, chunk_rows=16, progress=False).run()
+    CalibrationJob(source, out, lambda x: x, DIM, encode=encode, chunk_rows=16, show_progress_bar=False).run()
     rejects = [json.loads(line) for line in open(f"{out}.rejects.jsonl", encoding="utf-8")]
     rows = [reject["row"] for reject in rejects]
     assert rows == sorted(set(rows)), "each rejected row is listed once, in order"

@@ -25,7 +25,7 @@ def stop_at_chunk(index: int):
 
 
 def calibrate(flow_path, source, out, **options):
-    return calibrate_file(flow_path, out, embeddings=source, chunk_rows=40, progress=False, **options)
+    return calibrate_file(flow_path, out, embeddings=source, chunk_rows=40, show_progress_bar=False, **options)
 
 
 def appended(path):
@@ -99,7 +99,7 @@ def test_a_text_corpus_rewritten_while_the_job_reads_it_stops_the_job(tmp_path):
             stat = os.stat(corpus)
             os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
 
-    job = CalibrationJob(TextCorpus(corpus), out, lambda x: x, DIM, progress=False, chunk_rows=10,
+    job = CalibrationJob(TextCorpus(corpus), out, lambda x: x, DIM, show_progress_bar=False, chunk_rows=10,
                          encode=lambda texts: np.ones((len(texts), DIM), dtype=np.float32))
     with pytest.raises(InputChangedError, match="changed while the job read it"), at_stage(rewrite_at_chunk_0):
         job.run()

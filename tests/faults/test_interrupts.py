@@ -25,7 +25,7 @@ from flowcore.cli import main
 def test_a_signal_in_process_stops_at_a_chunk_boundary_and_the_job_resumes(tmp_path, flow_path):
     embeddings(tmp_path / "in.npy", rows=400)
     reference = tmp_path / "reference.npy"
-    calibrate_file(flow_path, reference, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False)
+    calibrate_file(flow_path, reference, embeddings=tmp_path / "in.npy", chunk_rows=40, show_progress_bar=False)
     out = tmp_path / "out.npy"
 
     def interrupt(stage, chunk):
@@ -33,7 +33,7 @@ def test_a_signal_in_process_stops_at_a_chunk_boundary_and_the_job_resumes(tmp_p
             os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(JobInterrupted) as stopped, at_stage(interrupt):
-        calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False)
+        calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, show_progress_bar=False)
     rows = stopped.value.rows
     assert rows % 40 == 0 and 120 <= rows < 400 and chunks_done(out) * 40 == rows
     assert stopped.value.exit_status == 130
@@ -41,7 +41,7 @@ def test_a_signal_in_process_stops_at_a_chunk_boundary_and_the_job_resumes(tmp_p
     assert not out.exists() and not (tmp_path / "out.npy.lock").exists()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
 
-    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False)
+    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=40, show_progress_bar=False)
     assert summary.resumed_from == rows
     assert same_result(out, reference) and leftovers(out) == []
 
@@ -72,7 +72,7 @@ def test_cli_a_second_job_is_refused_then_sigterm_and_a_double_sigint_stop_clean
     resume takes over."""
     embeddings(tmp_path / "in.npy", rows=400)
     reference = tmp_path / "reference.npy"
-    calibrate_file(flow_path, reference, embeddings=tmp_path / "in.npy", chunk_rows=40, progress=False)
+    calibrate_file(flow_path, reference, embeddings=tmp_path / "in.npy", chunk_rows=40, show_progress_bar=False)
     out = tmp_path / "out.npy"
     args = cli_args(flow_path, tmp_path / "in.npy", out)
 

@@ -21,7 +21,7 @@ def test_rows_the_flow_maps_to_nan_are_rejected_with_their_row_numbers(tmp_path,
     np.save(tmp_path / "in.npy", matrix)
     assert not np.isfinite(FlowCalibrator.load(flow_path).transform(matrix[[7, 64]])).any()  # the premise
     out = tmp_path / f"out{suffix}"
-    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=32, progress=False)
+    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=32, show_progress_bar=False)
 
     assert [(r["row"], r["reason"]) for r in read_rejects(out)] == [(7, NON_FINITE_OUTPUT), (64, NON_FINITE_OUTPUT),
                                                                     (70, NON_FINITE)]

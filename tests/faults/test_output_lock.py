@@ -19,7 +19,7 @@ def test_a_held_lock_refuses_a_second_job_naming_the_holder_and_touches_nothing(
     with OutputLock(out):
         holder = json.loads((tmp_path / "out.npy.lock").read_text())
         with pytest.raises(OutputLockedError) as refused:
-            calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)
+            calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", show_progress_bar=False)
         message = str(refused.value)
         assert f"pid {os.getpid()} on {socket.gethostname()}, started {holder['started']}" in message
         assert main(["calibrate", "--calibrator", str(flow_path), "--embeddings", str(tmp_path / "in.npy"),
@@ -27,7 +27,7 @@ def test_a_held_lock_refuses_a_second_job_naming_the_holder_and_touches_nothing(
         assert capsys.readouterr().err.strip().splitlines() == [f"flowcore calibrate: error: {message}"]
         assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy", "out.npy.lock"]
     assert not (tmp_path / "out.npy.lock").exists()
-    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)
+    calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", show_progress_bar=False)
     assert leftovers(out) == []
 
 
@@ -40,7 +40,7 @@ def test_a_lock_file_left_by_a_dead_job_is_taken_over(tmp_path, flow_path):
         assert lock.took_over == stale
         assert json.loads((tmp_path / "out.npy.lock").read_text())["pid"] == os.getpid()
     (tmp_path / "out.npy.lock").write_text(json.dumps(stale))
-    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", progress=False)
+    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", show_progress_bar=False)
     assert summary.rows == 100 and leftovers(out) == []
     assert summary.lock_taken_over == stale
     assert str(summary).splitlines()[-1] == ("took over the lock of a job that is no longer running "

@@ -18,7 +18,7 @@ def anisotropic_gaussian(rows=3000, dim=12, seed=0):
 def test_training_lowers_loss_and_whitens():
     X = anisotropic_gaussian()
     glow = flowcore.Glow(12, levels=2, depth=3, width=16)
-    losses = flowcore.fit(glow, X, epochs=4, batch_size=64, lr=2e-3, progress=False)
+    losses = flowcore.fit(glow, X, epochs=4, batch_size=64, lr=2e-3, show_progress_bar=False)
     assert losses[-1] < losses[0]
     with torch.no_grad():
         z, _ = glow(torch.from_numpy(X))
@@ -38,14 +38,14 @@ def test_same_seed_same_result_and_float64():
     for _ in range(2):
         torch.manual_seed(5)
         glow = flowcore.Glow(8, levels=2, depth=2, width=8).double()
-        losses = flowcore.fit(glow, X, epochs=2, batch_size=50, seed=7, progress=False)
+        losses = flowcore.fit(glow, X, epochs=2, batch_size=50, seed=7, show_progress_bar=False)
         results.append((losses, [p.detach().clone() for p in glow.parameters()]))
         assert next(glow.parameters()).dtype == torch.float64
     assert results[0][0] == results[1][0]
     assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
     torch.manual_seed(5)
     other = flowcore.Glow(8, levels=2, depth=2, width=8).double()
-    assert flowcore.fit(other, X, epochs=2, batch_size=50, seed=8, progress=False) != results[0][0]
+    assert flowcore.fit(other, X, epochs=2, batch_size=50, seed=8, show_progress_bar=False) != results[0][0]
 
 
 def test_non_finite_loss_stops_with_clear_message_and_clean_weights(monkeypatch):
@@ -64,7 +64,7 @@ def test_non_finite_loss_stops_with_clear_message_and_clean_weights(monkeypatch)
 
     monkeypatch.setattr(glow, "bits_per_dim", exploding)
     with pytest.raises(TrainingDivergedError, match=r"epoch 1, step 3/8.*lower learning rate"):
-        flowcore.fit(glow, X, batch_size=32, progress=False)
+        flowcore.fit(glow, X, batch_size=32, show_progress_bar=False)
     for name, parameter in glow.named_parameters():
         assert torch.isfinite(parameter).all()
         assert torch.equal(parameter, snapshot[name]), f"{name} changed after the NaN step"
@@ -74,17 +74,17 @@ def test_bad_training_data_is_refused():
     glow = flowcore.Glow(8, levels=2, depth=2, width=8)
     X = anisotropic_gaussian(rows=64, dim=8)
     with pytest.raises(ValueError, match="has 7 features per row but the flow expects 8"):
-        flowcore.fit(glow, X[:, :7], progress=False)
+        flowcore.fit(glow, X[:, :7], show_progress_bar=False)
     with pytest.raises(ValueError, match="at least 2 are needed"):
-        flowcore.fit(glow, X[:1], progress=False)
+        flowcore.fit(glow, X[:1], show_progress_bar=False)
     bad = X.copy()
     bad[17, 3] = np.nan
     with pytest.raises(ValueError, match="NaN or Inf values in row\\(s\\) 17"):
-        flowcore.fit(glow, bad, progress=False)
+        flowcore.fit(glow, bad, show_progress_bar=False)
     constant = X.copy()
     constant[:, 5] = 2.5
     with pytest.raises(ValueError, match="feature\\(s\\) 5 have zero variance"):
-        flowcore.fit(glow, constant, progress=False)
+        flowcore.fit(glow, constant, show_progress_bar=False)
 
 
 def test_actnorm_init_needs_two_rows():
@@ -117,7 +117,7 @@ def _state(glow):
 
 def test_killed_and_resumed_training_ends_with_the_same_weights_bit_for_bit(tmp_path, monkeypatch):
     X = anisotropic_gaussian(rows=256, dim=8)
-    options = dict(epochs=3, batch_size=32, lr=2e-3, seed=1, progress=False)  # 24 steps
+    options = dict(epochs=3, batch_size=32, lr=2e-3, seed=1, show_progress_bar=False)  # 24 steps
     reference = _tiny_glow()
     expected_losses = flowcore.fit(reference, X, **options)
 
@@ -156,13 +156,13 @@ def _saved(folder, X):
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     X = anisotropic_gaussian(rows=128, dim=8)
     checkpoint = tmp_path / "fit.ckpt"
-    flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, checkpoint=checkpoint, progress=False)
+    flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, checkpoint=checkpoint, show_progress_bar=False)
     with pytest.raises(flowcore.flows.train.CheckpointMismatchError, match=r"fit.ckpt is a checkpoint of another.*"
                        r"lr was 0.001, now 0.002"):
-        flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, lr=2e-3, checkpoint=checkpoint, progress=False)
+        flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, lr=2e-3, checkpoint=checkpoint, show_progress_bar=False)
     checkpoint.write_bytes(b"not a checkpoint")
     with pytest.raises(flowcore.flows.train.CheckpointMismatchError, match="unreadable training checkpoint"):
-        flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, checkpoint=checkpoint, progress=False)
+        flowcore.fit(_tiny_glow(), X, epochs=1, batch_size=32, checkpoint=checkpoint, show_progress_bar=False)
 
 
 def test_on_epoch_stops_training_and_its_state_is_checkpointed(tmp_path):
@@ -186,11 +186,11 @@ def test_on_epoch_stops_training_and_its_state_is_checkpointed(tmp_path):
     first = StopAfterTwo()
     checkpoint = tmp_path / "fit.ckpt"
     losses = flowcore.fit(_tiny_glow(), X, epochs=5, batch_size=32, checkpoint=checkpoint, on_epoch=first,
-                          progress=False)
+                          show_progress_bar=False)
     assert len(losses) == 2 and first.calls == [1, 2]
     rerun = StopAfterTwo()
     assert flowcore.fit(_tiny_glow(), X, epochs=5, batch_size=32, checkpoint=checkpoint, on_epoch=rerun,
-                        progress=False) == losses
+                        show_progress_bar=False) == losses
     assert rerun.calls == [1, 2]  # restored, not called again
 
 
@@ -211,7 +211,7 @@ def test_paper_setting_fit_descends_without_a_spike():
         return loss
 
     glow.bits_per_dim = recorded
-    flowcore.fit(glow, X, batch_size=32, lr=1e-3, progress=False)
+    flowcore.fit(glow, X, batch_size=32, lr=1e-3, show_progress_bar=False)
     steps = losses  # ActNorm's initialisation pass calls the flow, not bits_per_dim
     assert len(steps) == 50
     assert max(steps[1:]) < steps[0] + 0.05
@@ -227,13 +227,13 @@ def test_fit_pins_its_thread_count_and_restores_it(batch_size, threads, expected
     glow = flowcore.Glow(8, levels=2, depth=2, width=8)
     before = torch.get_num_threads()
     seen = []
-    flowcore.fit(glow, X, batch_size=batch_size, progress=False, threads=threads,
+    flowcore.fit(glow, X, batch_size=batch_size, show_progress_bar=False, threads=threads,
                  on_epoch=lambda epoch, loss: seen.append(torch.get_num_threads()))
     assert seen == [expected if expected is not None else max(1, min(before, available_cpus()))]
     assert torch.get_num_threads() == before
     assert training_threads(batch_size) == (1 if batch_size < 256 else seen[0])
     with pytest.raises(ValueError, match="threads must be a positive integer"):
-        flowcore.fit(glow, X, threads=0, progress=False)
+        flowcore.fit(glow, X, threads=0, show_progress_bar=False)
 
 
 def test_the_gradient_check_tells_overflowing_sums_from_non_finite_gradients():

@@ -99,7 +99,8 @@ def test_mteb_sts_evaluator_equals_flowcore_sts_without_calibration(recorded, st
     calls = len(recorded.batch_sizes)
     scores = mteb_scores(FlowcoreMTEBModel(recorded), stsb_task(stsb, monkeypatch))
     assert recorded.batch_sizes[calls:] == [ENCODE_KWARGS["batch_size"]] * 2  # mteb's batch size reaches the encoder
-    (record,) = evaluate(recorded, datasets=["STS-B"], calibrations=["none"], data_dir=sts_data_dir, progress=False)
+    (record,) = evaluate(recorded, datasets=["STS-B"], calibrations=["none"], data_dir=sts_data_dir,
+                         show_progress_bar=False)
     mteb_spearman = 100 * scores["cosine_spearman"]
     assert record["n_pairs"] == len(stsb) == 1379
     assert mteb_spearman == pytest.approx(record["spearman"], abs=1e-6)
@@ -115,7 +116,7 @@ def test_mteb_sts_evaluator_equals_flowcore_sts_with_whitening(recorded, stsb, s
     corpus_file = tmp_path / "stsb-test-sentences.txt"
     corpus_file.write_text("\n".join(stsb.sentences()) + "\n", encoding="utf-8")
     (record,) = evaluate(recorded, datasets=["STS-B"], calibrations=["whitening"], data_dir=sts_data_dir,
-                         fit_corpus=str(corpus_file), progress=False)
+                         fit_corpus=str(corpus_file), show_progress_bar=False)
     corpus = read_sentence_file(corpus_file)
     assert record["fit_sentences"] == len(corpus) == 2 * len(stsb)
     whitening = flowcore.Whitening().fit(recorded.encode(corpus))
@@ -185,7 +186,7 @@ def test_encode_over_mteb_batches(recorded, stsb):
 def test_from_flow_file(recorded, encoder, stsb, tmp_path):
     sentences = stsb.sentences()[:512]
     calibrator = flowcore.FlowCalibrator(config="l2_d2_w32").fit(recorded.encode(sentences), encoder=encoder,
-                                                                 progress=False)
+                                                                 show_progress_bar=False)
     path = tmp_path / "stsb.flow"
     calibrator.save(path)
     model = FlowcoreMTEBModel.from_flow_file(path, encoder=recorded)
@@ -199,7 +200,7 @@ def test_from_flow_file(recorded, encoder, stsb, tmp_path):
     with pytest.raises(ValueError, match="pooling"):
         FlowcoreMTEBModel.from_flow_file(path, encoder=flowcore.Encoder(pooling="mean"))
     anonymous = tmp_path / "raw.flow"
-    flowcore.FlowCalibrator(config="l2_d2_w32").fit(recorded.encode(sentences), progress=False).save(anonymous)
+    flowcore.FlowCalibrator(config="l2_d2_w32").fit(recorded.encode(sentences), show_progress_bar=False).save(anonymous)
     with pytest.raises(ValueError, match="records no encoder"):
         FlowcoreMTEBModel.from_flow_file(anonymous)
     assert FlowcoreMTEBModel.from_flow_file(anonymous, encoder=recorded).embed_dim == 384

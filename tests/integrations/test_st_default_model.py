@@ -29,7 +29,7 @@ def stsb(sts_data_dir):
 def test_default_model_flow_and_whitening(stsb, tmp_path):
     fit, held_out = stsb
     encoder = flowcore.Encoder()  # default, first-last-avg
-    calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(fit), encoder=encoder, progress=False)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(fit), encoder=encoder, show_progress_bar=False)
     calibrator.save(tmp_path / "model.flow")
     out = export(tmp_path / "flow_st", tmp_path / "model.flow", normalize=True)
     got = SentenceTransformer(out, trust_remote_code=True).encode(held_out)

@@ -42,7 +42,8 @@ def sentences() -> list[str]:
 @pytest.fixture(scope="module")
 def flow_file(bert, sentences, tmp_path_factory):
     encoder = flowcore.Encoder(bert, pooling="first-last-avg")
-    calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(sentences), encoder=encoder, progress=False)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(sentences), encoder=encoder,
+                                                          show_progress_bar=False)
     path = tmp_path_factory.mktemp("flow") / "model.flow"
     calibrator.save(path)
     return path
@@ -82,7 +83,8 @@ def test_flow_folder_matches_flowcore(bert, sentences, flow_file, tmp_path):
 
 def test_flow_with_explicit_layers(bert, sentences, tmp_path):
     encoder = flowcore.Encoder(bert, pooling="layers=0,3")
-    calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(sentences), encoder=encoder, progress=False)
+    calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(sentences), encoder=encoder,
+                                                          show_progress_bar=False)
     out = fst.export(tmp_path / "st", calibrator, layers=[0, -1])  # the same hidden states, another spelling
     got = fst.load_model(out).encode(sentences[:40])
     assert cosines(got, calibrator.transform(encoder.encode(sentences[:40]))).min() > 0.9999
@@ -155,7 +157,7 @@ def test_errors(bert, sentences, flow_file, tmp_path):
     other = save_tiny_bert(tmp_path / "other", WORDS, hidden_size=16, num_layers=3, seed=1)
     with pytest.raises(ValueError, match="fitted on embeddings from encoder"):
         fst.export(tmp_path / "c", flow_file, model=other)
-    raw = flowcore.FlowCalibrator("l2_d2_w32").fit(flowcore.Encoder(bert).encode(sentences), progress=False)
+    raw = flowcore.FlowCalibrator("l2_d2_w32").fit(flowcore.Encoder(bert).encode(sentences), show_progress_bar=False)
     with pytest.raises(ValueError, match="records no encoder"):
         fst.export(tmp_path / "d", raw)
     wide = save_tiny_bert(tmp_path / "wide", WORDS, hidden_size=24, num_layers=3)

@@ -101,9 +101,9 @@ def test_fit_gives_the_same_losses_and_weights_on_both_backends():
     fused = copy.deepcopy(reference)
     data = _data(96, torch.float64, seed=5).numpy()
     with use_backend("torch"):
-        losses_ref = flowcore.fit(reference, data, epochs=2, batch_size=32, lr=1e-3, seed=0, progress=False)
+        losses_ref = flowcore.fit(reference, data, epochs=2, batch_size=32, lr=1e-3, seed=0, show_progress_bar=False)
     with use_backend("triton"):
-        losses = flowcore.fit(fused, data, epochs=2, batch_size=32, lr=1e-3, seed=0, progress=False)
+        losses = flowcore.fit(fused, data, epochs=2, batch_size=32, lr=1e-3, seed=0, show_progress_bar=False)
     assert len(losses) == 2 and losses[1] < losses[0]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(losses_ref), rtol=1e-9, atol=1e-9)
     for (name, pa), (_, pb) in zip(fused.named_parameters(), reference.named_parameters()):

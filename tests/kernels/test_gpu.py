@@ -154,7 +154,8 @@ def test_float32_glow_trains_under_tf32_on_gpu(tf32):
     for backend in ("triton", "torch"):
         glow = flowcore.Glow(256, levels=2, depth=2, width=32).cuda()
         with use_backend(backend):
-            losses[backend] = flowcore.fit(glow, data, epochs=2, batch_size=512, lr=1e-3, seed=0, progress=False)
+            losses[backend] = flowcore.fit(glow, data, epochs=2, batch_size=512, lr=1e-3, seed=0,
+                                           show_progress_bar=False)
     assert losses["triton"][1] < losses["triton"][0]
     torch.testing.assert_close(torch.tensor(losses["triton"]), torch.tensor(losses["torch"]), rtol=1e-2, atol=1e-2)
 

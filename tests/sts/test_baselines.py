@@ -43,8 +43,8 @@ def test_build_calibrator_and_settings_record():
     assert isinstance(none, Identity) and none.transform([[1, 2]]).dtype == np.float32
     whitening = build_calibrator("whitening", settings)
     assert isinstance(whitening, Whitening) and (whitening.dim_kept, whitening.power) == (4, 0.3)
-    flow = build_calibrator("flow", settings, progress=False)
-    assert isinstance(flow, FlowBaseline) and flow.input == "prewhiten" and not flow.progress
+    flow = build_calibrator("flow", settings, show_progress_bar=False)
+    assert isinstance(flow, FlowBaseline) and flow.input == "prewhiten" and flow.show_progress_bar is False
     assert flow.flow.epochs == 2 and not flow.flow.standardize
     with pytest.raises(ValueError, match="unknown calibration 'pca'"):
         build_calibrator("pca", settings)
@@ -61,7 +61,7 @@ def test_build_calibrator_and_settings_record():
 def test_prewhiten_fits_the_flow_on_whitened_vectors():
     X = np.random.default_rng(0).normal(size=(300, 6)) @ np.random.default_rng(1).normal(size=(6, 6)) + 4
     settings = CalibrationSettings(flow_config="l2_d2_w32", flow_input="prewhiten", flow_epochs=1)
-    baseline = build_calibrator("flow", settings, progress=False).fit(X)
+    baseline = build_calibrator("flow", settings, show_progress_bar=False).fit(X)
     whitened = Whitening().fit(X).transform(X)
     np.testing.assert_allclose(baseline.whitening.transform(X), whitened)
     np.testing.assert_array_equal(baseline.transform(X), baseline.flow.transform(whitened))
@@ -78,7 +78,7 @@ def test_any_calibrator_file_is_prefitted_with_its_settings(tmp_path, name, reco
     settings = {"whitening": {"dim": 3, "power": 0.25}, "abtt": {"k": 2}, "zca": {},
                 "flow": {"config": "l2_d2_w32", "epochs": 1}}[name]
     calibrator = create(name, **settings)
-    calibrator.fit(X, **({"progress": False} if name == "flow" else {}))
+    calibrator.fit(X, **({"show_progress_bar": False} if name == "flow" else {}))
     calibrator.save(tmp_path / "c.flow")
     given = prefitted(tmp_path / "c.flow")
     assert given.calibrator.name == name and given.source == str(tmp_path / "c.flow")

@@ -12,29 +12,29 @@ from helpers.sts_stand_ins import HashEncoder
 def test_embedding_cache_encodes_each_sentence_once_per_model_and_pooling(tmp_path):
     encoder = HashEncoder()
     cache = EmbeddingCache(tmp_path)
-    first = cache.embed(encoder, ["x", "y", "x"], progress=False)
+    first = cache.embed(encoder, ["x", "y", "x"], show_progress_bar=False)
     assert encoder.encoded == ["x", "y"]
     np.testing.assert_array_equal(first[0], first[2])
     fresh = EmbeddingCache(tmp_path)  # a new run, same folder: read from disk
-    again = fresh.embed(encoder, ["y", "z", "x"], progress=False)
+    again = fresh.embed(encoder, ["y", "z", "x"], show_progress_bar=False)
     assert encoder.encoded == ["x", "y", "z"]
     np.testing.assert_array_equal(again[[0, 2]], first[[1, 0]])
     other_pooling = HashEncoder(pooling="static-avg")
-    EmbeddingCache(tmp_path).embed(other_pooling, ["x"], progress=False)
+    EmbeddingCache(tmp_path).embed(other_pooling, ["x"], show_progress_bar=False)
     assert other_pooling.encoded == ["x"]
     assert len(list(tmp_path.rglob("*.npy"))) == 3 and not list(tmp_path.rglob("*.tmp"))
     memory_only = HashEncoder()
-    EmbeddingCache(None).embed(memory_only, ["x"], progress=False)
+    EmbeddingCache(None).embed(memory_only, ["x"], show_progress_bar=False)
     assert memory_only.encoded == ["x"]
 
 
 def test_bad_shards_are_skipped_with_a_warning_and_progress_is_logged(tmp_path, caplog):
-    EmbeddingCache(tmp_path).embed(HashEncoder(), ["x", "y"], progress=False)
+    EmbeddingCache(tmp_path).embed(HashEncoder(), ["x", "y"], show_progress_bar=False)
     npy, = tmp_path.rglob("*.npy")
     npy.write_bytes(b"not an array")
     encoder = HashEncoder()
     with caplog.at_level(logging.INFO, logger="flowcore.sts"):
-        EmbeddingCache(tmp_path).embed(encoder, ["x"], progress=True)
+        EmbeddingCache(tmp_path).embed(encoder, ["x"], show_progress_bar=True)
     assert encoder.encoded == ["x"]
     messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "flowcore.sts.cache"]
     assert messages[0][0] == logging.WARNING and "skipping unreadable shard" in messages[0][1]
@@ -42,7 +42,7 @@ def test_bad_shards_are_skipped_with_a_warning_and_progress_is_logged(tmp_path, 
     caplog.clear()
     wider = HashEncoder(dim=8)
     with caplog.at_level(logging.INFO, logger="flowcore.sts"):
-        EmbeddingCache(tmp_path).embed(wider, ["x"], progress=False)
+        EmbeddingCache(tmp_path).embed(wider, ["x"], show_progress_bar=False)
     assert wider.encoded == ["x"]
     assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2  # both 16-wide shards
     texts = [r.getMessage() for r in caplog.records]

@@ -21,7 +21,7 @@ def test_evaluate_protocol_with_stand_ins(sts_data_dir, tmp_path):
     MeanShift.fitted_rows = []
     records = evaluate(encoder, datasets=["STS16", "STS-B"], calibrations=["none", "whitening", "flow"],
                        data_dir=sts_data_dir, cache=EmbeddingCache(tmp_path), factories={"flow": MeanShift},
-                       settings=CalibrationSettings(whitening_dim=8), progress=False)
+                       settings=CalibrationSettings(whitening_dim=8), show_progress_bar=False)
     assert [(r["dataset"], r["calibration"]) for r in records] == [
         (d, c) for d in ("STS16", "STS-B") for c in ("none", "whitening", "flow")]
     assert MeanShift.fitted_rows == [2 * 1186, 2 * 8628]  # target: every sentence of every split
@@ -35,7 +35,7 @@ def test_evaluate_protocol_with_stand_ins(sts_data_dir, tmp_path):
         assert abs(record["spearman"]) < 10 and record["model"] == "hash-encoder"
     encoded = len(encoder.encoded)
     evaluate(encoder, datasets=["STS-B"], calibrations=["whitening"], data_dir=sts_data_dir,
-             cache=EmbeddingCache(tmp_path), progress=False)
+             cache=EmbeddingCache(tmp_path), show_progress_bar=False)
     assert len(encoder.encoded) == encoded  # a second run re-encodes nothing
 
 
@@ -44,7 +44,7 @@ def test_calibration_fitted_on_a_sentence_file_is_fitted_once(sts_data_dir, tmp_
     corpus.write_text("A man sleeps.\nA dog runs.\nTwo birds sing.\n", encoding="utf-8")
     MeanShift.fitted_rows = []
     records = evaluate(HashEncoder(), datasets=["STS13", "STS16"], calibrations=["flow"], data_dir=sts_data_dir,
-                       fit_corpus=str(corpus), factories={"flow": MeanShift}, progress=False)
+                       fit_corpus=str(corpus), factories={"flow": MeanShift}, show_progress_bar=False)
     assert MeanShift.fitted_rows == [3]
     assert {r["fit_corpus"] for r in records} == {str(corpus)}
 
@@ -55,7 +55,7 @@ def test_failed_calibration_is_reported_and_kept(sts_data_dir):
             return np.full_like(X, np.nan)
 
     records = evaluate(HashEncoder(), datasets=["STS16"], calibrations=["none", "flow"], data_dir=sts_data_dir,
-                       factories={"flow": Exploding}, progress=False)
+                       factories={"flow": Exploding}, show_progress_bar=False)
     assert records[0]["spearman"] is not None
     assert records[1]["spearman"] is None and "NaN" in records[1]["error"]
     assert "| n/a |" in markdown_table(records)
@@ -68,7 +68,7 @@ def test_progress_is_logged_and_failures_are_warnings(sts_data_dir, caplog):
 
     with caplog.at_level(logging.INFO, logger="flowcore.sts"):
         evaluate(HashEncoder(), datasets=["STS16"], calibrations=["none", "flow"], data_dir=sts_data_dir,
-                 factories={"flow": Exploding}, progress=True)
+                 factories={"flow": Exploding}, show_progress_bar=True)
     lines = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert lines[0] == ("INFO", "STS16: 1186 test pairs")
     assert ("INFO", "STS16: fitting flow on 2372 target sentences") in lines
@@ -77,8 +77,9 @@ def test_progress_is_logged_and_failures_are_warnings(sts_data_dir, caplog):
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="flowcore.sts"):
         evaluate(HashEncoder(), datasets=["STS16"], calibrations=["none", "flow"], data_dir=sts_data_dir,
-                 factories={"flow": Exploding}, progress=False)
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [lines[-1]]  # progress=False: failures only
+                 factories={"flow": Exploding}, show_progress_bar=False)
+    # show_progress_bar=False: failures only
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [lines[-1]]
 
 
 def _write_stsb_tsv(data_dir, path):
@@ -93,8 +94,8 @@ def test_pairs_of_a_file_match_the_built_in_dataset(sts_data_dir, tmp_path):
     """STS-B's test set written as a .tsv scores exactly as the built-in STS-B row."""
     pairs = load_pairs(_write_stsb_tsv(sts_data_dir, tmp_path / "stsb.tsv"))
     encoder = HashEncoder()
-    built_in, = evaluate(encoder, datasets=["STS-B"], data_dir=sts_data_dir, progress=False)
-    own, = evaluate(encoder, pairs=[pairs], data_dir=tmp_path / "not-read", progress=False)
+    built_in, = evaluate(encoder, datasets=["STS-B"], data_dir=sts_data_dir, show_progress_bar=False)
+    own, = evaluate(encoder, pairs=[pairs], data_dir=tmp_path / "not-read", show_progress_bar=False)
     assert own["spearman"] == built_in["spearman"] and own["pearson"] == built_in["pearson"]
     assert own["n_pairs"] == 1379 and own["dataset"] == "stsb" and own["split"] == "pairs"
     assert own["pairs_file"] == str(tmp_path / "stsb.tsv") and own["skipped_lines"] == 0
@@ -108,14 +109,15 @@ def test_pairs_fit_on_their_own_sentences_and_small_corpora_warn(tmp_path, caplo
     MeanShift.fitted_rows = []
     with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
         none, flow = evaluate(HashEncoder(), pairs=[load_pairs(path)], calibrations=["none", "flow"],
-                              factories={"flow": MeanShift}, progress=False)
+                              factories={"flow": MeanShift}, show_progress_bar=False)
     assert MeanShift.fitted_rows == [60]  # both sides of every pair, with repeats
     expected = small_corpus_warning(37, 16)  # 30 + 7 distinct sentences < 5 x 16
     assert flow["fit_corpus"] == "target" and flow["fit_sentences"] == 60 and flow["fit_distinct_sentences"] == 37
     assert flow["warning"] == expected and "warning" not in none
     assert caplog.messages == [f"mine: {expected}"]
     with pytest.raises(ValueError, match="needs the built-in datasets"):
-        evaluate(HashEncoder(), pairs=[load_pairs(path)], calibrations=["flow"], fit_corpus="train", progress=False)
+        evaluate(HashEncoder(), pairs=[load_pairs(path)], calibrations=["flow"], fit_corpus="train",
+                 show_progress_bar=False)
 
 
 def test_a_small_file_corpus_warns_once_and_is_recorded_everywhere(tmp_path, caplog):
@@ -128,7 +130,7 @@ def test_a_small_file_corpus_warns_once_and_is_recorded_everywhere(tmp_path, cap
     MeanShift.fitted_rows = []
     with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
         records = evaluate(HashEncoder(), pairs=[load_pairs(f) for f in files], calibrations=["none", "flow"],
-                           fit_corpus=str(corpus), factories={"flow": MeanShift}, progress=False)
+                           fit_corpus=str(corpus), factories={"flow": MeanShift}, show_progress_bar=False)
     expected = small_corpus_warning(12, 16)
     assert MeanShift.fitted_rows == [12]  # fitted once, reused for both files
     assert [r.get("warning") for r in records] == [None, expected, None, expected]
@@ -138,7 +140,7 @@ def test_a_small_file_corpus_warns_once_and_is_recorded_everywhere(tmp_path, cap
 def test_no_warning_on_a_large_enough_corpus(sts_data_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
         record, = evaluate(HashEncoder(), datasets=["STS16"], calibrations=["whitening"], data_dir=sts_data_dir,
-                           progress=False)
+                           show_progress_bar=False)
     assert "warning" not in record and record["fit_distinct_sentences"] >= 5 * 16 and caplog.messages == []
 
 
@@ -146,7 +148,7 @@ def test_a_prefitted_calibrator_is_applied_as_it_is(sts_data_dir, tmp_path):
     shift = MeanShift().fit(np.zeros((2, 16), dtype=np.float32))
     MeanShift.fitted_rows = []
     record, = evaluate(HashEncoder(), datasets=["STS16"], calibrations=["flow"], data_dir=sts_data_dir,
-                       fitted={"flow": PreFitted(shift, "my.flow", {"flow_config": "x"})}, progress=False)
+                       fitted={"flow": PreFitted(shift, "my.flow", {"flow_config": "x"})}, show_progress_bar=False)
     assert MeanShift.fitted_rows == [] and record["fit_corpus"] == "my.flow" and record["flow_config"] == "x"
     assert "fit_sentences" not in record and "warning" not in record
     assert "| hash-encoder mean + flow (my.flow) |" in markdown_table([record])
@@ -164,7 +166,7 @@ def test_mteb_parity_of_the_raw_default_encoder(sts_data_dir, encode_cache, data
     from flowcore.text.encoder import Encoder
 
     record, = evaluate(Encoder("default", pooling="mean"), datasets=[dataset], calibrations=["none"],
-                       data_dir=sts_data_dir, cache=encode_cache, progress=False)
+                       data_dir=sts_data_dir, cache=encode_cache, show_progress_bar=False)
     assert record["spearman"] == pytest.approx(mteb, abs=0.05)
 
 
@@ -174,7 +176,7 @@ def test_flow_lifts_an_anisotropic_pooling_as_much_as_whitening(sts_data_dir, en
 
     none, whitening, flow = evaluate(Encoder("default", pooling="static-avg"), datasets=["STS16"],
                                      calibrations=["none", "whitening", "flow"], data_dir=sts_data_dir,
-                                     cache=encode_cache, progress=False)
+                                     cache=encode_cache, show_progress_bar=False)
     assert flow["spearman"] > none["spearman"] + 8
     assert flow["spearman"] >= whitening["spearman"] - 0.3  # the default recipe never ends below whitening
     assert np.isfinite(flow["flow_losses"]).all()
@@ -190,10 +192,10 @@ def test_flow_defaults_survive_constant_coordinates_of_mean_pooling(sts_data_dir
 
     encoder = Encoder("default", pooling="mean")
     flow, = evaluate(encoder, datasets=["STS16"], calibrations=["flow"], data_dir=sts_data_dir,
-                     cache=encode_cache, progress=False)
+                     cache=encode_cache, show_progress_bar=False)
     assert "error" not in flow and flow["spearman"] > 70 and flow["flow_losses"][0] < 5
     raw, = evaluate(encoder, datasets=["STS16"], calibrations=["flow"], data_dir=sts_data_dir,
-                    cache=encode_cache, settings=CalibrationSettings(flow_input="raw"), progress=False)
+                    cache=encode_cache, settings=CalibrationSettings(flow_input="raw"), show_progress_bar=False)
     assert "non-finite" in raw.get("error", "") or raw["flow_losses"][0] > 1000  # diverged, or blew up
 
 
@@ -216,7 +218,7 @@ def test_datasets_fit_their_flows_side_by_side_with_the_same_records(sts_data_di
     global _UNPATCHED_SCORE_ONE
     kwargs = dict(datasets=["STS16", "STS13"], calibrations=["none", "whitening", "flow"], data_dir=sts_data_dir,
                   cache=EmbeddingCache(tmp_path), settings=CalibrationSettings(flow_config="l2_d2_w32", flow_epochs=1),
-                  progress=False)
+                  show_progress_bar=False)
     alone = evaluate(HashEncoder(dim=24), jobs=1, **kwargs)
     _UNPATCHED_SCORE_ONE = protocol._score_one
     monkeypatch.setattr(protocol, "_score_one", _score_one_with_pid)
@@ -241,7 +243,8 @@ def test_flows_are_fitted_side_by_side_only_where_that_is_safe_and_the_same(sts_
     stand_in = lambda name, *args: MeanShift() if name == "flow" else built_in(name, *args)  # noqa: E731
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("A man sleeps.\nA dog runs.\n", encoding="utf-8")
-    base = dict(datasets=["STS16", "STS13"], data_dir=sts_data_dir, cache=EmbeddingCache(tmp_path), progress=False,
+    base = dict(datasets=["STS16", "STS13"], data_dir=sts_data_dir, cache=EmbeddingCache(tmp_path),
+                show_progress_bar=False,
                 jobs=2)
     serial = [dict(calibrations=["none", "whitening"]),
               dict(calibrations=["flow"], factories={"flow": MeanShift}),

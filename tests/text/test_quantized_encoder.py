@@ -106,10 +106,11 @@ def test_weights_follow_the_cpu(flags, weights):
 def test_cache_keeps_int8_apart(tiny_bert, sentences, tmp_path):
     fp32, int8 = Encoder(tiny_bert, pooling="mean"), Encoder(tiny_bert, pooling="mean", quantize="int8")
     cache = EmbeddingCache(tmp_path)
-    from_fp32, from_int8 = cache.embed(fp32, sentences, progress=False), cache.embed(int8, sentences, progress=False)
+    from_fp32, from_int8 = cache.embed(fp32, sentences, show_progress_bar=False), cache.embed(int8, sentences,
+                                                                                              show_progress_bar=False)
     assert len([folder for folder in tmp_path.iterdir() if folder.is_dir()]) == 2
     assert np.array_equal(from_fp32, fp32.encode(sentences)) and np.array_equal(from_int8, int8.encode(sentences))
-    reread = EmbeddingCache(tmp_path).embed(int8, sentences, progress=False)
+    reread = EmbeddingCache(tmp_path).embed(int8, sentences, show_progress_bar=False)
     assert np.array_equal(reread, from_int8)
 
 

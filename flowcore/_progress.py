@@ -1,0 +1,14 @@
+"""When a progress bar shows: `show_progress_bar=None` (every long library call's default) means
+"when stderr is a terminal", as sentence-transformers and tqdm users expect; True and False force it."""
+from __future__ import annotations
+
+import sys
+
+__all__ = ["progress_wanted"]
+
+
+def progress_wanted(show_progress_bar: bool | None) -> bool:
+    """Whether to show a bar: `show_progress_bar`, or for None whether stderr is a terminal."""
+    if show_progress_bar is None:
+        return sys.stderr.isatty()
+    return bool(show_progress_bar)
