@@ -2,33 +2,105 @@
 
 Policy, everywhere: lines end at b"\\n" only (U+2028 and a "\\r" inside a line are text); the
 line ending ("\\n", "\\r\\n", or a final "\\r") is removed; a UTF-8 byte-order mark at the start
-of the file is dropped; a line that is not valid UTF-8 is never altered or skipped silently.
-Streaming readers (`iter_lines`) hand it over as a bad line, which batch jobs put in their rejects
-file; whole-file readers (`read_lines`) raise an error naming the file and line.
+of the file is dropped; a file that starts with a UTF-16 or UTF-32 byte-order mark is refused as a
+whole (`UnsupportedEncodingError`, one line naming the file and its encoding); a line that is not
+valid UTF-8, or that holds a NUL byte (binary data, or UTF-16 text without a byte-order mark), is
+never altered or skipped silently. Streaming readers (`iter_lines`) hand it over with its problem
+(`Line.problem`), which batch jobs put in their rejects file; whole-file readers (`read_lines`)
+raise an error naming the file and line. Only regular files are read: a folder, a pipe or a device
+is refused naming what it is (`require_file`).
 """
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-__all__ = ["Line", "iter_lines", "read_lines"]
+__all__ = ["Line", "UnsupportedEncodingError", "check_encoding", "iter_lines", "read_lines", "require_file"]
 
 _BOM = b"\xef\xbb\xbf"
+_OTHER_BOMS = (  # UTF-32 first: its little-endian mark starts with UTF-16's
+    (b"\xff\xfe\x00\x00", "UTF-32", "little-endian"), (b"\x00\x00\xfe\xff", "UTF-32", "big-endian"),
+    (b"\xff\xfe", "UTF-16", "little-endian"), (b"\xfe\xff", "UTF-16", "big-endian"),
+)
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                  (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+class UnsupportedEncodingError(ValueError):
+    """A text file in another encoding than UTF-8 (it starts with a UTF-16 or UTF-32 byte-order mark)."""
 
 
 class Line(NamedTuple):
     """One line: its 1-based `number`, the byte offset just after it, and its text, or None with
-    `bad_byte` (the offset of the first undecodable byte within the line) when it is not UTF-8."""
+    `bad_byte` (the offset of the first undecodable byte within the line) when it is not UTF-8.
+    `nul` is the byte offset of the line's first NUL byte, None when it holds none; `raw` the
+    line's bytes (without its ending) when it is not UTF-8, for readers that salvage a part of it."""
 
     number: int
     end: int
     text: str | None
     bad_byte: int | None = None
+    nul: int | None = None
+    raw: bytes | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the line cannot be used as text (not UTF-8, a NUL byte), in words; None for a good line."""
+        if self.text is None:
+            return f"not valid UTF-8 ({self.where})"
+        if self.nul is not None:
+            return f"holds a NUL byte ({self.where})"
+        return None
+
+    @property
+    def where(self) -> str:
+        """Where the line's problem is: its first undecodable byte, else its first NUL byte (and a
+        hint when every other character is a NUL, as in UTF-16 text without a byte-order mark)."""
+        if self.text is None:
+            return f"byte {self.bad_byte} of the line"
+        evens, odds = (set(self.text[parity::2]) == {"\0"} for parity in (0, 1))
+        hint = "; UTF-16 text? flowcore reads UTF-8" if len(self.text) >= 4 and evens != odds else ""
+        return f"byte {self.nul} of the line{hint}"
+
+
+def require_file(path: str | os.PathLike, error: type[Exception] | None = None) -> None:
+    """Nothing when `path` is a regular file (or a link to one); otherwise an error saying what it
+    is: missing (FileNotFoundError), a folder (IsADirectoryError), a pipe, socket or device
+    (ValueError: inputs are read more than once, to count rows and to resume), or unreadable.
+    `error`: raise this type instead."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise (error or FileNotFoundError)(f"input not found: {path}") from None
+    except OSError as problem:
+        raise (error or OSError)(f"{path}: cannot be read ({problem.strerror})") from None
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise (error or IsADirectoryError)(f"{path} is a folder, not a file; give the file to read")
+    kind = next((name for check, name in _SPECIAL_FILES if check(mode)), "not a regular file")
+    raise (error or ValueError)(f"{path} is {kind}, not a regular file: inputs are read more than once (to count "
+                                "rows, to resume); save it to a file first")
+
+
+def check_encoding(path: str | os.PathLike) -> None:
+    """`UnsupportedEncodingError` naming `path` and its encoding when it starts with a UTF-16 or
+    UTF-32 byte-order mark: flowcore reads UTF-8 (with or without its byte-order mark)."""
+    with open(path, "rb") as handle:
+        start = handle.read(4)
+    for mark, encoding, order in _OTHER_BOMS:
+        if start.startswith(mark):
+            raise UnsupportedEncodingError(
+                f"{path}: starts with a {encoding} ({order}) byte-order mark: this is {encoding} text, and flowcore "
+                f"reads UTF-8; convert it first (e.g. iconv -f {encoding} -t UTF-8)")
 
 
 def iter_lines(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Iterator[Line]:
-    """The lines of `path` from byte `offset` on, numbered after `line` lines already read."""
+    """The lines of `path` from byte `offset` on, numbered after `line` lines already read; a file
+    in UTF-16 or UTF-32 raises `UnsupportedEncodingError` (`check_encoding`) before any line."""
+    check_encoding(path)
     with open(path, "rb") as handle:
         handle.seek(offset)
         for raw in handle:
@@ -38,20 +110,27 @@ def iter_lines(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Itera
             if start == 0 and raw.startswith(_BOM):
                 raw = raw[len(_BOM):]
             raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+            nul = raw.find(b"\0")
             try:
-                yield Line(line, offset, raw.decode("utf-8"))
+                yield Line(line, offset, raw.decode("utf-8"), None, None if nul < 0 else nul)
             except UnicodeDecodeError as error:
-                yield Line(line, offset, None, error.start)
+                yield Line(line, offset, None, error.start, None if nul < 0 else nul, raw)
 
 
 def read_lines(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[str]:
-    """Every line of `path`; a missing file or a line that is not UTF-8 raises `error` naming it."""
+    """Every line of `path`; a missing file, or a line that is not UTF-8 or holds a NUL byte, raises
+    `error` naming it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise error(f"missing file: {path}")
+    require_file(path, error)
+    try:
+        check_encoding(path)
+    except UnsupportedEncodingError as problem:
+        raise error(str(problem)) from None
     lines = []
     for entry in iter_lines(path):
-        if entry.text is None:
-            raise error(f"{path}:{entry.number}: not valid UTF-8 (byte {entry.bad_byte} of the line)")
+        if entry.problem is not None:
+            raise error(f"{path}:{entry.number}: {entry.problem}")
         lines.append(entry.text)
     return lines

@@ -7,7 +7,20 @@ import warnings
 import numpy as np
 import torch
 
-__all__ = ["as_tensor", "check_matrix", "lone_surrogate"]
+__all__ = ["NonFiniteOutputError", "as_tensor", "check_matrix", "check_output", "lone_surrogate"]
+
+_CHECK_BLOCK_ROWS = 65536
+"""Rows checked at a time by `check_output` (its temporary mask stays small)."""
+
+
+class NonFiniteOutputError(ValueError):
+    """A calibrator mapped finite rows to NaN/Inf (values too large for its arithmetic, e.g. near
+    3.4e38 in float32). `rows`: their 0-based numbers; `output`: the whole result as computed, those
+    rows included, so that a batch job can reject just those rows and keep the others."""
+
+    def __init__(self, message: str, rows: np.ndarray, output: np.ndarray):
+        super().__init__(message)
+        self.rows, self.output = rows, output
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -22,12 +35,15 @@ def lone_surrogate(text: str) -> int | None:
 
 def as_tensor(X, name: str = "X") -> torch.Tensor:
     """`X` (tensor, numpy array or memory map) as a tensor sharing its memory: a memory map stays
-    one. Raises ValueError when X is not numeric."""
+    one. An array in the other byte order (a big-endian .npy on a little-endian machine) is
+    converted, which is a copy. Raises ValueError when X is not numeric."""
     if isinstance(X, torch.Tensor):
         return X
     array = np.asarray(X)
     if array.dtype == object or not np.issubdtype(array.dtype, np.number):
         raise ValueError(f"{name} must be a numeric array, got dtype {array.dtype}")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     with warnings.catch_warnings():  # read-only (memory-mapped) input is only ever read
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(array)
@@ -56,3 +72,19 @@ def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise ValueError(f"{name} has NaN or Inf values in row(s) {shown}{more} (0-based)")
     return tensor
+
+
+def check_output(output: np.ndarray, name: str = "X", row_offset: int = 0) -> np.ndarray:
+    """`output`, a calibrator's result for finite rows of `name`, returned as it is unless a row
+    holds NaN/Inf: then `NonFiniteOutputError` naming those rows (numbered from `row_offset`) and
+    carrying `output`. The Python API raises it; the batch engines reject just those rows."""
+    bad = [start + np.flatnonzero(~np.isfinite(output[start:start + _CHECK_BLOCK_ROWS]).all(axis=1))
+           for start in range(0, len(output), _CHECK_BLOCK_ROWS)]
+    bad = np.concatenate(bad) if bad else np.empty(0, dtype=np.intp)
+    if len(bad):
+        shown = ", ".join(str(int(i) + row_offset) for i in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise NonFiniteOutputError(f"{name} row(s) {shown}{more} (0-based) are finite, but calibrated they hold "
+                                   "NaN or Inf: values too large for the calibration's arithmetic", bad + row_offset,
+                                   output)
+    return output

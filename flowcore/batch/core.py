@@ -17,7 +17,7 @@ revision, hashes, pooling, batch size, quantize; None for stored embeddings); `c
 from __future__ import annotations
 
 import os
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +43,7 @@ from flowcore.runtime import check_threads, job_threads
 
 __all__ = [
     "MANIFEST_FORMAT", "MANIFEST_VERSION", "CalibrationSummary", "InputChangedError", "JobMismatchError", "JobSpec",
-    "arrow_type_name", "calibrate_chunk", "check_compatible", "check_identity", "chunk_of_values",
+    "arrow_type_name", "calibrate_chunk", "calibrated", "check_compatible", "check_identity", "chunk_of_values",
     "default_chunk_rows", "encode_with", "load_calibrator", "load_encoder", "manifest", "normalized",
 ]
 
@@ -79,9 +79,21 @@ def load_calibrator(path: str | os.PathLike, device=None):
     return load(path, device=device)
 
 
+def calibrated(transform: Callable[[np.ndarray], np.ndarray], vectors: np.ndarray) -> np.ndarray:
+    """`transform(vectors)`, where a calibrator's refusal of the finite rows it maps to NaN/Inf
+    (`flowcore.validation.NonFiniteOutputError`) gives back its whole output instead: the core then
+    rejects just those rows (`NON_FINITE_OUTPUT`), as it does for any transform that returns them."""
+    from flowcore.validation import NonFiniteOutputError
+
+    try:
+        return transform(vectors)
+    except NonFiniteOutputError as error:
+        return error.output
+
+
 def normalized(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    """`transform` followed by `unit_rows`."""
-    return lambda vectors: unit_rows(transform(vectors))
+    """`transform` followed by `unit_rows`; rows it maps to NaN/Inf stay so (`calibrated`), for the core to reject."""
+    return lambda vectors: unit_rows(calibrated(transform, vectors))
 
 
 def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] | None:
@@ -252,7 +264,9 @@ def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray],
     a text chunk's good texts are encoded (`dim`-wide), and a row the encoder returns NaN/Inf
     for is rejected; the good rows are calibrated by `transform` (`output_dim`-wide, default
     `dim`), and a row it maps to NaN/Inf is rejected as `NON_FINITE_OUTPUT`, never written as a
-    result. Every rejected row is a NaN row; rejects come back in row order."""
+    result (a calibrator that refuses such rows, as the Python API does, is asked for its output:
+    `calibrated`). Every rejected row is a NaN row; rejects come back in row order, each with its
+    row's id when the chunk has ids."""
     rejects = list(chunk.rejects)
     good = np.ones(chunk.rows, dtype=bool)
     good[[reject.row - chunk.row_start for reject in rejects]] = False
@@ -266,13 +280,16 @@ def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray],
     else:
         vectors = chunk.vectors
     if good.all():
-        out = np.array(transform(vectors), dtype=np.float32)
+        out = np.array(calibrated(transform, vectors), dtype=np.float32)
     else:
         out = np.full((chunk.rows, output_dim or dim), np.nan, dtype=np.float32)
         if good.any():
-            out[good] = transform(vectors[good])
+            out[good] = calibrated(transform, vectors[good])
     rejects += [Reject(reject.row, reject.reason, f"the flow returned {reject.detail}")
                 for reject in reject_non_finite(out, chunk.row_start, good, reason=NON_FINITE_OUTPUT)]
+    if chunk.ids is not None:
+        rejects = [reject if reject.id is not None else replace(reject, id=chunk.ids[reject.row - chunk.row_start])
+                   for reject in rejects]
     return CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
                            sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
 

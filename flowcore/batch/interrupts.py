@@ -5,27 +5,43 @@ The first SIGINT or SIGTERM only sets a flag, which the job checks at chunk boun
 after the last chunk it has made durable and raises `JobInterrupted`, so nothing half-written is
 ever recorded. A second signal exits the process at once (`os._exit`, exit status 128 + signal),
 which is as safe as kill -9: the progress file only ever records durable chunks, so the same
-command still resumes.
+command still resumes. A Ctrl-C that comes before the handlers are installed (while a model
+loads, while Ray starts) stops the job just as well, and is named as such (`interrupts_named`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from typing import Iterator
 
-__all__ = ["JobInterrupted", "StopSignals"]
+__all__ = ["JobInterrupted", "StopSignals", "interrupts_named"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class JobInterrupted(KeyboardInterrupt):
-    """A job stopped by a signal at a chunk boundary. `rows`: the rows done (and recorded);
+    """A job stopped by a signal at a chunk boundary. `rows`: the rows done (and recorded), None
+    when it stopped before its job began (while loading the model, or starting Ray);
     `exit_status`: 128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
 
-    def __init__(self, rows: int, signum: int):
+    def __init__(self, rows: int | None, signum: int):
         self.rows, self.signum, self.exit_status = rows, signum, 128 + signum
-        super().__init__(f"{signal.Signals(signum).name}: stopped at row {rows:,}; "
-                         "rerun the same command to resume")
+        where = "before the job began" if rows is None else f"at row {rows:,}"
+        super().__init__(f"{signal.Signals(signum).name}: stopped {where}; rerun the same command to resume")
+
+
+@contextlib.contextmanager
+def interrupts_named() -> Iterator[None]:
+    """Inside the block, a Ctrl-C that arrives as a plain KeyboardInterrupt (outside `StopSignals`:
+    while a model loads, before a job takes its lock) becomes a `JobInterrupted` that says so."""
+    try:
+        yield
+    except KeyboardInterrupt as error:
+        if isinstance(error, JobInterrupted):
+            raise
+        raise JobInterrupted(None, signal.SIGINT) from None
 
 
 class StopSignals:

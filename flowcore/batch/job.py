@@ -54,7 +54,7 @@ from flowcore.batch.core import (
     manifest,
     normalized,
 )
-from flowcore.batch.interrupts import JobInterrupted, StopSignals
+from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
 from flowcore.batch.lock import OutputLock, OutputLockedError
 from flowcore.batch.outputs import VECTOR_COLUMN, RejectsLog, open_output
 from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chunks
@@ -390,12 +390,13 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
     Example:
         >>> calibrate_file("model.flow", "vectors.parquet", input="corpus.jsonl", id_field="id", normalize=True)
     """
-    spec = JobSpec(flow_path, **options)
-    calibrator, (source,), encoder = spec.prepare([spec.path], encoder)
-    job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, spec.batch_size),
-                         identity=spec.identity(encoder), chunk_rows=spec.chunk_rows, restart=restart,
-                         show_progress_bar=show_progress_bar, threads=spec.threads, normalize=spec.normalize,
-                         vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
-                         output_dim=calibrator.output_dim)
-    return job.run()
+    with interrupts_named():
+        spec = JobSpec(flow_path, **options)
+        calibrator, (source,), encoder = spec.prepare([spec.path], encoder)
+        job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, spec.batch_size),
+                             identity=spec.identity(encoder), chunk_rows=spec.chunk_rows, restart=restart,
+                             show_progress_bar=show_progress_bar, threads=spec.threads, normalize=spec.normalize,
+                             vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
+                             output_dim=calibrator.output_dim)
+        return job.run()
 

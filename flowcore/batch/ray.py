@@ -40,10 +40,10 @@ from flowcore.batch.core import (
     manifest,
     normalized,
 )
-from flowcore.batch.interrupts import JobInterrupted, StopSignals
+from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
 from flowcore.batch.lock import OutputLock
 from flowcore.batch.outputs import VECTOR_COLUMN, ParquetOutput, RejectsLog
-from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed
+from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, require_file
 from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
 from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
 from flowcore.runtime import job_threads, use_threads_in_this_process
@@ -74,11 +74,11 @@ class ShardError(RuntimeError):
 
 
 def _ray():
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is an optional extra
-        raise ImportError("the Ray engine needs Ray Data: pip install 'flowcore[ray]'") from None
-    return ray
+    """Ray with Ray Data, or a `MissingExtraError` naming the feature and `pip install 'flowcore[ray]'`."""
+    from flowcore.extras import require
+
+    require("ray.data", "the Ray engine (--engine ray, flowcore.ray)", "ray")
+    return require("ray", "the Ray engine (--engine ray, flowcore.ray)", "ray")
 
 
 class Calibrate:
@@ -141,6 +141,8 @@ def input_files(pattern: str | os.PathLike, formats: dict[str, str]) -> list[Pat
     path = Path(pattern)
     if path.is_file():
         return [path]
+    if path.exists() and not path.is_dir():
+        require_file(path)  # a pipe or a device, named as such
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in formats)
     else:
@@ -277,6 +279,13 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         >>> calibrate_ray("model.flow", "vectors/", input="corpus/*.jsonl", id_field="id", num_workers=8)
     """
     ray = _ray()
+    with interrupts_named():
+        return _calibrate_ray(ray, flow_path, Path(out), address, num_workers, gpus_per_worker, restart,
+                              show_progress_bar, options)
+
+
+def _calibrate_ray(ray, flow_path, out: Path, address, num_workers, gpus_per_worker, restart, show_progress_bar,
+                   options: dict) -> CalibrationSummary:
     spec = JobSpec(flow_path, actor=True, **options)
     if num_workers is not None and num_workers < 1:
         raise ValueError(f"--num-workers must be at least 1, got {num_workers}")
@@ -285,7 +294,6 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
     if gpus_per_worker and spec.quantize is not None:
         raise ValueError("--quantize is a CPU mode (ONNX Runtime); drop it with --gpus-per-worker")
     files = input_files(spec.path, TEXT_FORMATS if spec.kind == "text" else EMBEDDING_FORMATS)
-    out = Path(out)
     if out.suffix.lower() == ".npy" or out.is_file():
         raise ValueError(f"{out}: the Ray engine writes a folder (parquet shards, rejects.jsonl, manifest.json); "
                          "give --out a folder name")
@@ -299,7 +307,7 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
                 "dim": calibrator.dim, "chunk_rows": spec.chunk_rows, "normalize": spec.normalize,
                 "threads": spec.threads, **spec.identity(encoder)}
     out.mkdir(parents=True, exist_ok=True)
-    with OutputLock(out, out / "job.lock") as lock:
+    with OutputLock(out, out / "job.lock") as lock, StopSignals() as stop:
         folder, job_path = out / "shards", out / "job.json"
         if job_path.exists() and not restart:
             check_identity(json.loads(job_path.read_text(encoding="utf-8")), identity, job_path, spec.path)
@@ -318,7 +326,7 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         started = time.perf_counter()
         if pending:
             _run_shards(ray, spec, inputs, shards, pending, out, address, num_workers, gpus_per_worker,
-                        progress_wanted(show_progress_bar))
+                        progress_wanted(show_progress_bar), stop)
         written = [shard for shard in pending if _shard_path(folder, shard.index).is_file()]
         missing = [shard.index for shard in shards if not _shard_path(folder, shard.index).is_file()]
         if missing:
@@ -346,9 +354,17 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
 
 
 def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
-                address, num_workers, gpus_per_worker, progress: bool) -> None:
-    """Write `pending` shards on an actor pool of the cluster at `address` (or the running one);
-    the first SIGINT/SIGTERM stops it once the shards in flight are written (`JobInterrupted`)."""
+                address, num_workers, gpus_per_worker, progress: bool, stop: StopSignals) -> None:
+    """Write `pending` shards on an actor pool of the cluster at `address` (or the running one); a
+    SIGINT/SIGTERM (`stop`, from before Ray starts on) stops it once the shards in flight are
+    written, raising `JobInterrupted` with the rows of every shard written so far."""
+    def stopped() -> JobInterrupted:
+        folder = out / "shards"
+        return JobInterrupted(sum(shard.rows for shard in shards if _shard_path(folder, shard.index).is_file()),
+                              stop.signum)
+
+    if stop.requested:
+        raise stopped()
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=progress)
     context = ray.data.DataContext.get_current()
@@ -365,20 +381,21 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
               "device": "cuda" if gpus_per_worker > 0 else None, "before_write": _before_shard_write}
     dataset = dataset.map_batches(_ShardWriter, fn_constructor_kwargs=writer, batch_size=1, batch_format="numpy",
                                   concurrency=num_workers, **resources_per_worker)
+    if stop.requested:  # a signal while Ray started: no shard is begun
+        raise stopped()
     done = 0
     try:
-        with StopSignals() as stop:
-            for batch in dataset.iter_batches(batch_size=None):
-                done += int(batch["rows"].sum())
-                if stop.requested:
-                    break
+        for batch in dataset.iter_batches(batch_size=None):
+            done += int(batch["rows"].sum())
+            if stop.requested:
+                break
     except Exception as error:  # a worker's error reaches the driver as text inside Ray's: one line for the user
         reasons = [line.strip() for line in str(error).splitlines() if _ERROR_LINE.match(line.strip())]
         reason = reasons[-1] if reasons else f"{type(error).__name__}: {str(error).splitlines()[0]}"
         raise ShardsFailedError(f"the Ray job stopped: {reason}; the shards already written are kept: rerun the "
                                 "same command to finish") from None
     if stop.requested and done < sum(shard.rows for shard in pending):
-        raise JobInterrupted(done, stop.signum)
+        raise stopped()
 
 
 def _join_rejects(out: Path, folder: Path, shards: list[_Shard], inputs: list[str]) -> dict[str, int]:

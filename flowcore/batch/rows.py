@@ -11,6 +11,7 @@ byte offset, line) marks where a chunk ends, which is all a resumed job needs to
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,22 +19,27 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from flowcore._lines import require_file
+
 __all__ = [
-    "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_UTF8", "MISSING_ID", "MISSING_TEXT",
-    "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS", "NULL", "PARQUET_BATCH_ROWS",
-    "WRONG_WIDTH", "CalibratedChunk", "Chunk", "Position", "Reject", "TextRow", "check_keep_columns", "count_reasons",
-    "detect_format", "file_changed", "file_identity", "not_unicode", "open_parquet", "parquet_batches",
-    "reject_non_finite", "require_file", "text_reject", "vector_rejects",
+    "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_ID", "INVALID_UTF8", "MISSING_ID",
+    "MISSING_TEXT", "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS", "NUL_CHARACTER",
+    "NULL", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "CalibratedChunk", "Chunk", "Position", "Reject", "TextRow",
+    "check_id_column", "check_keep_columns", "count_reasons", "detect_format", "file_changed", "file_identity",
+    "id_reject", "line_reject", "not_unicode", "open_parquet", "parquet_batches", "reject_non_finite", "require_file",
+    "text_reject", "vector_rejects",
 ]
 
 # Reject reasons (the `reason` field of a rejects file line).
 EMPTY_LINE = "empty line"
 EMPTY_TEXT = "empty text"
 INVALID_UTF8 = "invalid UTF-8"
+NUL_CHARACTER = "NUL character"
 BROKEN_JSON = "broken JSON"
 BROKEN_CSV = "broken CSV"
 MISSING_TEXT = "missing text field"
 MISSING_ID = "missing id field"
+INVALID_ID = "invalid id"
 MISSING_VECTOR = "missing vector"
 NON_FINITE = "NaN/Inf"
 NON_FINITE_OUTPUT = "non-finite output"
@@ -50,15 +56,19 @@ PARQUET_BATCH_ROWS = 8192
 @dataclass(frozen=True)
 class Reject:
     """One unusable input row: `row` is its 0-based output row, `line` its 1-based file line
-    (line-oriented formats only)."""
+    (line-oriented formats only), `id` its id (`id_field`) when one could be read, so that a
+    rejected row can be matched by its id too."""
 
     row: int
     reason: str
     detail: str = ""
     line: int | None = None
+    id: str | None = None
 
     def to_json(self) -> dict:
         record = {"row": self.row}
+        if self.id is not None:
+            record["id"] = self.id
         if self.line is not None:
             record["line"] = self.line
         record["reason"] = self.reason
@@ -156,12 +166,6 @@ def check_keep_columns(path: Path, keep_columns, available: list[str] | None) ->
     if missing:
         raise ValueError(f"{path}: no column {missing[0]!r} to keep (columns: {', '.join(available) or 'none'})")
     return keep
-
-
-def require_file(path: Path) -> None:
-    """FileNotFoundError naming `path` unless it is a file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"input not found: {path}")
 
 
 FINGERPRINT_BYTES = 1 << 16
@@ -274,8 +278,8 @@ def not_unicode(value) -> bool:
 
 def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:
     """The one rule for a text value, read from a file or handed over in a batch: a missing
-    value (None), a value that is not a string, a blank one or one holding a lone surrogate is
-    rejected; None for a usable text."""
+    value (None), a value that is not a string, a blank one, or one holding a lone surrogate or a
+    NUL character (U+0000, e.g. a JSON "\\u0000") is rejected; None for a usable text."""
     if text is None:
         return Reject(row, MISSING_TEXT, f"no {field!r} value", line)
     if not isinstance(text, str):
@@ -284,7 +288,57 @@ def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:
         return Reject(row, EMPTY_TEXT, line=line)
     if not_unicode(text):
         return Reject(row, INVALID_UTF8, f"{field!r} holds a lone surrogate (a \\u escape)", line)
+    nul = text.find("\0")
+    if nul >= 0:
+        return Reject(row, NUL_CHARACTER, f"{field!r} holds a NUL character (U+0000) at character {nul}", line)
     return None
+
+
+def line_reject(row: int, line) -> Reject | None:
+    """The reject of a line (`flowcore._lines.Line`) that cannot be text: not UTF-8, or holding a
+    NUL byte; None for a good line."""
+    if line.text is None:
+        return Reject(row, INVALID_UTF8, line.where, line.number)
+    if line.nul is not None:
+        return Reject(row, NUL_CHARACTER, line.where, line.number)
+    return None
+
+
+def id_reject(row: int, line: int | None, value, field: str) -> tuple[str | None, Reject | None]:
+    """The one rule for an id value read from a file: (the id as written out, None) or (None, the
+    reject). A string is the id as it is, an integer its decimal digits, a finite float its
+    shortest text (as JSON writes it), UTF-8 bytes their text. Refused: a missing value
+    (`MISSING_ID`), a string or bytes that are not Unicode text (`INVALID_UTF8`), NaN or ±Infinity
+    (JSON's NaN, 1e999), a boolean, a JSON object or array, or any other value (`INVALID_ID`): an
+    id must be text that a user can match, never a Python repr."""
+    if value is None:
+        return None, Reject(row, MISSING_ID, f"no {field!r} value", line)
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return None, Reject(row, INVALID_UTF8, f"{field!r} is not valid UTF-8 (byte {error.start})", line)
+    if isinstance(value, str):
+        if not_unicode(value):
+            return None, Reject(row, INVALID_UTF8, f"{field!r} holds a lone surrogate (a \\u escape)", line)
+        return value, None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, Reject(row, INVALID_ID, f"{field!r} is {value!r}, not a finite number", line)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value) if isinstance(value, float) else str(value), None
+    kind = {dict: "a JSON object", list: "a JSON array", bool: "a boolean"}.get(type(value), type(value).__name__)
+    return None, Reject(row, INVALID_ID, f"{field!r} is {kind}; an id is a string or a number", line)
+
+
+def check_id_column(path: Path, field: str, kind) -> None:
+    """Refuse a parquet id column whose type holds no ids (ids are strings, integers, floats or
+    UTF-8 binary), naming the file and the column."""
+    import pyarrow as pa
+
+    if not any(check(kind) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer,
+                                         pa.types.is_floating, pa.types.is_binary, pa.types.is_large_binary,
+                                         pa.types.is_null, getattr(pa.types, "is_string_view", lambda _: False))):
+        raise ValueError(f"{path}: id column {field!r} holds {kind}; ids are strings or numbers")
 
 
 def vector_rejects(vectors: np.ndarray, lengths: np.ndarray, row_start: int) -> list[Reject]:

@@ -2,11 +2,21 @@
 whole-corpus helpers `read_texts` (the good rows) and `sample_texts` (a reproducible sample).
 
 txt and jsonl are read through `flowcore._lines.iter_lines`, so they follow its one policy
-(lines end at "\\n", the ending and a leading byte-order mark are dropped, a line that is not
-UTF-8 is handed over, here as an `INVALID_UTF8` reject with its line). csv decodes its own raw
-lines, since the csv module must see their line endings (quoted fields span lines), under the
-same policy. Text files are read line by line from a byte offset and parquet by record batch,
-so memory stays flat however large the corpus is.
+(lines end at "\\n", the ending and a leading UTF-8 byte-order mark are dropped, a UTF-16 or
+UTF-32 file is refused, a line that is not UTF-8 or holds a NUL byte is handed over, here as an
+`INVALID_UTF8` or `NUL_CHARACTER` reject with its line). csv decodes its own raw lines, since the
+csv module must see their line endings (quoted fields span lines), under the same policy.
+
+CSV is parsed strictly (`csv.reader(strict=True)`): a quoted field may span lines, but a record
+the csv module cannot close (a quote never closed before the end of the file, a closing quote
+followed by more text) or whose quoted field runs on past `CSV_SPAN_BYTES` is rejected as
+`BROKEN_CSV` at its first line, and the lines after that one are read again as rows of their
+own: an unclosed quote never swallows the rows after it.
+
+Ids (`id_field`) follow `flowcore.batch.rows.id_reject`: strings, integers and finite numbers;
+an object, array, boolean, NaN or Infinity is an `INVALID_ID` reject. A rejected row keeps its id
+wherever it could be read. Text files are read line by line from a byte offset and parquet by
+record batch, so memory stays flat however large the corpus is.
 """
 from __future__ import annotations
 
@@ -14,23 +24,27 @@ import csv
 import json
 import os
 import sys
+from collections import deque
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
-from flowcore._lines import iter_lines
+from flowcore._lines import check_encoding, iter_lines
 from flowcore.batch.rows import (
     BROKEN_CSV,
     BROKEN_JSON,
     EMPTY_LINE,
     INVALID_UTF8,
-    MISSING_ID,
+    NUL_CHARACTER,
     Chunk,
     Position,
     Reject,
     TextRow,
+    check_id_column,
     check_keep_columns,
     detect_format,
     file_identity,
+    id_reject,
+    line_reject,
     not_unicode,
     open_parquet,
     parquet_batches,
@@ -39,14 +53,91 @@ from flowcore.batch.rows import (
 )
 from flowcore.batch.sampling import sample_stream
 
-__all__ = ["TEXT_FORMATS", "TextCorpus", "read_texts", "sample_texts"]
+__all__ = ["CSV_SPAN_BYTES", "TEXT_FORMATS", "TextCorpus", "read_texts", "sample_texts"]
 
 TEXT_FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
                 ".parquet": "parquet", ".pq": "parquet"}
 
+CSV_SPAN_BYTES = 16 << 20
+"""The most bytes a CSV record spanning several lines may hold: one that runs on past this is taken
+for an unclosed quote (its first line is rejected, the rest read again), so that memory stays
+bounded whatever the file."""
 
-def _rejected(row: int, line: int | None, reason: str, detail: str = "") -> TextRow:
-    return TextRow(row, line, None, None, Reject(row, reason, detail, line))
+
+def _rejected(row: int, line: int | None, reason: str, detail: str = "", record_id: str | None = None) -> TextRow:
+    return TextRow(row, line, record_id, None, Reject(row, reason, detail, line, record_id))
+
+
+def _with_id(reject: Reject, record_id: str | None) -> TextRow:
+    return TextRow(reject.row, reject.line, record_id, None,
+                   Reject(reject.row, reject.reason, reject.detail, reject.line, record_id))
+
+
+class _CsvLine(NamedTuple):
+    """One raw CSV line as the csv module reads it: its text (with its ending; undecodable bytes as
+    lone surrogates), the byte offset after it, its number, and its problem (a `Reject` reason and
+    detail) or None."""
+
+    text: str
+    end: int
+    number: int
+    problem: tuple[str, str] | None
+
+
+class _SpanTooLong(Exception):
+    """A CSV record ran on past `CSV_SPAN_BYTES` over several lines."""
+
+
+class _CsvLines:
+    """The lines of a CSV file from a byte offset, as the csv module's iterator, keeping the lines
+    of the record being parsed (`record`) so that a broken record's later lines can be pushed back
+    (`read_again`) and parsed once more. Not a generator: it can go on after reaching the end."""
+
+    def __init__(self, handle, offset: int, line: int):
+        self.handle, self.offset, self.line = handle, offset, line
+        self.again: deque[_CsvLine] = deque()
+        self.record: list[_CsvLine] = []
+        self.record_bytes = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        if self.again:
+            entry = self.again.popleft()
+        else:
+            raw = self.handle.readline()
+            if not raw:
+                raise StopIteration
+            self.offset += len(raw)
+            self.line += 1
+            text, problem = _decoded(raw)
+            entry = _CsvLine(text, self.offset, self.line, problem)
+        if self.record:  # the lines after a record's first, whose quoted field runs on
+            if self.record_bytes + len(entry.text) > CSV_SPAN_BYTES:
+                self.again.appendleft(entry)
+                raise _SpanTooLong
+            self.record_bytes += len(entry.text)
+        self.record.append(entry)
+        return entry.text
+
+    def start_record(self) -> None:
+        self.record, self.record_bytes = [], 0
+
+    def read_again(self) -> None:
+        """Push back every line of the current record but its first."""
+        self.again.extendleft(reversed(self.record[1:]))
+        self.record = self.record[:1]
+
+
+def _decoded(raw: bytes) -> tuple[str, tuple[str, str] | None]:
+    """A raw CSV line as text for the csv module, and its problem (not UTF-8, a NUL byte) or None."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return raw.decode("utf-8", errors="surrogateescape"), (INVALID_UTF8, f"byte {error.start}")
+    nul = raw.find(b"\0")
+    return text, None if nul < 0 else (NUL_CHARACTER, f"byte {nul}")
 
 
 class TextCorpus:
@@ -66,6 +157,8 @@ class TextCorpus:
         self.path = Path(path)
         require_file(self.path)
         self.format = detect_format(self.path, TEXT_FORMATS)
+        if self.format != "parquet":
+            check_encoding(self.path)
         self.text_field = text_field
         self.id_field = id_field
         if self.format == "txt" and id_field is not None:
@@ -87,7 +180,7 @@ class TextCorpus:
         with open(self.path, "rb") as handle:
             raw = handle.readline()
         try:
-            header = next(csv.reader([raw.decode("utf-8-sig")]), [])
+            header = next(csv.reader([raw.decode("utf-8-sig")], strict=True), [])
         except (UnicodeDecodeError, csv.Error) as error:
             raise ValueError(f"{self.path}: line 1: unreadable CSV header ({error})") from None
         columns = {name.strip(): index for index, name in enumerate(header)}
@@ -103,6 +196,8 @@ class TextCorpus:
             if name is not None and name not in schema.names:
                 raise ValueError(f"{self.path}: no {role} column {name!r} "
                                  f"(columns: {', '.join(schema.names)})")
+        if self.id_field is not None:
+            check_id_column(self.path, self.id_field, schema.field(self.id_field).type)
         return list(schema.names)
 
     def meta_types(self) -> list[tuple[str, object]]:
@@ -181,12 +276,25 @@ class TextCorpus:
     def _line_rows(self, start: Position, parse) -> Iterator[tuple[TextRow, Position]]:
         row = start.row
         for line in iter_lines(self.path, start.offset, start.line):
-            if line.text is None:
-                entry = _rejected(row, line.number, INVALID_UTF8, f"byte {line.bad_byte} of the line")
-            else:
-                entry = parse(row, line.number, line.text)
+            reject = line_reject(row, line)
+            entry = parse(row, line.number, line.text) if reject is None else self._bad_line(reject, line)
             row += 1
             yield entry, Position(row, line.end, line.number)
+
+    def _bad_line(self, reject: Reject, line) -> TextRow:
+        """A line that is not UTF-8 or holds a NUL byte, with the id it holds when one can be read
+        (jsonl whose other values are sound)."""
+        if self.id_field is None or self.format != "jsonl":
+            return TextRow(reject.row, reject.line, None, None, reject)
+        content = line.raw.decode("utf-8", errors="surrogateescape") if line.text is None else line.text
+        try:
+            record = json.loads(content)
+        except (ValueError, RecursionError):
+            record = None
+        record_id = None
+        if isinstance(record, dict):
+            record_id, _ = id_reject(reject.row, reject.line, record.get(self.id_field), self.id_field)
+        return _with_id(reject, record_id)
 
     def _parse_txt(self, row: int, line: int, content: str) -> TextRow:
         if not content.strip():
@@ -213,72 +321,78 @@ class TextCorpus:
                 meta = tuple(None if not_unicode(value) else value for value in meta)
                 if entry.reject is None:
                     entry = _rejected(row, line, INVALID_UTF8,
-                                      f"{unwritable[0]!r} holds a lone surrogate (a \\u escape)")
+                                      f"{unwritable[0]!r} holds a lone surrogate (a \\u escape)", entry.id)
             entry = entry._replace(meta=meta)
         return entry
 
     def _from_fields(self, row: int, line: int | None, text, record_id) -> TextRow:
-        reject = text_reject(row, line, text, self.text_field)
-        if reject is not None:
-            return TextRow(row, line, None, None, reject)
+        """A row from its text and id values (`text_reject`, `id_reject`); a row rejected for its
+        text keeps its id when the id is sound."""
+        id_problem = None
         if self.id_field is not None:
-            if record_id is None:
-                return _rejected(row, line, MISSING_ID, f"no {self.id_field!r} value")
-            record_id = str(record_id)
-            if not_unicode(record_id):
-                return _rejected(row, line, INVALID_UTF8, f"{self.id_field!r} holds a lone surrogate (a \\u escape)")
+            record_id, id_problem = id_reject(row, line, record_id, self.id_field)
+        reject = text_reject(row, line, text, self.text_field) or id_problem
+        if reject is not None:
+            return _with_id(reject, record_id)
         return TextRow(row, line, record_id, text, None)
 
     def _csv_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
-        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a long line is text (`CSV_SPAN_BYTES` bounds spans)
         if start.row == 0:
             start = Position(0, self._csv_header_end, 1)
-        state = {"offset": start.offset, "line": start.line, "bad": {}}
-        text_index = self._csv_columns[self.text_field]
-        id_index = self._csv_columns[self.id_field] if self.id_field else None
-        keep_indexes = [self._csv_columns[name] for name in self.keep_columns]
-
-        def decoded_lines(handle) -> Iterator[str]:
-            """Raw lines with their endings, for the csv module; a line that is not UTF-8 is
-            recorded (its row becomes a reject) and decoded with replacements only for parsing."""
-            for raw in handle:
-                state["offset"] += len(raw)
-                state["line"] += 1
-                try:
-                    yield raw.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    state["bad"][state["line"]] = error.start
-                    yield raw.decode("utf-8", errors="replace")
-
         row = start.row
         with open(self.path, "rb") as handle:
             handle.seek(start.offset)
-            reader = csv.reader(decoded_lines(handle))
+            lines = _CsvLines(handle, start.offset, start.line)
+            reader = csv.reader(lines, strict=True)
             while True:
-                first_line = state["line"] + 1
+                lines.start_record()
                 try:
                     fields = next(reader)
                 except StopIteration:
                     return
-                except csv.Error as error:
-                    entry = _rejected(row, first_line, BROKEN_CSV, str(error))
+                except (csv.Error, _SpanTooLong) as error:
+                    entry, last = self._broken_csv(row, lines, error), lines.record[0]
                 else:
-                    bad = [line for line in state["bad"] if first_line <= line <= state["line"]]
-                    if bad:
-                        detail = f"byte {state['bad'][bad[0]]} of line {bad[0]}"
-                        entry = _rejected(row, first_line, INVALID_UTF8, detail)
-                    elif not fields or not any(value.strip() for value in fields):
-                        entry = _rejected(row, first_line, EMPTY_LINE)
-                    else:
-                        text = fields[text_index] if text_index < len(fields) else None
-                        record_id = None if id_index is None or id_index >= len(fields) else fields[id_index]
-                        entry = self._from_fields(row, first_line, text, record_id)
-                        if keep_indexes:
-                            entry = entry._replace(meta=tuple(fields[i] if i < len(fields) else None
-                                                              for i in keep_indexes))
-                state["bad"].clear()
+                    entry, last = self._csv_record(row, lines.record, fields), lines.record[-1]
                 row += 1
-                yield entry, Position(row, state["offset"], state["line"])
+                yield entry, Position(row, last.end, last.number)
+
+    def _broken_csv(self, row: int, lines: _CsvLines, error: Exception) -> TextRow:
+        """A record the csv module could not close: its first line is the rejected row, and the
+        lines after it are pushed back to be read again as rows of their own."""
+        first, last = lines.record[0], lines.record[-1]
+        too_long = isinstance(error, _SpanTooLong)
+        detail = f"a quoted field runs on past {CSV_SPAN_BYTES >> 20} MiB" if too_long else str(error)
+        if last.number > first.number:
+            detail += (f" (a record from line {first.number} to line {last.number}: an unclosed quote?); the lines "
+                       "after this one are read again as rows")
+        lines.read_again()
+        return _rejected(row, first.number, BROKEN_CSV, detail)
+
+    def _csv_record(self, row: int, record: list[_CsvLine], fields: list[str]) -> TextRow:
+        """A parsed CSV record (over the lines `record`) as a row: rejected when one of its lines is
+        not UTF-8 or holds a NUL byte, when it is blank, or by the value rules; the id and the kept
+        values that are sound are kept either way."""
+        first = record[0].number
+
+        def value(name: str | None) -> str | None:
+            index = self._csv_columns[name] if name is not None else None
+            return fields[index] if index is not None and index < len(fields) else None
+
+        problems = [(entry.number, entry.problem) for entry in record if entry.problem is not None]
+        record_id = id_reject(row, first, value(self.id_field), self.id_field)[0] if self.id_field else None
+        if problems:
+            number, (reason, where) = problems[0]
+            entry = _rejected(row, first, reason, f"{where} of line {number}", record_id)
+        elif not fields or not any(field.strip() for field in fields):
+            entry = _rejected(row, first, EMPTY_LINE)
+        else:
+            entry = self._from_fields(row, first, value(self.text_field), value(self.id_field))
+        if self.keep_columns:
+            meta = tuple(value(name) for name in self.keep_columns)
+            entry = entry._replace(meta=tuple(None if not_unicode(kept) else kept for kept in meta))
+        return entry
 
     def _parquet_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
         columns = list(dict.fromkeys([self.text_field, *([self.id_field] if self.id_field else []),
@@ -294,7 +408,8 @@ class TextCorpus:
                     try:
                         text = text.decode("utf-8")
                     except UnicodeDecodeError as error:
-                        entry = _rejected(row, None, INVALID_UTF8, f"byte {error.start} of the value")
+                        known = id_reject(row, None, record_id, self.id_field)[0] if self.id_field else None
+                        entry = _rejected(row, None, INVALID_UTF8, f"byte {error.start} of the value", known)
                         row += 1
                         yield entry._replace(meta=meta), Position(row)
                         continue

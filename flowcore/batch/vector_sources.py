@@ -17,14 +17,15 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from flowcore.batch.rows import (
-    MISSING_ID,
     NULL,
     Chunk,
     Position,
     Reject,
+    check_id_column,
     check_keep_columns,
     detect_format,
     file_identity,
+    id_reject,
     open_parquet,
     parquet_batches,
     reject_non_finite,
@@ -58,6 +59,8 @@ class NpyMatrix:
             except ValueError as error:
                 raise ValueError(f"{self.path}: not a readable .npy file ({error})") from None
             self.header_bytes = handle.tell()
+        if any(size < 0 for size in shape):
+            raise ValueError(f"{self.path}: not a readable .npy file (its header gives the negative shape {shape})")
         if len(shape) != 2:
             raise ValueError(f"{self.path}: expected a 2-D (rows, dim) array, got shape {shape}")
         if self.dtype.kind not in "iuf":
@@ -164,6 +167,8 @@ class EmbeddingFile:
         for role, name in (("vector", self.vector_field), ("id", self.id_field)):
             if name is not None and name not in schema.names:
                 raise ValueError(f"{self.path}: no {role} column {name!r} (columns: {', '.join(schema.names)})")
+        if self.id_field is not None:
+            check_id_column(self.path, self.id_field, schema.field(self.id_field).type)
         column_type = schema.field(self.vector_field).type
         is_list = any(check(column_type) for check in (pa.types.is_fixed_size_list, pa.types.is_list,
                                                           pa.types.is_large_list))
@@ -211,12 +216,13 @@ class EmbeddingFile:
             vectors, rejects = self._parquet_vectors(table.column(self.vector_field).combine_chunks(), row_start)
             ids = None
             if self.id_field:
-                ids = [None if value is None else str(value) for value in table.column(self.id_field).to_pylist()]
-                rejected = {reject.row for reject in rejects}
-                for offset, value in enumerate(ids):
-                    if value is None and row_start + offset not in rejected:
+                ids, rejected = [], {reject.row for reject in rejects}
+                for offset, value in enumerate(table.column(self.id_field).to_pylist()):
+                    record_id, problem = id_reject(row_start + offset, None, value, self.id_field)
+                    ids.append(record_id)
+                    if problem is not None and problem.row not in rejected:
                         vectors[offset] = np.nan
-                        rejects.append(Reject(row_start + offset, MISSING_ID, f"no {self.id_field!r} value"))
+                        rejects.append(problem)
                 rejects.sort(key=lambda reject: reject.row)
             rows = table.num_rows
             meta = {name: table.column(name).combine_chunks() for name in self.keep_columns} or None

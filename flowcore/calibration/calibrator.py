@@ -17,7 +17,7 @@ from flowcore.calibration.standardize import STAT_BLOCK_ROWS, Standardizer
 from flowcore.calibration.whitening import Whitening
 from flowcore.flows.glow import CONFIGS, Glow
 from flowcore.flows.train import fit, row_index, training_matrix
-from flowcore.validation import check_matrix
+from flowcore.validation import NonFiniteOutputError, check_matrix, check_output
 
 __all__ = ["CHUNK_ROWS", "FlowCalibrator"]
 
@@ -199,43 +199,50 @@ class FlowCalibrator(Calibrator):
         return self.standardizer.inverse(y)
 
     def _map(self, X, inverse: bool, chunk_rows: int) -> np.ndarray:
+        """X mapped through the flow (or back), `chunk_rows` rows at a time: rows with NaN/Inf are
+        refused, and so are finite rows mapped to NaN/Inf (`NonFiniteOutputError`), by number."""
+        name = "Z" if inverse else "X"
+        if np.ndim(X) != 2:
+            check_matrix(np.asarray(X), name=name)  # the shape error
         flow, dim = self._fitted(), self.dim
         parameter = next(flow.parameters())
         if parameter.device.type == "cuda":  # transfers overlapped with the compute
             with torch.inference_mode():
-                return map_on_cuda(X, self._inverse if inverse else self._forward, dim=dim, device=parameter.device,
-                                   dtype=parameter.dtype, chunk_rows=chunk_rows, name="Z" if inverse else "X")
+                out = map_on_cuda(X, self._inverse if inverse else self._forward, dim=dim, device=parameter.device,
+                                  dtype=parameter.dtype, chunk_rows=chunk_rows, name=name)
+            return check_output(out, name)
         rows = len(X)
         out = np.empty((rows, dim), dtype=np.float32)
         for start in range(0, rows, chunk_rows):
-            chunk = check_matrix(X[start : start + chunk_rows], dim=dim, row_offset=start,
-                                 name="Z" if inverse else "X")
+            chunk = check_matrix(X[start : start + chunk_rows], dim=dim, row_offset=start, name=name)
             chunk = chunk.to(device=parameter.device, dtype=parameter.dtype)
             with torch.inference_mode():
                 mapped = self._inverse(chunk) if inverse else self._forward(chunk)
             out[start : start + len(chunk)] = mapped.float().cpu().numpy()
-        return out
+        return check_output(out, name)
 
     def transform(self, X, chunk_rows: int = CHUNK_ROWS) -> np.ndarray:
-        """Calibrated vectors z (float32 numpy), computed `chunk_rows` rows at a time."""
-        if np.ndim(X) != 2:
-            check_matrix(np.asarray(X))
+        """Calibrated vectors z (float32 numpy), computed `chunk_rows` rows at a time. A row with
+        NaN/Inf is refused by number (ValueError), and so is a finite row the flow maps to NaN/Inf
+        (`flowcore.validation.NonFiniteOutputError`, e.g. values near 3.4e38)."""
         return self._map(X, inverse=False, chunk_rows=chunk_rows)
 
     def transform_iter(self, chunks: Iterable) -> Iterator[np.ndarray]:
-        """Calibrate a stream of (rows, dim) arrays, yielding one float32 array per input chunk."""
+        """Calibrate a stream of (rows, dim) arrays, yielding one float32 array per input chunk;
+        errors name the chunk's first row, and `NonFiniteOutputError.rows` count across the stream."""
         offset = 0
         for chunk in chunks:
             try:
                 yield self.transform(chunk)
+            except NonFiniteOutputError as error:
+                raise NonFiniteOutputError(f"in the chunk starting at row {offset}: {error}", error.rows + offset,
+                                           error.output) from None
             except ValueError as error:
                 raise ValueError(f"in the chunk starting at row {offset}: {error}") from None
             offset += len(chunk)
 
     def inverse_transform(self, Z, chunk_rows: int = CHUNK_ROWS) -> np.ndarray:
-        """Map calibrated vectors back to the embedding space."""
-        if np.ndim(Z) != 2:
-            check_matrix(np.asarray(Z), name="Z")
+        """Map calibrated vectors back to the embedding space (refused as `transform` refuses)."""
         return self._map(Z, inverse=True, chunk_rows=chunk_rows)
 
     def save(self, path) -> None:

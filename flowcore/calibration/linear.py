@@ -142,15 +142,20 @@ class LinearCalibrator(Calibrator):
         return self._fitted().shape[1]
 
     def transform(self, X) -> np.ndarray:
-        """Calibrated rows of X, float32 (n, output_dim), computed `defaults.TRANSFORM_CHUNK_ROWS` at a time."""
+        """Calibrated rows of X, float32 (n, output_dim), computed `defaults.TRANSFORM_CHUNK_ROWS` at a time.
+        A row with NaN/Inf is refused by number, and so is a finite row whose result does not fit
+        float32 (`flowcore.validation.NonFiniteOutputError`)."""
+        from flowcore.validation import check_output
+
         matrix = self._fitted()
         if np.ndim(X) != 2:
             _rows(np.asarray(X), matrix.shape[0], self.name)  # the shape error
         out = np.empty((len(X), matrix.shape[1]), dtype=np.float32)
         for start in range(0, len(X), defaults.TRANSFORM_CHUNK_ROWS):
             chunk = _rows(X[start:start + defaults.TRANSFORM_CHUNK_ROWS], matrix.shape[0], self.name, start)
-            out[start:start + len(chunk)] = (chunk - self.mean) @ matrix
-        return out
+            with np.errstate(over="ignore"):  # a result beyond float32 is Inf, refused below
+                out[start:start + len(chunk)] = (chunk - self.mean) @ matrix
+        return check_output(out)
 
     def save(self, path) -> None:
         """Write μ, W and the settings to one calibrator file (safetensors + JSON header, atomically)."""
@@ -219,8 +224,12 @@ class Identity(Calibrator):
         return self.dim
 
     def transform(self, X) -> np.ndarray:
-        """A float32 copy of the rows of X."""
-        return _rows(X, self._dim, self.name).astype(np.float32)
+        """A float32 copy of the rows of X; a finite row beyond float32 (from float64 input) is
+        refused as the other calibrators refuse it (`flowcore.validation.NonFiniteOutputError`)."""
+        from flowcore.validation import check_output
+
+        with np.errstate(over="ignore"):
+            return check_output(_rows(X, self._dim, self.name).astype(np.float32))
 
     def save(self, path) -> None:
         from flowcore.calibration.flow_file import save_flow

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flowcore {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:  # a batch job's JobInterrupted says where it stopped, and by which signal
-        print(f"flowcore {args.command}: {error or 'interrupted'}", file=sys.stderr)
+        print(f"flowcore {args.command}: {str(error) or 'interrupted (SIGINT)'}", file=sys.stderr)
         return getattr(error, "exit_status", 130)
 
 

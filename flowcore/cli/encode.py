@@ -3,7 +3,6 @@ sentence vectors from a frozen encoder (see flowcore.text.encoder)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from flowcore import defaults
@@ -23,7 +22,7 @@ def register(subparsers) -> None:
         help="encode sentences (one per line) into pooled sentence vectors (.npy)",
         description="Encode a UTF-8 text file, one sentence per line, with a frozen Hugging Face encoder. "
         "Row i of the output is line i; empty lines are encoded as empty sentences, lines that are "
-        "not valid UTF-8 are NaN rows (and listed on stderr).",
+        "not valid UTF-8 or hold a NUL byte are NaN rows (and listed on stderr); a UTF-16 or UTF-32 file is refused.",
     )
     parser.add_argument("--input", required=True, help="text file, one sentence per line (UTF-8)")
     parser.add_argument("--out", required=True, help="output .npy file: float32 (lines, dim)")
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from flowcore.text.encoder import Encoder
 
     check_output(args.out, inputs=[args.input], suffixes=(".npy",))
-    sentences, undecodable = read_sentences(args.input)
+    sentences, unusable = read_sentences(args.input)
     encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=check_device(args.device),
                       **quantize_options(args))
     embeddings = np.full((len(sentences), encoder.dim), np.nan, dtype=np.float32)
@@ -67,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
         raise write_error(error, args.out, embeddings.nbytes) from None
     print(f"wrote {len(embeddings)} {'unit-length ' if args.normalize else ''}embeddings "
           f"({embeddings.shape[0]} x {embeddings.shape[1]}, pooling {encoder.pooling}) to {args.out}")
-    if undecodable:
-        shown = ", ".join(map(str, undecodable[:10])) + (", ..." if len(undecodable) > 10 else "")
-        print(f"flowcore encode: warning: {len(undecodable)} line(s) of {args.input} are not valid UTF-8 "
+    for problem, numbers in unusable.items():
+        shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+        print(f"flowcore encode: warning: {len(numbers)} line(s) of {args.input} {problem} "
               f"(lines {shown}); their rows are NaN", file=sys.stderr)
     if non_finite:
         shown = ", ".join(str(row + 1) for row in non_finite[:10]) + (", ..." if len(non_finite) > 10 else "")
@@ -78,14 +77,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_sentences(path: str) -> tuple[list[str | None], list[int]]:
-    """The lines of `path` (None where a line is not valid UTF-8) and the numbers of those lines,
-    read with the one line reader's policy (`flowcore._lines`): row i is always line i."""
-    from flowcore._lines import iter_lines
+def read_sentences(path: str) -> tuple[list[str | None], dict[str, list[int]]]:
+    """The lines of `path` (None where a line is not valid UTF-8 or holds a NUL byte) and the
+    numbers of those lines by problem ("are not valid UTF-8", "hold a NUL byte"), read with the one
+    line reader's policy (`flowcore._lines`, which refuses a folder, a pipe and UTF-16/UTF-32
+    text): row i is always line i."""
+    from flowcore._lines import iter_lines, require_file
 
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"input not found: {path}")
+    require_file(path)
     lines = list(iter_lines(path))
     if not lines:
         raise ValueError(f"{path} is empty: there are no sentences to encode")
-    return [line.text for line in lines], [line.number for line in lines if line.text is None]
+    unusable: dict[str, list[int]] = {}
+    for line in lines:
+        if line.problem is not None:
+            problem = "are not valid UTF-8" if line.text is None else "hold a NUL byte"
+            unusable.setdefault(problem, []).append(line.number)
+    return [None if line.problem else line.text for line in lines], unusable

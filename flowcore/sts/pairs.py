@@ -20,7 +20,7 @@ Without any, a header with recognised names is used (`sentence1`/`sentence2`/`sc
 else positions 0, 1, 2 of a headerless file. Blank lines are ignored.
 
 A bad line (missing column, a score that is not a finite number, an empty sentence, broken JSON
-or CSV, invalid UTF-8) raises `STSDataError` naming `file:line`, or with `skip_bad=True` is
+or CSV, invalid UTF-8, a NUL byte) raises `STSDataError` naming `file:line`, or with `skip_bad=True` is
 skipped and counted (`STSPairs.skipped_lines`, and one warning on the `flowcore.sts` logger).
 Lines are read with `flowcore._lines` (its line-ending, BOM and UTF-8 policy).
 """
@@ -36,7 +36,7 @@ from typing import Iterator
 
 import numpy as np
 
-from flowcore._lines import iter_lines
+from flowcore._lines import UnsupportedEncodingError, check_encoding, iter_lines, require_file
 from flowcore.sts.data import BadRecord, STSDataError, STSPairs, checked_score, checked_sentence, semeval_pairs
 
 __all__ = ["PAIRS_SPLIT", "PairColumns", "SCORE_NAMES", "SENTENCE1_NAMES", "SENTENCE2_NAMES", "load_pairs",
@@ -144,17 +144,17 @@ def load_pairs(path: str | os.PathLike, columns: PairColumns | str | None = None
         if columns is not None:
             raise STSDataError(f"{path}: SentEval pairs have fixed columns; --pairs-columns does not apply")
         rows = _senteval_rows(path, collector)
-    elif not path.is_file():
-        raise STSDataError(f"missing file: {path}")
-    elif path.suffix.lower() == ".tsv":
-        rows = _delimited_rows(path, columns, collector, _tsv_records(path, collector))
-    elif path.suffix.lower() == ".csv":
-        rows = _delimited_rows(path, columns, collector, _csv_records(path, collector))
-    elif path.suffix.lower() == ".jsonl":
-        rows = _jsonl_rows(path, columns, collector)
-    else:
+    elif path.suffix.lower() not in (".tsv", ".csv", ".jsonl") and path.exists():
         raise STSDataError(f"{path}: unknown pairs format: expected a .tsv, .csv or .jsonl file, "
                            f"a SentEval {_INPUT_PREFIX}<name>{_SENTEVAL_SUFFIX} file or a folder of them")
+    else:
+        _check_file(path)
+        if path.suffix.lower() == ".tsv":
+            rows = _delimited_rows(path, columns, collector, _tsv_records(path, collector))
+        elif path.suffix.lower() == ".csv":
+            rows = _delimited_rows(path, columns, collector, _csv_records(path, collector))
+        else:
+            rows = _jsonl_rows(path, columns, collector)
     sentences1, sentences2, scores, subsets = [], [], [], []
     for first, second, score, subset in rows:
         sentences1.append(first)
@@ -193,11 +193,23 @@ def _checked_score(value, key) -> float:
     return checked_score(value, "score", f" in {_column(key)}")
 
 
+def _check_file(path: Path) -> None:
+    """`STSDataError` unless `path` is a regular file (missing, a pipe, a device) that is not UTF-16
+    or UTF-32 text."""
+    if not path.exists():
+        raise STSDataError(f"missing file: {path}")
+    require_file(path, STSDataError)
+    try:
+        check_encoding(path)
+    except UnsupportedEncodingError as error:
+        raise STSDataError(str(error)) from None
+
+
 def _text_lines(path: Path, collector: _Collector) -> Iterator[tuple[int, str]]:
-    """(number, text) of each line; a line that is not UTF-8 is a bad line."""
+    """(number, text) of each line; a line that is not UTF-8 or holds a NUL byte is a bad line."""
     for line in iter_lines(path):
-        if line.text is None:
-            collector.bad(line.number, f"not valid UTF-8 (byte {line.bad_byte} of the line)")
+        if line.problem is not None:
+            collector.bad(line.number, line.problem)
             continue
         yield line.number, line.text
 

@@ -90,9 +90,9 @@ def test_csv_handles_quoted_newlines_and_rejects_bad_records(tmp_path):
         (0, 2, "1", "hello", None),
         (1, 3, "2", "two\nlines", None),
         (2, 5, None, None, EMPTY_LINE),
-        (3, 6, None, None, EMPTY_TEXT),
-        (4, 7, None, None, INVALID_UTF8),
-        (5, 8, None, None, MISSING_TEXT),
+        (3, 6, "3", None, EMPTY_TEXT),  # a rejected row keeps the id it holds
+        (4, 7, "4", None, INVALID_UTF8),
+        (5, 8, "5", None, MISSING_TEXT),
         (6, 9, None, None, BROKEN_CSV),
         (7, 10, "7", "fine", None),
     ]
@@ -108,8 +108,8 @@ def test_parquet_text_rejects_nulls_and_empty_values(tmp_path):
     path = tmp_path / "c.parquet"
     pq.write_table(pa.table({"text": ["a", None, "", "b"], "id": [1, 2, 3, None]}), path, row_group_size=3)
     corpus = TextCorpus(path, id_field="id")
-    assert outcomes(corpus) == [(0, None, "1", "a", None), (1, None, None, None, MISSING_TEXT),
-                                (2, None, None, None, EMPTY_TEXT), (3, None, None, None, MISSING_ID)]
+    assert outcomes(corpus) == [(0, None, "1", "a", None), (1, None, "2", None, MISSING_TEXT),
+                                (2, None, "3", None, EMPTY_TEXT), (3, None, None, None, MISSING_ID)]
     assert corpus.rows == 4
     with pytest.raises(ValueError, match="no text column 'body'"):
         TextCorpus(path, text_field="body")

@@ -1,8 +1,10 @@
-"""Hostile and odd text corpora (property-based): random bytes, invalid UTF-8, BOMs, CRLF, NUL,
-U+2028, quotes and embedded newlines, 1 MB lines, duplicate ids, lone surrogates, deep nesting.
+"""Hostile and odd text corpora (property-based): random bytes, invalid UTF-8, BOMs, CRLF, NUL
+bytes and NUL escapes, U+2028, quotes and embedded newlines, unclosed CSV quotes, 1 MB lines,
+UTF-16 and UTF-32 files, duplicate ids and ids of every JSON type, lone surrogates, deep nesting.
 Whatever the file, the job never raises a traceback and never drops or shifts a row: every row
 is calibrated (its vector is the one its own text gives) or listed in the rejects file with its
-line and reason, and the counts add up to the file's."""
+line, its id where one could be read, and its reason, and the counts add up to the file's; a file
+in another encoding than UTF-8 is refused in one line naming it."""
 import csv
 import hashlib
 import io
@@ -22,9 +24,11 @@ from flowcore.batch.rows import (
     BROKEN_JSON,
     EMPTY_LINE,
     EMPTY_TEXT,
+    INVALID_ID,
     INVALID_UTF8,
     MISSING_ID,
     MISSING_TEXT,
+    NUL_CHARACTER,
 )
 from flowcore.batch.text_sources import TextCorpus
 
@@ -33,6 +37,7 @@ ODD = ["\x00", "\r", "\n", "\r\n", "\u2028", "\u2029", "\ufeff", "\x85", '"', "'
 odd_text = st.lists(st.one_of(st.sampled_from(ODD), st.text(max_size=6)), max_size=8).map("".join)
 raw_bytes = st.binary(max_size=200)
 BOM = b"\xef\xbb\xbf"
+HUGE = "w" * (1 << 20)  # a 1 MB line or value
 
 
 def vector_of(text: str) -> np.ndarray:
@@ -93,6 +98,9 @@ def txt_oracle(data: bytes) -> list:
         except UnicodeDecodeError:
             expected.append(Rejected(INVALID_UTF8))
             continue
+        if "\0" in text:
+            expected.append(Rejected(NUL_CHARACTER))
+            continue
         expected.append(text if text.strip() else Rejected(EMPTY_LINE))
     return expected
 
@@ -111,10 +119,15 @@ def test_txt_every_line_is_calibrated_or_rejected_in_place(tmp_path_factory, lin
     check_rows(np.load(folder / "out.npy"), rejects, expected, lines=list(range(1, len(expected) + 1)))
 
 
-record = st.fixed_dictionaries({"id": st.one_of(st.sampled_from(["a", "b", "a"]), st.integers(-3, 3), st.none()),
-                                "text": st.one_of(odd_text, st.none(), st.integers(), st.just("\ud800x"))},
+ODD_IDS = [float("nan"), float("inf"), -float("inf"), True, {"k": 1}, [1, 2], 1.5, 10**30, "", "\ud800", "\x00"]
+record = st.fixed_dictionaries({"id": st.one_of(st.sampled_from(["a", "b", "a"]), st.integers(-3, 3), st.none(),
+                                                st.sampled_from(ODD_IDS)),
+                                "text": st.one_of(odd_text, st.none(), st.integers(), st.just("\ud800x"),
+                                                  st.just(HUGE))},
                                optional={"meta": st.one_of(odd_text, st.floats(), st.lists(st.integers()),
                                                            st.just("\udc80"))})
+ODD_LINES = [b"[" * 50_000, b"", b'{"id": 1e999, "text": "x"}', b'{"id": NaN, "text": "x"}',
+             b'{"id": "k", "text": "caf\xe9"}', b'{"id": "n", "text": "a\x00b"}', b'{"id": "e", "text": "a\\u0000"}']
 
 
 def jsonl_line(item) -> bytes:
@@ -123,53 +136,73 @@ def jsonl_line(item) -> bytes:
     return json.dumps(item, ensure_ascii=True).encode("ascii")
 
 
+def id_text(value) -> str | None:
+    """The id the rules give a JSON value (None: none can be read): strings without lone
+    surrogates as they are, integers in decimal, finite floats as JSON writes them."""
+    if isinstance(value, str):
+        return None if any("\ud800" <= c <= "\udfff" for c in value) else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float):
+        return json.dumps(value) if value == value and abs(value) != float("inf") else None
+    return str(value)
+
+
 def jsonl_oracle(raw: bytes, index: int):
+    """(the row's text or its `Rejected`, the id its output row and rejects line carry)."""
     raw = raw.removesuffix(b"\r")
     if index == 0 and raw.startswith(BOM):
         raw = raw[len(BOM):]
     try:
+        value = json.loads(raw.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        value = None
+    record_id = id_text(value.get("id")) if isinstance(value, dict) else None
+    try:
         content = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return Rejected(INVALID_UTF8)
+        return Rejected(INVALID_UTF8), record_id
+    if "\0" in content:
+        return Rejected(NUL_CHARACTER), None  # a raw NUL byte: no JSON text
     if not content.strip():
-        return Rejected(EMPTY_LINE)
-    try:
-        value = json.loads(content)
-    except (ValueError, RecursionError):
-        return Rejected(BROKEN_JSON)
+        return Rejected(EMPTY_LINE), None
     if not isinstance(value, dict):
-        return Rejected(BROKEN_JSON)
+        return Rejected(BROKEN_JSON), None
     text = value.get("text")
     if not isinstance(text, str):
-        return Rejected(MISSING_TEXT)
+        return Rejected(MISSING_TEXT), record_id
     if not text.strip():
-        return Rejected(EMPTY_TEXT)
+        return Rejected(EMPTY_TEXT), record_id
     if any("\ud800" <= c <= "\udfff" for c in text):  # a lone surrogate, which no UTF-8 writer takes
-        return Rejected(INVALID_UTF8)
+        return Rejected(INVALID_UTF8), record_id
+    if "\0" in text:
+        return Rejected(NUL_CHARACTER), record_id
     if value.get("id") is None:
-        return Rejected(MISSING_ID)
+        return Rejected(MISSING_ID), None
+    if record_id is None:
+        return Rejected(INVALID_UTF8 if isinstance(value["id"], str) else INVALID_ID), None
     if value.get("meta") == "\udc80":
-        return Rejected(INVALID_UTF8)
-    return text
+        return Rejected(INVALID_UTF8), record_id
+    return text, record_id
 
 
-@given(items=st.lists(st.one_of(record, raw_bytes, st.just(b"[" * 50_000), st.just(b"")), max_size=30),
-       bom=st.booleans())
-def test_jsonl_every_record_is_calibrated_or_rejected_in_place_with_duplicate_ids_kept(tmp_path_factory, items, bom):
+@given(items=st.lists(st.one_of(record, raw_bytes, st.sampled_from(ODD_LINES)), max_size=30), bom=st.booleans())
+def test_jsonl_every_record_is_calibrated_or_rejected_in_place_with_its_id(tmp_path_factory, items, bom):
+    """Duplicate ids are all kept, each on its own row; an id that is not a string or a finite
+    number is a reject, never a Python repr; a rejected row keeps its id wherever it can be read,
+    in the parquet output and in its rejects line."""
     folder = tmp_path_factory.mktemp("jsonl")
     lines = [jsonl_line(item) for item in items]
     data = (BOM if bom else b"") + b"\n".join(lines) + b"\n"
     (folder / "c.jsonl").write_bytes(data)
     rejects = run_job(folder / "c.jsonl", folder / "out.parquet", id_field="id", keep_columns=["meta"])
-    expected = [jsonl_oracle(line, index) for index, line in enumerate(data.split(b"\n")[:-1])]
+    expected, ids = zip(*[jsonl_oracle(line, index) for index, line in enumerate(data.split(b"\n")[:-1])])
     table = pq.read_table(folder / "out.parquet")
     vectors = np.array([v if v is not None else [np.nan] * DIM for v in table.column("embedding").to_pylist()],
                        dtype=np.float32).reshape(-1, DIM)
-    check_rows(vectors, rejects, expected, lines=list(range(1, len(expected) + 1)))
-    ids = table.column("id").to_pylist()
-    for row, item in enumerate(items):  # duplicate ids are all kept, each on its own row
-        if isinstance(item, dict) and not isinstance(expected[row], Rejected):
-            assert ids[row] == str(item["id"])
+    check_rows(vectors, rejects, list(expected), lines=list(range(1, len(expected) + 1)))
+    assert table.column("id").to_pylist() == list(ids)
+    assert {row: reject.get("id") for row, reject in rejects.items()} == {row: ids[row] for row in rejects}
 
 
 @given(records=st.lists(st.tuples(odd_text, odd_text), max_size=30),
@@ -189,7 +222,9 @@ def test_csv_quoted_fields_with_newlines_and_quotes_round_trip_row_by_row(tmp_pa
     rejects = run_job(folder / "c.csv", folder / "out.npy", id_field="id")
     expected = []
     for record_id, text in records:
-        if not record_id.strip() and not text.strip():
+        if "\0" in record_id + text:  # a line with a NUL byte is rejected whole
+            expected.append(Rejected(NUL_CHARACTER))
+        elif not record_id.strip() and not text.strip():
             expected.append(Rejected(EMPTY_LINE))
         elif not text.strip():
             expected.append(Rejected(EMPTY_TEXT))
@@ -207,7 +242,7 @@ def test_csv_with_a_random_body_accounts_for_every_record(tmp_path_factory, body
     rejects = run_job(folder / "c.csv", folder / "out.npy")
     vectors = np.load(folder / "out.npy")
     assert len(vectors) == corpus.rows
-    assert all(reject["reason"] in {BROKEN_CSV, INVALID_UTF8, EMPTY_LINE, EMPTY_TEXT, MISSING_TEXT}
+    assert all(reject["reason"] in {BROKEN_CSV, INVALID_UTF8, NUL_CHARACTER, EMPTY_LINE, EMPTY_TEXT, MISSING_TEXT}
                for reject in rejects.values())
     for row in range(len(vectors)):
         assert np.isnan(vectors[row]).all() == (row in rejects)
@@ -232,6 +267,8 @@ def test_parquet_text_values_of_every_kind_are_calibrated_or_rejected_in_place(t
             expected.append(Rejected(MISSING_TEXT))
         elif not text.strip():
             expected.append(Rejected(EMPTY_TEXT))
+        elif "\0" in text:
+            expected.append(Rejected(NUL_CHARACTER))
         elif record_id is None:
             expected.append(Rejected(MISSING_ID))
         else:

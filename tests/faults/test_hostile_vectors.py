@@ -3,6 +3,7 @@ every dtype, 1-D/3-D, Fortran order, object, structured and pickled arrays, trun
 or appended files, NaN/Inf and huge values; parquet vector columns of every list type, nulls,
 null elements and wrong widths. Each file is either refused in one line naming it, or every row
 is calibrated (equal to the in-memory flow) or rejected in place, never dropped or shifted."""
+import io
 import json
 import pathlib
 
@@ -15,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flowcore import FlowCalibrator
+from flowcore.batch.core import calibrated
 from flowcore.batch.rows import MISSING_VECTOR, NON_FINITE, NON_FINITE_OUTPUT, WRONG_WIDTH
 from flowcore.cli import main
 
@@ -41,8 +43,8 @@ def assert_every_row_in_place(out, rows: np.ndarray, usable: np.ndarray, flow_pa
     result = np.load(out)
     assert result.shape == (len(rows), DIM)
     expected = np.full((len(rows), DIM), np.nan, dtype=np.float32)
-    if usable.any():
-        expected[usable] = FlowCalibrator.load(flow_path).transform(rows[usable])
+    if usable.any():  # the flow's output, rows it maps to NaN/Inf included (its transform refuses those)
+        expected[usable] = calibrated(FlowCalibrator.load(flow_path).transform, rows[usable])
     ok = np.isfinite(expected).all(axis=1)
     np.testing.assert_allclose(result[ok], expected[ok], rtol=1e-5, atol=1e-5)
     assert np.isnan(result[~ok]).all()
@@ -73,7 +75,7 @@ def npy_files(draw):
         with np.errstate(all="ignore"):
             array = values.astype(dtype)
     fortran = draw(st.booleans())
-    damage = draw(st.sampled_from(["none", "none", "truncate", "flip", "append"]))
+    damage = draw(st.sampled_from(["none", "none", "truncate", "flip", "append", "negative"]))
     return array, fortran, damage, draw(st.integers(0, 2**31))
 
 
@@ -92,12 +94,17 @@ def test_npy_files_of_every_kind_are_refused_in_one_line_or_calibrated_row_by_ro
         data = data[:position] + bytes([data[position] ^ (1 << (where % 8))]) + data[position + 1:]
     elif damage == "append":
         data += b"\0" * (1 + where % 64)
+    elif damage == "negative":  # the same data under a header that gives a negative size
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(array.dtype),
+                                                      "fortran_order": False, "shape": (-1 - where % 40, DIM)})
+        data = header.getvalue() + data[len(header.getvalue()):]
     path.write_bytes(data)
     code, err = calibrate(flow_path, path, folder / "out.npy", capsys)
 
     usable_layout = (array.dtype.kind == "f" and array.ndim == 2 and array.shape[1] == DIM
                      and not (fortran and array.shape[0] > 1))
-    if damage in ("truncate", "append") or (damage == "none" and not usable_layout):
+    if damage in ("truncate", "append", "negative") or (damage == "none" and not usable_layout):
         assert_refused_in_one_line(code, err, path)
         return
     if code == 2:  # a flipped bit may leave a valid file of another meaning, or a refused one

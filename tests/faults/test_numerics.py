@@ -11,6 +11,7 @@ from flowcore import FlowCalibrator
 from flowcore.batch.job import calibrate_file
 from flowcore.batch.rows import NON_FINITE, NON_FINITE_OUTPUT
 from flowcore.cli import main
+from flowcore.validation import NonFiniteOutputError
 
 
 @pytest.mark.parametrize("suffix", [".npy", ".parquet"])
@@ -19,7 +20,8 @@ def test_rows_the_flow_maps_to_nan_are_rejected_with_their_row_numbers(tmp_path,
     matrix[[7, 64]] = 3.4e38  # finite, but past what the flow's float32 arithmetic can hold
     matrix[70, 0] = np.nan
     np.save(tmp_path / "in.npy", matrix)
-    assert not np.isfinite(FlowCalibrator.load(flow_path).transform(matrix[[7, 64]])).any()  # the premise
+    with pytest.raises(NonFiniteOutputError, match=r"X row\(s\) 7, 64 \(0-based\) are finite, but calibrated"):
+        FlowCalibrator.load(flow_path).transform(matrix[:65])  # the Python API names the rows
     out = tmp_path / f"out{suffix}"
     summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=32, show_progress_bar=False)
 
@@ -36,6 +38,25 @@ def test_rows_the_flow_maps_to_nan_are_rejected_with_their_row_numbers(tmp_path,
         assert [row for row, vector in enumerate(vectors) if vector is None] == [7, 64, 70]
     manifest = json.loads(open(f"{out}.manifest.json").read())
     assert manifest["rejects"] == {NON_FINITE: 1, NON_FINITE_OUTPUT: 2} and manifest["ok"] == 97
+
+
+def test_the_python_api_raises_naming_the_rows_a_calibrator_maps_to_nan(flow_path):
+    """transform and transform_iter refuse a finite row whose result is NaN/Inf, naming it (the
+    rows counted across the stream), as they refuse NaN input; the error carries the output."""
+    from flowcore.calibration import create
+
+    matrix = np.random.default_rng(3).normal(size=(40, DIM)).astype(np.float32)
+    matrix[5] = 3.4e38
+    calibrator = FlowCalibrator.load(flow_path)
+    with pytest.raises(NonFiniteOutputError, match=r"row\(s\) 5 \(0-based\)") as raised:
+        calibrator.transform(matrix)
+    assert list(raised.value.rows) == [5] and np.isfinite(np.delete(raised.value.output, 5, axis=0)).all()
+    with pytest.raises(NonFiniteOutputError, match=r"chunk starting at row 15: X row\(s\) 5 ") as raised:
+        list(calibrator.transform_iter([matrix[25:], matrix[:20], matrix]))
+    assert list(raised.value.rows) == [20]
+    whitening = create("whitening").fit(np.random.default_rng(4).normal(size=(200, DIM)).astype(np.float32))
+    with pytest.raises(NonFiniteOutputError, match=r"row\(s\) 5 \(0-based\)"):
+        whitening.transform(matrix)
 
 
 def test_a_fit_that_diverges_stops_flowcore_fit_in_one_line_and_writes_no_flow(tmp_path, capsys):
