@@ -11,6 +11,7 @@ byte offset, line) marks where a chunk ends, which is all a resumed job needs to
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -306,11 +307,11 @@ def line_reject(row: int, line) -> Reject | None:
 
 def id_reject(row: int, line: int | None, value, field: str) -> tuple[str | None, Reject | None]:
     """The one rule for an id value read from a file: (the id as written out, None) or (None, the
-    reject). A string is the id as it is, an integer its decimal digits, a finite float its
-    shortest text (as JSON writes it), UTF-8 bytes their text. Refused: a missing value
+    reject). A string is the id as it is, UTF-8 bytes their text, and any other JSON value (a
+    number, a boolean, an object, an array) its compact JSON text (`7`, `1.5`, `true`,
+    `{"k":1}`), which a user can match, never a Python repr. Refused: a missing value
     (`MISSING_ID`), a string or bytes that are not Unicode text (`INVALID_UTF8`), NaN or ±Infinity
-    (JSON's NaN, 1e999), a boolean, a JSON object or array, or any other value (`INVALID_ID`): an
-    id must be text that a user can match, never a Python repr."""
+    anywhere in it (JSON's NaN, 1e999), or a value JSON cannot hold (`INVALID_ID`)."""
     if value is None:
         return None, Reject(row, MISSING_ID, f"no {field!r} value", line)
     if isinstance(value, bytes):
@@ -324,10 +325,13 @@ def id_reject(row: int, line: int | None, value, field: str) -> tuple[str | None
         return value, None
     if isinstance(value, float) and not math.isfinite(value):
         return None, Reject(row, INVALID_ID, f"{field!r} is {value!r}, not a finite number", line)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(value) if isinstance(value, float) else str(value), None
-    kind = {dict: "a JSON object", list: "a JSON array", bool: "a boolean"}.get(type(value), type(value).__name__)
-    return None, Reject(row, INVALID_ID, f"{field!r} is {kind}; an id is a string or a number", line)
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as error:  # NaN/Inf inside an object or array, a value JSON cannot hold
+        return None, Reject(row, INVALID_ID, f"{field!r} has no JSON text ({error})", line)
+    if not_unicode(text):
+        return None, Reject(row, INVALID_UTF8, f"{field!r} holds a lone surrogate (a \\u escape)", line)
+    return text, None
 
 
 def check_id_column(path: Path, field: str, kind) -> None:

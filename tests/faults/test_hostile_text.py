@@ -119,7 +119,8 @@ def test_txt_every_line_is_calibrated_or_rejected_in_place(tmp_path_factory, lin
     check_rows(np.load(folder / "out.npy"), rejects, expected, lines=list(range(1, len(expected) + 1)))
 
 
-ODD_IDS = [float("nan"), float("inf"), -float("inf"), True, {"k": 1}, [1, 2], 1.5, 10**30, "", "\ud800", "\x00"]
+ODD_IDS = [float("nan"), float("inf"), -float("inf"), True, {"k": 1}, [1, 2], {"k": [float("nan")]}, 1.5, 10**30, "",
+           "\ud800", "\x00"]
 record = st.fixed_dictionaries({"id": st.one_of(st.sampled_from(["a", "b", "a"]), st.integers(-3, 3), st.none(),
                                                 st.sampled_from(ODD_IDS)),
                                 "text": st.one_of(odd_text, st.none(), st.integers(), st.just("\ud800x"),
@@ -138,14 +139,13 @@ def jsonl_line(item) -> bytes:
 
 def id_text(value) -> str | None:
     """The id the rules give a JSON value (None: none can be read): strings without lone
-    surrogates as they are, integers in decimal, finite floats as JSON writes them."""
+    surrogates as they are, any other value its compact JSON text, never with NaN/Infinity."""
     if isinstance(value, str):
         return None if any("\ud800" <= c <= "\udfff" for c in value) else value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    try:
+        return None if value is None else json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
         return None
-    if isinstance(value, float):
-        return json.dumps(value) if value == value and abs(value) != float("inf") else None
-    return str(value)
 
 
 def jsonl_oracle(raw: bytes, index: int):
@@ -188,9 +188,9 @@ def jsonl_oracle(raw: bytes, index: int):
 
 @given(items=st.lists(st.one_of(record, raw_bytes, st.sampled_from(ODD_LINES)), max_size=30), bom=st.booleans())
 def test_jsonl_every_record_is_calibrated_or_rejected_in_place_with_its_id(tmp_path_factory, items, bom):
-    """Duplicate ids are all kept, each on its own row; an id that is not a string or a finite
-    number is a reject, never a Python repr; a rejected row keeps its id wherever it can be read,
-    in the parquet output and in its rejects line."""
+    """Duplicate ids are all kept, each on its own row; an id that is not a string is its JSON
+    text (never a Python repr), NaN and Infinity are rejects; a rejected row keeps its id wherever
+    it can be read, in the parquet output and in its rejects line."""
     folder = tmp_path_factory.mktemp("jsonl")
     lines = [jsonl_line(item) for item in items]
     data = (BOM if bom else b"") + b"\n".join(lines) + b"\n"

@@ -1,0 +1,181 @@
+"""Inputs and outputs a command cannot use are refused in one line that names the file and the
+cause, exit 2, before any work: an output that is an existing directory (or, for a folder output,
+an existing file), an input that is a folder or a named pipe, UTF-16/UTF-32 text, a .npy header
+with a negative shape. What can be used is used alike everywhere: a big-endian .npy fits as it
+calibrates; an unclosed CSV quote rejects one row with its line and loses none; NUL-bearing lines
+are rejects; jsonl ids are written as text a user can match, on rejected rows too."""
+import io
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from faults_support import DIM
+
+from flowcore import FlowCalibrator
+from flowcore.batch.job import CalibrationJob
+from flowcore.batch.rows import BROKEN_CSV, INVALID_ID, NUL_CHARACTER
+from flowcore.batch.text_sources import TextCorpus
+from flowcore.cli import main
+
+
+def one_line_error(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"flowcore {command}: error: "), err
+    return err
+
+
+@pytest.fixture
+def inputs(tmp_path, flow_path):
+    (tmp_path / "corpus.txt").write_text("a cat\nthe dog\n")
+    np.save(tmp_path / "vectors.npy", np.random.default_rng(0).normal(size=(300, DIM)).astype(np.float32))
+    (tmp_path / "sts").mkdir()
+    return {"flow": str(flow_path), "txt": str(tmp_path / "corpus.txt"), "npy": str(tmp_path / "vectors.npy"),
+            "sts": str(tmp_path / "sts")}
+
+
+# (the command, its arguments with OUT where the output goes, whether OUT is a folder)
+WRITERS = {
+    "encode": (["encode", "--input", "{txt}", "--out", "OUT"], False),
+    "fit": (["fit", "--embeddings", "{npy}", "--out", "OUT", "--config", "l2_d2_w32", "--epochs", "1"], False),
+    "calibrate": (["calibrate", "--calibrator", "{flow}", "--embeddings", "{npy}", "--out", "OUT"], False),
+    "sts": (["sts", "--data-dir", "{sts}", "--json", "OUT"], False),
+    "calibrate-ray": (["calibrate", "--engine", "ray", "--calibrator", "{flow}", "--embeddings", "{npy}", "--out",
+                       "OUT"], True),
+    "export": (["export", "--calibrator", "{flow}", "--out", "OUT"], True),
+    "analyze": (["analyze", "--embeddings", "{npy}", "--out", "OUT"], True),
+}
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_every_writing_command_checks_its_output_before_any_work(writer, inputs, tmp_path, capsys):
+    """A file output that is an existing directory, or a folder output that is an existing file,
+    is one line naming it, exit 2, and nothing is written or loaded."""
+    argv, folder = WRITERS[writer]
+    out = tmp_path / "taken"
+    if folder:
+        out.write_text("keep me")
+    else:
+        out.mkdir()
+    before = sorted(os.listdir(tmp_path))
+    assert main([part.format(**inputs).replace("OUT", str(out)) for part in argv]) == 2
+    error = one_line_error(capsys, argv[0])
+    assert str(out) in error and ("is an existing file" if folder else "is a directory") in error
+    assert sorted(os.listdir(tmp_path)) == before
+    assert (out.read_text() == "keep me") if folder else os.listdir(out) == []
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+@pytest.mark.parametrize("command", ["calibrate", "encode", "fit"])
+def test_an_input_that_is_a_folder_or_a_pipe_is_named_as_such(kind, command, flow_path, tmp_path, capsys):
+    source = tmp_path / "corpus.txt"
+    if kind == "folder":
+        source.mkdir()
+    else:
+        os.mkfifo(source)
+    argv = {"calibrate": ["calibrate", "--calibrator", str(flow_path), "--input", str(source), "--out",
+                          str(tmp_path / "out.npy")],
+            "encode": ["encode", "--input", str(source), "--out", str(tmp_path / "out.npy")],
+            "fit": ["fit", "--input", str(source), "--out", str(tmp_path / "m.flow")]}[command]
+    assert main(argv) == 2
+    error = one_line_error(capsys, command)
+    assert "not found" not in error
+    assert (f"{source} is a folder" if kind == "folder" else f"{source} is a named pipe (FIFO)") in error
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl", ".csv"])
+def test_utf16_and_utf32_text_is_refused_in_one_line_naming_the_encoding(encoding, suffix, flow_path, tmp_path,
+                                                                         capsys):
+    body = {".txt": "a cat\nthe dog\n", ".jsonl": '{"text": "a cat"}\n', ".csv": "text\na cat\n"}[suffix]
+    data = body.encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data  # its byte-order mark, as editors write it
+    source = tmp_path / f"c{suffix}"
+    source.write_bytes(data)
+    out = tmp_path / "out.npy"
+    assert main(["calibrate", "--calibrator", str(flow_path), "--input", str(source), "--out", str(out)]) == 2
+    error = one_line_error(capsys, "calibrate")
+    assert f"{source}: starts with a {encoding[:6].upper()}" in error and "flowcore reads UTF-8" in error
+    assert not out.exists()
+
+
+def test_utf16_text_is_refused_by_encode_too(tmp_path, capsys):
+    (tmp_path / "c.txt").write_bytes("a cat\n".encode("utf-16"))
+    assert main(["encode", "--input", str(tmp_path / "c.txt"), "--out", str(tmp_path / "e.npy")]) == 2
+    assert "starts with a UTF-16 (little-endian) byte-order mark" in one_line_error(capsys, "encode")
+
+
+def run_text_job(path, out, **options):
+    """The local job over the text corpus `path` with an identity flow and a stand-in encoder (a
+    vector fixed by each text); returns (its summary, its rejects)."""
+    def encode(texts):
+        return np.stack([np.random.default_rng(len(text)).normal(size=DIM) for text in texts]).astype(np.float32)
+
+    summary = CalibrationJob(TextCorpus(path, **options), out, lambda x: x, DIM, encode=encode, chunk_rows=16,
+                             show_progress_bar=False).run()
+    return summary, [json.loads(line) for line in open(f"{out}.rejects.jsonl", encoding="utf-8")]
+
+
+def test_lines_holding_nul_bytes_are_rejects_never_vectors(tmp_path):
+    """A line of NULs, or UTF-16 text without a byte-order mark, is a reject with its line."""
+    source = tmp_path / "c.txt"
+    source.write_bytes(b"a cat\n\x00\x00\x00\n" + "the dog".encode("utf-16-le") + b"\nred house\n")
+    summary, rejects = run_text_job(source, tmp_path / "out.npy")
+    assert [(r["row"], r["line"], r["reason"]) for r in rejects] == [(1, 2, NUL_CHARACTER), (2, 3, NUL_CHARACTER)]
+    assert "UTF-16 text?" in rejects[1]["detail"]
+    assert summary.rejects == {NUL_CHARACTER: 2}
+    result = np.load(tmp_path / "out.npy")
+    assert np.isnan(result[[1, 2]]).all() and np.isfinite(result[[0, 3]]).all()
+
+
+def test_an_unclosed_csv_quote_rejects_its_row_with_its_line_and_loses_none(tmp_path):
+    """1,000 rows, one with an unclosed quote: 1,000 rows counted, that one rejected as broken CSV
+    naming its line, every other id in place."""
+    rows = [f'{i},"sentence {i}"' for i in range(1000)]
+    rows[500] = '500,"an unclosed quote'
+    (tmp_path / "c.csv").write_text("id,text\n" + "\n".join(rows) + "\n")
+    summary, rejects = run_text_job(tmp_path / "c.csv", tmp_path / "out.parquet", id_field="id")
+    assert summary.rows == 1000 and summary.rejects == {BROKEN_CSV: 1}
+    assert [(r["row"], r["line"], r["reason"]) for r in rejects] == [(500, 502, BROKEN_CSV)]
+    assert "unclosed quote" in rejects[0]["detail"]
+    ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
+    assert ids == [str(i) if i != 500 else None for i in range(1000)]
+
+
+def test_jsonl_ids_are_json_text_and_rejected_rows_keep_theirs(tmp_path):
+    lines = [{"id": {"doc": 7, "part": [1, 2]}, "text": "a cat"}, {"id": 3, "text": ""}, {"id": 1.5, "text": "a dog"},
+             {"id": True, "text": "red"}]
+    source = tmp_path / "c.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"id": NaN, "text": "x"}\n'
+                      '{"id": 1e999, "text": "y"}\n{"id": "k", "text": "a\\u0000b"}\n')
+    _, rejects = run_text_job(source, tmp_path / "out.parquet", id_field="id")
+    ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
+    assert ids == ['{"doc":7,"part":[1,2]}', "3", "1.5", "true", None, None, "k"]
+    rejects = {r["row"]: r for r in rejects}
+    assert {row: (r.get("id"), r["reason"]) for row, r in rejects.items()} == {
+        1: ("3", "empty text"), 4: (None, INVALID_ID), 5: (None, INVALID_ID), 6: ("k", NUL_CHARACTER)}
+
+
+def test_a_big_endian_npy_fits_as_it_calibrates(tmp_path, flow_path, capsys):
+    matrix = np.random.default_rng(0).normal(size=(300, DIM)).astype(">f4")
+    np.save(tmp_path / "big.npy", matrix)
+    assert main(["fit", "--embeddings", str(tmp_path / "big.npy"), "--out", str(tmp_path / "m.flow"), "--config",
+                 "l2_d2_w32", "--epochs", "1", "--quiet"]) == 0, capsys.readouterr().err
+    assert main(["calibrate", "--calibrator", str(tmp_path / "m.flow"), "--embeddings", str(tmp_path / "big.npy"),
+                 "--out", str(tmp_path / "out.npy"), "--quiet"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"),
+                               FlowCalibrator.load(tmp_path / "m.flow").transform(matrix.astype("<f4")), atol=1e-5)
+
+
+def test_a_negative_shape_in_an_npy_header_is_named(tmp_path, flow_path, capsys):
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (-3, DIM)})
+    (tmp_path / "neg.npy").write_bytes(header.getvalue() + b"\0" * (4 * DIM * 3))
+    assert main(["calibrate", "--calibrator", str(flow_path), "--embeddings", str(tmp_path / "neg.npy"), "--out",
+                 str(tmp_path / "out.npy")]) == 2
+    assert f"{tmp_path / 'neg.npy'}: not a readable .npy file" in one_line_error(capsys, "calibrate")
+    assert main(["fit", "--embeddings", str(tmp_path / "neg.npy"), "--out", str(tmp_path / "m.flow")]) == 2
+    error = one_line_error(capsys, "fit")
+    assert "neg.npy" in error and "negative" in error
