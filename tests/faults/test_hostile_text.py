@@ -18,6 +18,7 @@ from faults_support import DIM
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flowcore._lines import UnsupportedEncodingError
 from flowcore.batch.job import CalibrationJob
 from flowcore.batch.rows import (
     BROKEN_CSV,
@@ -29,6 +30,7 @@ from flowcore.batch.rows import (
     MISSING_ID,
     MISSING_TEXT,
     NUL_CHARACTER,
+    Position,
 )
 from flowcore.batch.text_sources import TextCorpus
 
@@ -233,19 +235,71 @@ def test_csv_quoted_fields_with_newlines_and_quotes_round_trip_row_by_row(tmp_pa
     check_rows(np.load(folder / "out.npy"), rejects, expected, lines=None)
 
 
-@given(body=st.lists(st.one_of(raw_bytes, st.sampled_from([b'"unterminated', b'a,"b""c",d', b"\x00,\x00"])),
-                     max_size=20))
-def test_csv_with_a_random_body_accounts_for_every_record(tmp_path_factory, body):
+CSV_PIECES = [b'"unterminated', b'a,"b""c",d', b"\x00,\x00", b'1,"two\nlines"', b'1,"closed" then text', b'"', b'""',
+              b'1,"' + HUGE.encode(), b'1,"' + HUGE.encode() + b'"', b"1,a\x00b", b'1,"a\x00\nb"']
+
+
+@given(body=st.lists(st.one_of(raw_bytes, st.sampled_from(CSV_PIECES)), max_size=20), span=st.sampled_from([64, None]))
+def test_csv_with_a_random_body_accounts_for_every_line(tmp_path_factory, body, span):
+    """Unclosed quotes (also around a 1 MB field, also past the span limit), quotes inside fields,
+    NUL bytes, random bytes: every row is calibrated or rejected in place, and every line of the
+    file belongs to exactly one row: an unclosed quote never swallows the lines after it."""
+    import flowcore.batch.text_sources as text_sources
+
     folder = tmp_path_factory.mktemp("csvbody")
-    (folder / "c.csv").write_bytes(b"id,text\n" + b"\n".join(body))
-    corpus = TextCorpus(folder / "c.csv")
-    rejects = run_job(folder / "c.csv", folder / "out.npy")
+    data = b"id,text\n" + b"\n".join(body)
+    (folder / "c.csv").write_bytes(data)
+    saved = text_sources.CSV_SPAN_BYTES
+    text_sources.CSV_SPAN_BYTES = span or saved
+    try:
+        corpus = TextCorpus(folder / "c.csv")
+        rows = [(entry, end) for entry, end in corpus._csv_rows(Position(0))]
+        rejects = run_job(folder / "c.csv", folder / "out.npy")
+    finally:
+        text_sources.CSV_SPAN_BYTES = saved
     vectors = np.load(folder / "out.npy")
-    assert len(vectors) == corpus.rows
+    assert len(vectors) == corpus.rows == len(rows)
     assert all(reject["reason"] in {BROKEN_CSV, INVALID_UTF8, NUL_CHARACTER, EMPTY_LINE, EMPTY_TEXT, MISSING_TEXT}
                for reject in rejects.values())
     for row in range(len(vectors)):
         assert np.isnan(vectors[row]).all() == (row in rejects)
+    lines = len(data.split(b"\n")) - (1 if data.endswith(b"\n") else 0)
+    ends = [position.line for _, position in rows]
+    assert ends == sorted(ends) and (not ends or ends[-1] == lines)  # rows tile the file's lines, in order
+    firsts = [entry.line for entry, _ in rows]
+    assert all(first == (ends[i - 1] if i else 1) + 1 for i, first in enumerate(firsts))
+
+
+@given(lines=st.lists(odd_text, max_size=20), encoding=st.sampled_from(["utf-16", "utf-32", "utf-16-le", "utf-16-be"]),
+       suffix=st.sampled_from([".txt", ".jsonl", ".csv"]))
+def test_utf16_and_utf32_text_is_refused_whole_or_rejected_line_by_line(tmp_path_factory, lines, encoding, suffix):
+    """A file that starts with a UTF-16/UTF-32 byte-order mark is refused in one line naming it
+    and its encoding; without the mark (UTF-16-LE/BE) its lines hold NUL bytes and are rejected
+    (or, where a line happens to be UTF-8 without a NUL, read as that text), never shifted."""
+    folder = tmp_path_factory.mktemp("utf16")
+    path = folder / f"c{suffix}"
+    data = "\n".join(lines).encode(encoding, "surrogatepass") + "\n".encode(encoding)[-2 if "16" in encoding else -4:]
+    path.write_bytes(data)
+    if data.startswith((b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")):
+        with pytest.raises(UnsupportedEncodingError) as refused:
+            run_job(path, folder / "out.npy")
+        message = str(refused.value)
+        assert message.startswith(f"{path}: starts with a UTF-") and "\n" not in message
+        return
+    if suffix != ".txt":
+        try:
+            corpus = TextCorpus(path)
+        except ValueError as error:  # a header that is not one: refused naming the file
+            assert str(error).startswith(str(path)) and "\n" not in str(error)
+            return
+        rejects = run_job(path, folder / "out.npy")
+        vectors = np.load(folder / "out.npy")
+        assert len(vectors) == corpus.rows
+        assert all(np.isnan(vectors[row]).all() == (row in rejects) for row in range(len(vectors)))
+        return
+    rejects = run_job(path, folder / "out.npy")
+    expected = txt_oracle(data)
+    check_rows(np.load(folder / "out.npy"), rejects, expected, lines=list(range(1, len(expected) + 1)))
 
 
 @given(texts=st.lists(st.one_of(odd_text, st.none(), st.binary(max_size=8)), max_size=40),
