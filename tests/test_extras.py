@@ -25,6 +25,8 @@ CASES = {  # (modules made unimportable, command, extra)
                                                  "--quantize", "int8"], "onnx"),
     "analyze": ("rapidfuzz", ["analyze", "--embeddings", "vectors.npy", "--out", "out.npy"], "analysis"),
     "export": ("sentence_transformers", ["export", "--whitening", "corpus.txt", "--out", "out.npy"], "st"),
+    "ray": ("ray", ["calibrate", "--engine", "ray", "--calibrator", "model.flow", "--embeddings", "vectors.npy",
+                    "--out", "out.npy"], "ray"),
 }
 
 

@@ -281,3 +281,27 @@ class _Records(logging.Handler):
 
     def emit(self, record):
         self.records.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+
+
+def test_ctrl_c_on_the_ray_engine_says_where_it_stopped(ray_session, vector_flow, tmp_path, monkeypatch, capsys):
+    """`flowcore calibrate --engine ray` stopped by SIGINT prints the local engine's line (the rows
+    written, and that the same command resumes), exit 130; a Ctrl-C before the job begins (while
+    Ray starts or the model loads) says so, never an empty message."""
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    np.save(tmp_path / "in.npy", np.random.default_rng(3).normal(size=(128, DIM)).astype(np.float32))
+    argv = ["calibrate", "--engine", "ray", "--calibrator", str(vector_flow), "--embeddings", str(tmp_path / "in.npy"),
+            "--out", str(tmp_path / "out"), "--chunk-rows", "16", "--num-workers", "1", "--quiet"]
+    with monkeypatch.context() as patch:
+        patch.setattr(ray_engine, "_before_shard_write", signal_driver_at_shard(os.getpid(), at_shard=1))
+        assert main(argv) == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("flowcore calibrate: SIGINT: stopped at row ") and \
+        last.endswith("; rerun the same command to resume"), last
+
+    def interrupted_while_starting(*args, **kwargs):
+        raise KeyboardInterrupt  # what Python raises for a Ctrl-C before any handler of flowcore's is installed
+
+    monkeypatch.setattr(ray_engine.JobSpec, "prepare", interrupted_while_starting)
+    assert main([*argv[:8], str(tmp_path / "other"), *argv[9:]]) == 130
+    assert capsys.readouterr().err.strip() == ("flowcore calibrate: SIGINT: stopped before the job began; rerun the "
+                                               "same command to resume")

@@ -4,6 +4,7 @@ missing, wrong-width or NaN vector, a finite vector the flow maps to NaN) give e
 same reasons row by row, and the same vectors for the good rows. Rows only a Ray Dataset can
 hold (a string or a list of strings where a vector belongs) are rejects there, never a crash."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -13,13 +14,17 @@ import pytest
 from flowcore import Encoder, FlowCalibrator
 from flowcore.batch.job import calibrate_file
 from flowcore.batch.rows import (
+    BROKEN_CSV,
+    EMPTY_LINE,
     EMPTY_TEXT,
+    INVALID_ID,
     INVALID_UTF8,
     MISSING_TEXT,
     MISSING_VECTOR,
     NON_FINITE,
     NON_FINITE_OUTPUT,
     NOT_A_VECTOR,
+    NUL_CHARACTER,
     WRONG_WIDTH,
 )
 from flowcore.ray import Calibrate, calibrate_ray
@@ -125,3 +130,56 @@ def test_hostile_texts_are_rejected_alike_by_every_engine(engine, request, tmp_p
         calibrate_file(text_flow, local, input=path, chunk_rows=4, threads=1, show_progress_bar=False)
         np.testing.assert_allclose(vectors[good], _matrix(pq.read_table(local).column("embedding"))[good], rtol=1e-5,
                                    atol=1e-6)
+
+
+HUGE_LINE = "the cat sat " * 200_000  # 2.4 MB on one line: cut before it is tokenized, one vector
+HOSTILE_FILES = {  # name: (file name, bytes, id field, {row: (line, reason, id)} or the start of a refusal)
+    "unclosed CSV quote": ("c.csv", b'id,text\n1,the cat\n2,"a dog ran\n3,big red house\n', "id",
+                           {1: (3, BROKEN_CSV, None)}),
+    "NUL bytes": ("c.txt", b"the cat\n\x00\x00\x00\n" + "a dog".encode("utf-16-le") + b"\nred house\n", None,
+                  {1: (2, NUL_CHARACTER, None), 2: (3, NUL_CHARACTER, None)}),
+    "UTF-16 text": ("c.txt", "the cat\na dog\n".encode("utf-16"), None, "starts with a UTF-16 (little-endian)"),
+    "invalid UTF-8": ("c.txt", b"the cat\nsat \xff on\n\nred\n", None, {1: (2, INVALID_UTF8, None),
+                                                                       2: (3, EMPTY_LINE, None)}),
+    "jsonl ids": ("c.jsonl", b'{"id": {"k": 1}, "text": "the cat"}\n{"id": NaN, "text": "a"}\n'
+                             b'{"id": 1e999, "text": "a"}\n{"id": "e", "text": ""}\n{"id": 2, "text": "red"}\n', "id",
+                  {1: (2, INVALID_ID, None), 2: (3, INVALID_ID, None), 3: (4, EMPTY_TEXT, "e")}),
+    "a huge line": ("c.txt", b"the cat\n" + HUGE_LINE.encode() + b"\nred\n", None, {}),
+}
+
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+@pytest.mark.parametrize("case", sorted(HOSTILE_FILES))
+def test_hostile_files_are_read_alike_by_both_engines(engine, case, request, tmp_path, text_flow):
+    """The readers under both engines: the same rows rejected with the same lines, reasons and
+    ids, the same ids on the good rows, or the same one-line refusal naming the file."""
+    name, data, id_field, expected = HOSTILE_FILES[case]
+    path = tmp_path / name
+    path.write_bytes(data)
+    options = dict(input=str(path), id_field=id_field, chunk_rows=4, threads=1, show_progress_bar=False)
+    if engine == "local":
+        out = tmp_path / "out.parquet"
+        run = lambda: calibrate_file(text_flow, out, **options)  # noqa: E731
+        rejects_path, tables = Path(f"{out}.rejects.jsonl"), lambda: [pq.read_table(out)]
+    else:
+        request.getfixturevalue("ray_session")
+        out = tmp_path / "out"
+        run = lambda: calibrate_ray(text_flow, out, num_workers=1, **options)  # noqa: E731
+        rejects_path = out / "rejects.jsonl"
+        tables = lambda: [pq.read_table(shard) for shard in sorted((out / "shards").glob("part-*.parquet"))]  # noqa
+    if isinstance(expected, str):
+        with pytest.raises(ValueError) as refused:
+            run()
+        assert str(refused.value).startswith(f"{path}: {expected}") and "\n" not in str(refused.value)
+        return
+    run()
+    rejects = [json.loads(line) for line in open(rejects_path, encoding="utf-8")]
+    assert {r["row"]: (r["line"], r["reason"], r.get("id")) for r in rejects} == expected
+    table = pa.concat_tables(tables())
+    vectors = _matrix(table.column("embedding"))
+    assert np.isnan(vectors[sorted(expected)]).all()
+    assert np.isfinite(np.delete(vectors, sorted(expected), axis=0)).all()
+    if id_field:
+        ids = table.column("id").to_pylist()
+        assert [ids[row] for row in expected] == [reject_id for _, _, reject_id in expected.values()]
+        assert ids == {"jsonl ids": ['{"k":1}', None, None, "e", "2"], "unclosed CSV quote": ["1", None, "3"]}[case]
