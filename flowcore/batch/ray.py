@@ -195,6 +195,11 @@ def _shard_path(folder: Path, index: int) -> Path:
     return folder / f"part-{index:08d}.parquet"
 
 
+STOPPING = ".stopping"
+"""A file in the output folder while a stopped driver lets the shards in flight finish: the actors
+begin no new shard while it exists, so that no shard is written after the driver has stopped."""
+
+
 def _rejects_path(folder: Path, index: int) -> Path:
     return folder / f"part-{index:08d}.rejects.jsonl"
 
@@ -213,6 +218,8 @@ class _ShardWriter:
 
     def __call__(self, batch: dict) -> dict:
         shards = [self.shards[index] for index in batch["shard"]]
+        if (self.folder.parent / STOPPING).exists():  # the driver was stopped: begin no new shard
+            return {"rows": np.zeros(len(shards), dtype=np.int64)}
         for shard in shards:
             try:
                 self._write(shard)
@@ -400,18 +407,21 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
                                   compute=ray.data.ActorPoolStrategy(size=num_workers), **resources_per_worker)
     if stop.requested:  # a signal while Ray started: no shard is begun
         raise stopped()
-    done = 0
+    done, stopping = 0, out / STOPPING
+    stopping.unlink(missing_ok=True)
     try:
         with _ray_data_logs(progress):
             for batch in dataset.iter_batches(batch_size=None):
                 done += int(batch["rows"].sum())
-                if stop.requested:
-                    break
+                if stop.requested and not stopping.exists():  # the shards in flight finish, no new one begins
+                    stopping.touch()
     except Exception as error:  # a worker's error reaches the driver as text inside Ray's: one line for the user
         reasons = [line.strip() for line in str(error).splitlines() if _ERROR_LINE.match(line.strip())]
         reason = reasons[-1] if reasons else f"{type(error).__name__}: {str(error).splitlines()[0]}"
         raise ShardsFailedError(f"the Ray job stopped: {reason}; the shards already written are kept: rerun the "
                                 "same command to finish") from None
+    finally:
+        stopping.unlink(missing_ok=True)
     if stop.requested and done < sum(shard.rows for shard in pending):
         raise stopped()
 
