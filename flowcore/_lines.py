@@ -8,22 +8,30 @@ valid UTF-8, or that holds a NUL byte (binary data, or UTF-16 text without a byt
 never altered or skipped silently. Streaming readers (`iter_lines`) hand it over with its problem
 (`Line.problem`), which batch jobs put in their rejects file; whole-file readers (`read_lines`)
 raise an error naming the file and line. Only regular files are read: a folder, a pipe or a device
-is refused naming what it is (`require_file`).
+is refused naming what it is (`require_file`). A line longer than `defaults.LINE_BYTES` is cut as
+it is read, so memory stays bounded whatever the file: its start is kept and its whole length
+recorded (`Line.length`), and each reader decides (plain text keeps the start, structured formats
+reject the line).
 """
 from __future__ import annotations
 
 import os
 import stat
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import BinaryIO, Iterator, NamedTuple
 
-__all__ = ["Line", "UnsupportedEncodingError", "check_encoding", "iter_lines", "read_lines", "require_file"]
+from flowcore import defaults
+
+__all__ = ["Line", "UnsupportedEncodingError", "check_encoding", "iter_lines", "read_line", "read_lines",
+           "require_file"]
 
 _BOM = b"\xef\xbb\xbf"
 _OTHER_BOMS = (  # UTF-32 first: its little-endian mark starts with UTF-16's
     (b"\xff\xfe\x00\x00", "UTF-32", "little-endian"), (b"\x00\x00\xfe\xff", "UTF-32", "big-endian"),
     (b"\xff\xfe", "UTF-16", "little-endian"), (b"\xfe\xff", "UTF-16", "big-endian"),
 )
+_SKIP_BYTES = 1 << 16
+"""Bytes read at a time past the kept start of a line that is too long."""
 _SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
                   (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
@@ -36,7 +44,9 @@ class Line(NamedTuple):
     """One line: its 1-based `number`, the byte offset just after it, and its text, or None with
     `bad_byte` (the offset of the first undecodable byte within the line) when it is not UTF-8.
     `nul` is the byte offset of the line's first NUL byte, None when it holds none; `raw` the
-    line's bytes (without its ending) when it is not UTF-8, for readers that salvage a part of it."""
+    line's bytes (without its ending) when it is not UTF-8, for readers that salvage a part of it.
+    `length` is the line's whole length in bytes when it was longer than `defaults.LINE_BYTES` and
+    cut (its text is then its start), None otherwise."""
 
     number: int
     end: int
@@ -44,6 +54,14 @@ class Line(NamedTuple):
     bad_byte: int | None = None
     nul: int | None = None
     raw: bytes | None = None
+    length: int | None = None
+
+    @property
+    def too_long(self) -> str | None:
+        """Why a cut line cannot be read as a structured record, in words; None for a whole line."""
+        if self.length is None:
+            return None
+        return f"longer than {defaults.LINE_BYTES:,} bytes ({self.length:,} bytes; only the start was read)"
 
     @property
     def problem(self) -> str | None:
@@ -97,24 +115,56 @@ def check_encoding(path: str | os.PathLike) -> None:
                 f"reads UTF-8; convert it first (e.g. iconv -f {encoding} -t UTF-8)")
 
 
+def read_line(handle: BinaryIO, limit: int) -> tuple[bytes, int]:
+    """The next line of `handle` (with its ending), or its first `limit` bytes (cut at a UTF-8
+    character boundary) when it is longer, the rest being read past in bounded blocks; and its
+    whole length in bytes. (b"", 0) at the end of the file."""
+    raw = handle.readline(limit)
+    if len(raw) < limit or raw.endswith(b"\n"):
+        return raw, len(raw)
+    length = len(raw)
+    while True:
+        rest = handle.readline(_SKIP_BYTES)
+        length += len(rest)
+        if not rest or rest.endswith(b"\n"):
+            return _whole_characters(raw), length
+
+
+def _whole_characters(raw: bytes) -> bytes:
+    """`raw` without a UTF-8 character cut short at its end."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead byte
+            continue
+        needed = 2 if 0xC0 <= byte < 0xE0 else 3 if 0xE0 <= byte < 0xF0 else 4 if byte >= 0xF0 else 1
+        return raw[:-back] if needed > back else raw
+    return raw
+
+
 def iter_lines(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Iterator[Line]:
     """The lines of `path` from byte `offset` on, numbered after `line` lines already read; a file
     in UTF-16 or UTF-32 raises `UnsupportedEncodingError` (`check_encoding`) before any line."""
     check_encoding(path)
+    limit = defaults.LINE_BYTES + 2  # a line of LINE_BYTES and its "\r\n" is whole
     with open(path, "rb") as handle:
         handle.seek(offset)
-        for raw in handle:
+        while True:
+            raw, whole = read_line(handle, limit)
+            if not whole:
+                return
+            length = whole if whole > len(raw) else None  # cut: its whole length
             start = offset
-            offset += len(raw)
+            offset += whole
             line += 1
             if start == 0 and raw.startswith(_BOM):
                 raw = raw[len(_BOM):]
             raw = raw.removesuffix(b"\n").removesuffix(b"\r")
             nul = raw.find(b"\0")
+            nul = None if nul < 0 else nul
             try:
-                yield Line(line, offset, raw.decode("utf-8"), None, None if nul < 0 else nul)
+                yield Line(line, offset, raw.decode("utf-8"), None, nul, None, length)
             except UnicodeDecodeError as error:
-                yield Line(line, offset, None, error.start, None if nul < 0 else nul, raw)
+                yield Line(line, offset, None, error.start, nul, raw, length)
 
 
 def read_lines(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[str]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 __all__ = [
     "BATCH_SIZE", "CALIBRATION", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
-    "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS",
-    "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
+    "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS",
+    "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -45,6 +45,10 @@ STAT_BLOCK_ROWS = 8192
 """Rows per block when statistics are summed over a corpus."""
 CPU_BLOCK_BYTES = 6 << 20
 """About this many bytes of activations per block of CPU flow inference."""
+LINE_BYTES = 16 << 20
+"""The most bytes of one line of a text file held in memory: the rest of a longer line is skipped
+as it is read. A plain-text line keeps its start (more than any encoder reads); a line of a
+structured format (jsonl, CSV, STS pairs) is rejected, its structure being lost."""
 
 # --- the calibration
 CALIBRATION = "flow"

@@ -23,12 +23,12 @@ import numpy as np
 from flowcore._lines import require_file
 
 __all__ = [
-    "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_ID", "INVALID_UTF8", "MISSING_ID",
-    "MISSING_TEXT", "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS", "NUL_CHARACTER",
-    "NULL", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "CalibratedChunk", "Chunk", "Position", "Reject", "TextRow",
-    "check_id_column", "check_keep_columns", "count_reasons", "detect_format", "file_changed", "file_identity",
-    "id_reject", "line_reject", "not_unicode", "open_parquet", "parquet_batches", "reject_non_finite", "require_file",
-    "text_reject", "vector_rejects",
+    "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_ID", "INVALID_UTF8", "LINE_TOO_LONG",
+    "MISSING_ID", "MISSING_TEXT", "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS",
+    "NUL_CHARACTER", "NULL", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "CalibratedChunk", "Chunk", "Position", "Reject",
+    "TextRow", "check_id_column", "check_keep_columns", "count_reasons", "detect_format", "file_changed",
+    "file_identity", "id_reject", "line_reject", "not_unicode", "open_parquet", "parquet_batches", "reject_non_finite",
+    "require_file", "text_reject", "vector_rejects",
 ]
 
 # Reject reasons (the `reason` field of a rejects file line).
@@ -36,6 +36,7 @@ EMPTY_LINE = "empty line"
 EMPTY_TEXT = "empty text"
 INVALID_UTF8 = "invalid UTF-8"
 NUL_CHARACTER = "NUL character"
+LINE_TOO_LONG = "line too long"
 BROKEN_JSON = "broken JSON"
 BROKEN_CSV = "broken CSV"
 MISSING_TEXT = "missing text field"
@@ -295,13 +296,16 @@ def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:
     return None
 
 
-def line_reject(row: int, line) -> Reject | None:
-    """The reject of a line (`flowcore._lines.Line`) that cannot be text: not UTF-8, or holding a
-    NUL byte; None for a good line."""
+def line_reject(row: int, line, structured: bool) -> Reject | None:
+    """The reject of a line (`flowcore._lines.Line`) that cannot be read: not UTF-8, holding a NUL
+    byte, or (in a `structured` format, whose record a cut would break) longer than
+    `defaults.LINE_BYTES`; None for a good line (a long plain-text line is its start)."""
     if line.text is None:
         return Reject(row, INVALID_UTF8, line.where, line.number)
     if line.nul is not None:
         return Reject(row, NUL_CHARACTER, line.where, line.number)
+    if structured and line.too_long is not None:
+        return Reject(row, LINE_TOO_LONG, line.too_long, line.number)
     return None
 
 

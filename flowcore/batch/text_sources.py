@@ -28,12 +28,14 @@ from collections import deque
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from flowcore._lines import check_encoding, iter_lines
+from flowcore import defaults
+from flowcore._lines import check_encoding, iter_lines, read_line
 from flowcore.batch.rows import (
     BROKEN_CSV,
     BROKEN_JSON,
     EMPTY_LINE,
     INVALID_UTF8,
+    LINE_TOO_LONG,
     NUL_CHARACTER,
     Chunk,
     Position,
@@ -106,12 +108,14 @@ class _CsvLines:
         if self.again:
             entry = self.again.popleft()
         else:
-            raw = self.handle.readline()
-            if not raw:
+            raw, whole = read_line(self.handle, defaults.LINE_BYTES + 2)
+            if not whole:
                 raise StopIteration
-            self.offset += len(raw)
+            self.offset += whole
             self.line += 1
             text, problem = _decoded(raw)
+            if whole > len(raw):  # cut as it was read: the record is lost
+                problem = (LINE_TOO_LONG, f"longer than {defaults.LINE_BYTES:,} bytes ({whole:,} bytes)")
             entry = _CsvLine(text, self.offset, self.line, problem)
         if self.record:  # the lines after a record's first, whose quoted field runs on
             if self.record_bytes + len(entry.text) > CSV_SPAN_BYTES:
@@ -276,7 +280,7 @@ class TextCorpus:
     def _line_rows(self, start: Position, parse) -> Iterator[tuple[TextRow, Position]]:
         row = start.row
         for line in iter_lines(self.path, start.offset, start.line):
-            reject = line_reject(row, line)
+            reject = line_reject(row, line, structured=self.format != "txt")
             entry = parse(row, line.number, line.text) if reject is None else self._bad_line(reject, line)
             row += 1
             yield entry, Position(row, line.end, line.number)
@@ -368,6 +372,8 @@ class TextCorpus:
             detail += (f" (a record from line {first.number} to line {last.number}: an unclosed quote?); the lines "
                        "after this one are read again as rows")
         lines.read_again()
+        if first.problem is not None and first.problem[0] == LINE_TOO_LONG:  # the cut broke the quoting
+            return _rejected(row, first.number, *first.problem)
         return _rejected(row, first.number, BROKEN_CSV, detail)
 
     def _csv_record(self, row: int, record: list[_CsvLine], fields: list[str]) -> TextRow:

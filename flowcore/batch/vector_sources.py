@@ -12,6 +12,7 @@ import contextlib
 import mmap
 import os
 from pathlib import Path
+from tokenize import TokenError
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -56,8 +57,11 @@ class NpyMatrix:
                 if read_header is None:
                     raise ValueError(f"unsupported .npy version {version}")
                 shape, self.fortran_order, self.dtype = read_header(handle)
-            except ValueError as error:
-                raise ValueError(f"{self.path}: not a readable .npy file ({error})") from None
+            except (ValueError, SyntaxError, TokenError) as error:  # numpy parses the header as Python literals
+                detail = " ".join(str(error).split())
+                if not isinstance(error, ValueError):
+                    detail = f"a damaged header: {type(error).__name__}: {detail}"
+                raise ValueError(f"{self.path}: not a readable .npy file ({detail})") from None
             self.header_bytes = handle.tell()
         if any(size < 0 for size in shape):
             raise ValueError(f"{self.path}: not a readable .npy file (its header gives the negative shape {shape})")

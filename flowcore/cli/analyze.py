@@ -165,12 +165,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _load_vectors(path):
     """Stored vectors, memory-mapped; a file numpy cannot read is a one-line error."""
+    from tokenize import TokenError
+
     import numpy as np
 
     try:
         vectors = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as error:
-        raise CLIError(f"--embeddings {path}: not a readable .npy file ({error})") from None
+    except (ValueError, OSError, SyntaxError, TokenError) as error:  # numpy parses the header as Python literals
+        raise CLIError(f"--embeddings {path}: not a readable .npy file ({' '.join(str(error).split())})") from None
     if vectors.ndim != 2:
         raise CLIError(f"--embeddings {path}: expected a 2-D (rows, dim) array, got shape {vectors.shape}")
     return vectors

@@ -225,8 +225,8 @@ def semeval_pairs(input_path: Path, gold_path: Path,
     for line, gold in zip(inputs, golds):
         try:
             for where, entry in ((input_path, line), (gold_path, gold)):
-                if entry.text is None:
-                    raise BadRecord(f"not valid UTF-8 (byte {entry.bad_byte} of the line)", where)
+                if (problem := entry.problem or entry.too_long) is not None:
+                    raise BadRecord(problem, where)
             if not gold.text.strip():
                 continue  # an unscored pair
             columns = line.text.split("\t")

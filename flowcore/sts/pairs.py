@@ -208,8 +208,8 @@ def _check_file(path: Path) -> None:
 def _text_lines(path: Path, collector: _Collector) -> Iterator[tuple[int, str]]:
     """(number, text) of each line; a line that is not UTF-8 or holds a NUL byte is a bad line."""
     for line in iter_lines(path):
-        if line.problem is not None:
-            collector.bad(line.number, line.problem)
+        if (problem := line.problem or line.too_long) is not None:
+            collector.bad(line.number, problem)
             continue
         yield line.number, line.text
 

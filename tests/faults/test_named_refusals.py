@@ -15,7 +15,7 @@ from faults_support import DIM
 
 from flowcore import FlowCalibrator
 from flowcore.batch.job import CalibrationJob
-from flowcore.batch.rows import BROKEN_CSV, INVALID_ID, NUL_CHARACTER
+from flowcore.batch.rows import BROKEN_CSV, INVALID_ID, LINE_TOO_LONG, NUL_CHARACTER
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.cli import main
 
@@ -107,10 +107,11 @@ def test_utf16_text_is_refused_by_encode_too(tmp_path, capsys):
     assert "starts with a UTF-16 (little-endian) byte-order mark" in one_line_error(capsys, "encode")
 
 
-def run_text_job(path, out, **options):
+def run_text_job(path, out, seen: list | None = None, **options):
     """The local job over the text corpus `path` with an identity flow and a stand-in encoder (a
-    vector fixed by each text); returns (its summary, its rejects)."""
+    vector fixed by each text; the texts it is given go to `seen`); returns (its summary, its rejects)."""
     def encode(texts):
+        (seen if seen is not None else []).extend(texts)
         return np.stack([np.random.default_rng(len(text)).normal(size=DIM) for text in texts]).astype(np.float32)
 
     summary = CalibrationJob(TextCorpus(path, **options), out, lambda x: x, DIM, encode=encode, chunk_rows=16,
@@ -179,3 +180,37 @@ def test_a_negative_shape_in_an_npy_header_is_named(tmp_path, flow_path, capsys)
     assert main(["fit", "--embeddings", str(tmp_path / "neg.npy"), "--out", str(tmp_path / "m.flow")]) == 2
     error = one_line_error(capsys, "fit")
     assert "neg.npy" in error and "negative" in error
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl", ".csv"])
+def test_a_line_longer_than_the_line_limit_is_read_in_bounded_memory(suffix, tmp_path, monkeypatch):
+    """Past `defaults.LINE_BYTES` a line is skipped as it is read: plain text keeps its start
+    (cut at a character boundary, more than an encoder reads), a jsonl or CSV record is rejected
+    as `line too long` with its line; the rows after it are read as ever, and memory holds only
+    the kept start whatever the line's length."""
+    import tracemalloc
+
+    from flowcore import defaults
+    from flowcore._lines import iter_lines
+
+    monkeypatch.setattr(defaults, "LINE_BYTES", 1 << 16)
+    huge = "wé " * 2_000_000  # 8 MB on one line
+    body = {".txt": f"a cat\n{huge}\nred\n", ".csv": f'text\na cat\n"{huge}"\nred\n',
+            ".jsonl": f'{{"text": "a cat"}}\n{{"text": "{huge}"}}\n{{"text": "red"}}\n'}[suffix]
+    path = tmp_path / f"c{suffix}"
+    path.write_text(body, encoding="utf-8")
+    seen = []
+    summary, rejects = run_text_job(path, tmp_path / "out.npy", seen)
+    assert summary.rows == 3
+    if suffix == ".txt":
+        assert rejects == [] and seen[0] == "a cat" and seen[2] == "red"
+        assert huge.startswith(seen[1]) and (1 << 16) - 2 <= len(seen[1].encode()) <= (1 << 16) + 2
+    else:
+        assert [(r["row"], r["line"], r["reason"]) for r in rejects] == [(1, 2 + (suffix == ".csv"), LINE_TOO_LONG)]
+        assert "longer than 65,536 bytes" in rejects[0]["detail"] and seen == ["a cat", "red"]
+    if suffix == ".txt":
+        tracemalloc.start()
+        lines = [len(line.text) for line in iter_lines(path)]
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert lines[0] == 5 and peak < 2 << 20  # never the whole 8 MB line
