@@ -166,6 +166,7 @@ class JobSpec:
 
     def __post_init__(self, actor: bool) -> None:
         from flowcore._fs import file_sha256
+        from flowcore.calibration.flow_file import load_flow
 
         if (self.input is None) == (self.embeddings is None):
             raise ValueError("give exactly one of a text corpus (input) or stored embeddings (embeddings)")
@@ -180,6 +181,8 @@ class JobSpec:
         self.threads = check_threads(self.threads) or job_threads(self.kind == "text", actor)
         if not isinstance(self.keep_columns, str):  # a string is refused by the source, naming it
             self.keep_columns = tuple(self.keep_columns or ())
+        if not os.path.isfile(self.flow):  # missing, a folder or a pipe: the loader's one-line error
+            load_flow(self.flow)
         self.flow_sha256 = file_sha256(self.flow)
         self.flow = Path(self.flow).resolve()
 

@@ -31,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
 from flowcore._fs import atomic_write
+from flowcore._lines import require_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MAX_HEADER_BYTES", "EncoderProvenance", "FlowFileError", "check_encoder_fits",
            "check_layout", "load_flow", "save_flow"]
@@ -174,6 +175,8 @@ def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
     """Read and verify a flow file (layout, format, checksum, finite weights); returns (tensors, info)."""
     path = Path(path)
     if not path.is_file():
+        if path.exists():
+            require_file(path, FlowFileError)  # a folder or a pipe, named as such
         raise FlowFileError(f"{path}: no such flow file")
     check_layout(path)
     try:

@@ -15,6 +15,7 @@ from flowcore.cli.arguments import (
     HelpFormatter,
     add_encoding_arguments,
     add_renamed,
+    check_input,
     check_output,
     comma_files,
     comma_names,
@@ -104,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--pairs-columns and --skip-bad apply to --pairs files only")
     check_output(args.out, inputs=[args.input, args.embeddings], folder=True)
     for option, path in (("--input", args.input), ("--embeddings", args.embeddings)):
-        if path is not None and not os.path.isfile(path):
-            raise CLIError(f"{option} {path}: no such file")
+        if path is not None:
+            check_input(path, option)
     if args.sts_dataset is not None:
         if not args.data_dir:
             raise CLIError(f"--sts-dataset needs the STS data: pass --data-dir DIR or set {DATA_ENV}")

@@ -39,6 +39,20 @@ def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = 
     return path
 
 
+def check_input(path, flag: str) -> None:
+    """A `CLIError` naming `flag` unless `path` is a regular file: missing, a folder, a pipe or a
+    device, each named as what it is (`flowcore._lines.require_file`)."""
+    from flowcore._lines import require_file
+    from flowcore.cli import CLIError
+
+    if not os.path.lexists(path):
+        raise CLIError(f"{flag} {path}: no such file")
+    try:
+        require_file(path)
+    except (OSError, ValueError) as error:
+        raise CLIError(f"{flag} {error}") from None
+
+
 def _same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file: the same path, a symlink to it, or a hard link."""
     try:

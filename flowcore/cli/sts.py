@@ -18,6 +18,7 @@ from flowcore.cli.arguments import (
     HelpFormatter,
     add_encoding_arguments,
     add_renamed,
+    check_input,
     check_output,
     comma_files,
     comma_names,
@@ -193,8 +194,8 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"STS data folder not found: {args.data_dir}")
     if args.fit_corpus not in ("target", "train") and not os.path.isfile(args.fit_corpus):
         raise CLIError(f"--fit-corpus {args.fit_corpus!r} is neither 'target', 'train' nor an existing file")
-    if args.calibrator is not None and not os.path.isfile(args.calibrator):
-        raise CLIError(f"--calibrator {args.calibrator}: no such file")
+    if args.calibrator is not None:
+        check_input(args.calibrator, "--calibrator")
     if args.calibrator is not None and args.fit_corpus != "target":
         raise CLIError("--fit-corpus does not apply with --calibrator (the calibrator file is already fitted)")
     if args.json is not None:

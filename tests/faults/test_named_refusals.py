@@ -67,19 +67,26 @@ def test_every_writing_command_checks_its_output_before_any_work(writer, inputs,
 
 
 @pytest.mark.parametrize("kind", ["folder", "fifo"])
-@pytest.mark.parametrize("command", ["calibrate", "encode", "fit"])
+@pytest.mark.parametrize("command", ["calibrate", "calibrate-calibrator", "encode", "fit", "analyze",
+                                     "sts-calibrator"])
 def test_an_input_that_is_a_folder_or_a_pipe_is_named_as_such(kind, command, flow_path, tmp_path, capsys):
     source = tmp_path / "corpus.txt"
     if kind == "folder":
         source.mkdir()
     else:
         os.mkfifo(source)
+    np.save(tmp_path / "v.npy", np.zeros((4, DIM), np.float32))
+    (tmp_path / "sts").mkdir()
     argv = {"calibrate": ["calibrate", "--calibrator", str(flow_path), "--input", str(source), "--out",
                           str(tmp_path / "out.npy")],
+            "calibrate-calibrator": ["calibrate", "--calibrator", str(source), "--embeddings", str(tmp_path / "v.npy"),
+                                     "--out", str(tmp_path / "out.npy")],
             "encode": ["encode", "--input", str(source), "--out", str(tmp_path / "out.npy")],
-            "fit": ["fit", "--input", str(source), "--out", str(tmp_path / "m.flow")]}[command]
+            "fit": ["fit", "--input", str(source), "--out", str(tmp_path / "m.flow")],
+            "analyze": ["analyze", "--input", str(source), "--out", str(tmp_path / "analysis")],
+            "sts-calibrator": ["sts", "--calibrator", str(source), "--data-dir", str(tmp_path / "sts")]}[command]
     assert main(argv) == 2
-    error = one_line_error(capsys, command)
+    error = one_line_error(capsys, command.split("-")[0])
     assert "not found" not in error
     assert (f"{source} is a folder" if kind == "folder" else f"{source} is a named pipe (FIFO)") in error
 
