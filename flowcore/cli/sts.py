@@ -36,7 +36,7 @@ from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table,
 __all__ = ["register", "run"]
 
 
-DEFAULT_CALIBRATIONS = "none,whitening,flow"
+DEFAULT_CALIBRATIONS = "none,whitening,auto,flow"
 
 
 def _flow_input(text: str) -> str:
