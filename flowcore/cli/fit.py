@@ -285,10 +285,10 @@ def run(args) -> int:
                           if name in settings and name != "seed")
         print(f"fitted {args.calibration}{f' ({shown})' if shown else ''} -> {calibrator.output_dim} dims {took}")
         return 0
-    return _fit_flow(args, data, rows, encoder, started)
+    return _fit_flow(args, data, rows, encoder)
 
 
-def _fit_flow(args, data, rows, encoder, started: float) -> int:
+def _fit_flow(args, data, rows, encoder) -> int:
     """Train the flow with checkpoints (a rerun resumes), save it, and print what was kept."""
     from flowcore.calibration.calibrator import FlowCalibrator
 
@@ -306,5 +306,5 @@ def _fit_flow(args, data, rows, encoder, started: float) -> int:
     checkpoint.unlink(missing_ok=True)
     fitted_rows = len(data) if rows is None else len(rows)
     print(f"fitted {config} on {fitted_rows} x {data.shape[1]} ({calibrator.recipe.name} recipe): "
-          f"{calibrator.outcome}; wrote {args.out} in {time.perf_counter() - started:.1f}s")
+          f"{calibrator.outcome}; wrote {args.out}")
     return 0

@@ -28,7 +28,7 @@ def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
     assert "warning" not in captured.err  # 300 >= 5 x 16
     line = captured.out.strip()
     assert line.startswith("fitted l2_d2_w32 on 300 x 16 (whitened recipe): kept ") and len(line.splitlines()) == 1
-    assert f"; wrote {out} in " in line
+    assert line.endswith(f" s; wrote {out}")
     calibrator = flowcore.FlowCalibrator.load(out)
     assert (calibrator.config, calibrator.epochs, calibrator.seed, calibrator.dim) == ("l2_d2_w32", 2, 4, 16)
     expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=4).fit(
