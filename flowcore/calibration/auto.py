@@ -14,7 +14,8 @@ very many others. The rule:
     otherwise:   whitening (power ½) of the k leading directions of Σ, the fewest holding 90 %
                  of the variance
 
-docs/calibration.md shows where it is right and where it falls short, per dataset.
+docs/calibration.md explains the rule; docs/lab-notes.md ("Calibration study") shows where it is
+right and where it falls short, per dataset.
 """
 from __future__ import annotations
 

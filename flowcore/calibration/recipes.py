@@ -11,7 +11,8 @@ the training length is chosen, by name.
   (`flowcore sts`'s recipe before `whitened`).
 - `paper`: the BERT-flow code exactly: raw vectors, lr 1e-3, batch 32, one epoch.
 
-docs/flow-vs-whitening.md holds the measurements behind the default.
+docs/lab-notes.md ("The flow must never lose to whitening", "Calibration study") holds the
+measurements behind the default.
 """
 from __future__ import annotations
 
