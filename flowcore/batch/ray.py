@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -82,9 +84,9 @@ def _ray():
 
 
 class Calibrate:
-    """`ds.map_batches(Calibrate, fn_constructor_kwargs={...}, concurrency=N, batch_format="numpy")`:
-    calibrate a Ray Dataset's text (or stored vectors) with a calibration file, one actor per
-    model copy. Each batch gets `output_column` (float32, (rows, dim)) and `reject` (the reason,
+    """Calibrate a Ray Dataset's text (or stored vectors) with a calibration file, one actor per
+    model copy: `ds.map_batches(Calibrate, fn_constructor_kwargs={...}, compute=ActorPoolStrategy(size=N),
+    batch_format="numpy")`. Each batch gets `output_column` (float32, (rows, dim)) and `reject` (the reason,
     "" for a calibrated row); a row the local job would reject is rejected alike, a NaN row.
 
     Args:
@@ -104,7 +106,7 @@ class Calibrate:
     Example:
         >>> ds = ray.data.read_parquet("corpus/")
         >>> ds = ds.map_batches(flowcore.ray.Calibrate, fn_constructor_kwargs={"flow": "model.flow"},
-        ...                     concurrency=4, batch_size=1024, batch_format="numpy")
+        ...                     compute=ray.data.ActorPoolStrategy(size=4), batch_size=1024, batch_format="numpy")
         >>> ds.write_parquet("calibrated/")
     """
 
@@ -345,12 +347,27 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
                               out / "rejects.jsonl", out / "manifest.json", lock.took_over, len(shards), len(written))
 
 
+@contextmanager
+def _ray_data_logs(progress: bool):
+    """Ray Data's own INFO and WARNING lines (execution plans, "progress bars disabled") only with
+    progress on; the logger's level is restored afterwards."""
+    logger = logging.getLogger("ray.data")
+    level = logger.level
+    if not progress:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
                 address, num_workers, gpus_per_worker, progress: bool) -> None:
     """Write `pending` shards on an actor pool of the cluster at `address` (or the running one);
     the first SIGINT/SIGTERM stops it once the shards in flight are written (`JobInterrupted`)."""
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=progress)
+        ray.init(address=address, include_dashboard=False, log_to_driver=progress,
+                 logging_level=logging.INFO if progress else logging.ERROR)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = progress
     resources = ray.cluster_resources()
@@ -364,10 +381,10 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     writer = {"spec": spec, "files": inputs, "shards": shards, "out": str(out),
               "device": "cuda" if gpus_per_worker > 0 else None, "before_write": _before_shard_write}
     dataset = dataset.map_batches(_ShardWriter, fn_constructor_kwargs=writer, batch_size=1, batch_format="numpy",
-                                  concurrency=num_workers, **resources_per_worker)
+                                  compute=ray.data.ActorPoolStrategy(size=num_workers), **resources_per_worker)
     done = 0
     try:
-        with StopSignals() as stop:
+        with StopSignals() as stop, _ray_data_logs(progress):
             for batch in dataset.iter_batches(batch_size=None):
                 done += int(batch["rows"].sum())
                 if stop.requested:

@@ -16,7 +16,7 @@ __all__ = ["CONSTANT_TOLERANCE", "Standardizer"]
 
 CONSTANT_TOLERANCE = 1e-4  # a coordinate whose std is below this fraction of the largest is constant
 STAT_BLOCK_ROWS = defaults.STAT_BLOCK_ROWS
-"""Rows read at a time for the statistics (a float64 block of 8192 x d: 25 MB at d = 384)."""
+"""Rows read at a time for the statistics (bounds the float64 working block)."""
 
 
 class Standardizer(nn.Module):

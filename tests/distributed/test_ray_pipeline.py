@@ -21,7 +21,7 @@ def test_calibrate_adds_vectors_and_keeps_bad_rows(ray_session, tmp_path):
     items[5]["text"], items[9]["text"] = "  ", None
     dataset = ray_session.data.from_items(items).map_batches(
         Calibrate, fn_constructor_kwargs={"flow": str(tmp_path / "text.flow"), "normalize": True},
-        concurrency=1, batch_size=16, batch_format="numpy")
+        compute=ray_session.data.ActorPoolStrategy(size=1), batch_size=16, batch_format="numpy")
     rows = sorted(dataset.take_all(), key=lambda row: row["id"])
     assert [row["id"] for row in rows] == list(range(40))  # nothing dropped
     assert [row["reject"] for row in rows if row["reject"]] == ["empty text", "missing text field"]

@@ -91,7 +91,8 @@ def calibrate_with(engine: str, request, tmp_path, flow, column: str, values: li
     items = [{"id": row, **({} if value is ABSENT else {column: value})} for row, value in enumerate(values)]
     options = {"flow": str(flow), **({"vector_column": column} if column != "text" else {})}
     rows = ray.data.from_items(items, override_num_blocks=1).map_batches(
-        Calibrate, fn_constructor_kwargs=options, concurrency=1, batch_size=64, batch_format="numpy").take_all()
+        Calibrate, fn_constructor_kwargs=options, compute=ray.data.ActorPoolStrategy(size=1), batch_size=64,
+        batch_format="numpy").take_all()
     rows = sorted(rows, key=lambda row: row["id"])
     assert [row["id"] for row in rows] == list(range(len(values)))  # nothing dropped
     return ({row["id"]: row["reject"] for row in rows if row["reject"]},
