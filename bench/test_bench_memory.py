@@ -145,7 +145,7 @@ def test_fit_peak_rss_on_a_memory_mapped_corpus(folder):
         out = folder / f"fit-{rows}.flow"
         *peaks[rows], printed = peak_rss_and_anonymous_kib(
             [sys.executable, "-m", "flowcore", "fit", "--embeddings", str(source), "--out", str(out),
-             "--config", "l2_d2_w32", "--epochs", "1", "--batch-size", "4096"])
+             "--calibration", "flow", "--config", "l2_d2_w32", "--epochs", "1", "--batch-size", "4096"])
         assert f"on {rows} x {dim}" in printed and out.exists()
         source.unlink()
         out.unlink()

@@ -5,9 +5,10 @@ Plain values only (no torch, no numpy), so that the command line's start-up can 
 from __future__ import annotations
 
 __all__ = [
-    "BATCH_SIZE", "CALIBRATION", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
-    "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS",
-    "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
+    "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE", "BATCH_SIZE",
+    "CALIBRATION", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES", "LINE_BYTES",
+    "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS",
+    "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -51,7 +52,17 @@ as it is read. A plain-text line keeps its start (more than any encoder reads); 
 structured format (jsonl, CSV, STS pairs) is rejected, its structure being lost."""
 
 # --- the calibration
-CALIBRATION = "flow"
-"""The method `flowcore fit` fits (`flowcore.calibration.NAMES`)."""
+CALIBRATION = "auto"
+"""The method `flowcore fit` fits (`flowcore.calibration.NAMES`): `auto` chooses whitening or none
+from the fit corpus alone (`flowcore.calibration.auto`)."""
 WHITENING_POWER = 0.5
 """The power γ of whitening's Λ^(−γ): ½ is full whitening (identity covariance)."""
+AUTO_SAMPLE_ROWS = 4000
+"""`auto` measures hubness on a seeded sample of at most this many distinct fit rows (the threshold
+below is calibrated at this size: hubness grows with the sample)."""
+AUTO_NEIGHBOURS = 10
+"""`auto`'s k-NN graph: each sampled row's this many nearest neighbours by centred cosine."""
+AUTO_HUBNESS_THRESHOLD = 0.265
+"""`auto` whitens when the Robin Hood index of that graph is at least this, else keeps the raw vectors."""
+AUTO_VARIANCE_SHARE = 0.90
+"""`auto`'s whitening keeps the fewest leading directions that hold this share of the variance."""

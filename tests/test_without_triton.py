@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     with open(os.path.join(folder, "corpus.txt"), "w") as corpus:
         corpus.write("a cat sat on the mat\\nthe dog barked\\n\\nstocks fell sharply\\n")
     main(["fit", "--input", os.path.join(folder, "corpus.txt"), "--out", os.path.join(folder, "text.flow"),
-          "--recipe", "standardized", "--epochs", "1", "--train-batch-size", "2"])
+          "--calibration", "flow", "--recipe", "standardized", "--epochs", "1", "--train-batch-size", "2"])
     for source, out in ((["--embeddings", "vectors.npy", "--calibrator", "model.flow"], "vectors.out.npy"),
                         (["--input", "corpus.txt", "--calibrator", "text.flow"], "text.out.npy")):
         main(["calibrate", *[os.path.join(folder, a) if a.endswith((".npy", ".flow", ".txt")) else a

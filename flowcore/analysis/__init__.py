@@ -3,21 +3,22 @@
 Modules: `isotropy` (mean random-pair cosine, IsoScore, effective rank, top-PC variance, the
 cosine distribution and suggested thresholds), `frequency` (token-embedding norms and k-NN
 distances by word-frequency rank), `lexical` (similarity vs edit distance), `advice` (which
-calibration to use, the near-isotropic warning, the isotropy-is-not-quality caveat), `figures`
-(PNG, headless), `analyze` (the whole analysis as one dict) and `report` (JSON, markdown, figures).
+calibration to use, by labels or by auto's rule, the balanced-neighbourhoods warning, the
+isotropy-is-not-quality caveat), `figures` (PNG, headless), `analyze` (the whole analysis as one
+dict) and `report` (JSON, markdown, figures).
 
 Example:
     >>> from flowcore.analysis import analyze, write_report
     >>> write_report(analyze(encoder=Encoder(pooling="mean"), sentences=corpus, pairs=[dev]), "out/")
 """
-from flowcore.analysis.advice import ISOTROPY_CAVEAT, Advice, advise, near_isotropic_warning
+from flowcore.analysis.advice import ISOTROPY_CAVEAT, Advice, advise, balanced_neighbourhoods_warning
 from flowcore.analysis.analyze import DEFAULT_CALIBRATIONS, analyze
 from flowcore.analysis.frequency import bucket_statistics, corpus_ranks, token_embeddings, wordfreq_ranks
 from flowcore.analysis.isotropy import Isotropy, effective_rank, isoscore, isotropy, random_pair_cosines
 from flowcore.analysis.lexical import edit_distances, lexical_bias
 from flowcore.analysis.report import summary_markdown, write_report
 
-__all__ = ["DEFAULT_CALIBRATIONS", "ISOTROPY_CAVEAT", "Advice", "Isotropy", "advise", "analyze", "bucket_statistics",
-           "corpus_ranks", "edit_distances", "effective_rank", "isoscore", "isotropy", "lexical_bias",
-           "near_isotropic_warning", "random_pair_cosines", "summary_markdown", "token_embeddings", "wordfreq_ranks",
-           "write_report"]
+__all__ = ["DEFAULT_CALIBRATIONS", "ISOTROPY_CAVEAT", "Advice", "Isotropy", "advise", "analyze",
+           "balanced_neighbourhoods_warning", "bucket_statistics", "corpus_ranks", "edit_distances", "effective_rank",
+           "isoscore", "isotropy", "lexical_bias", "random_pair_cosines", "summary_markdown", "token_embeddings",
+           "wordfreq_ranks", "write_report"]

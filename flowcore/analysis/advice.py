@@ -1,7 +1,9 @@
 """"Does calibration help here?": with labelled dev pairs, the calibration to use and the numbers
-behind it; without labels, what calibration does to isotropy and a warning when the encoder is
-already close to isotropic (as similarity-trained encoders such as all-MiniLM-L6-v2 are), where
-calibration usually lowers STS Spearman.
+behind it; without labels, the choice of `auto` (`flowcore.calibration.auto`) — whitening when the
+corpus's nearest-neighbour graph is dominated by hubs, else none — with a warning when the
+neighbourhoods are already balanced (as for similarity-trained encoders such as
+all-MiniLM-L6-v2), where calibration usually lowers STS Spearman. The advice and `auto` read the
+same signal, so they agree.
 """
 from __future__ import annotations
 
@@ -10,15 +12,12 @@ from dataclasses import asdict, dataclass
 
 from flowcore.analysis.isotropy import Isotropy
 
-__all__ = ["Advice", "ISOTROPY_CAVEAT", "NEAR_ISOTROPIC_COSINE", "SIMPLICITY", "TIE_MARGIN", "advise",
-           "near_isotropic_warning"]
+__all__ = ["Advice", "ISOTROPY_CAVEAT", "SIMPLICITY", "TIE_MARGIN", "advise", "balanced_neighbourhoods_warning"]
 
 TIE_MARGIN = 0.5
 """Spearman ×100 points within which a simpler calibration is preferred to the best one."""
-SIMPLICITY = ("none", "center", "abtt", "whitening", "zca", "flow")
+SIMPLICITY = ("none", "center", "abtt", "whitening", "auto", "zca", "flow")
 """Calibrations from the simplest to the most complex (ties go to the simpler one)."""
-NEAR_ISOTROPIC_COSINE = 0.1
-"""A mean random-pair cosine below this means the vectors are already close to isotropic."""
 ISOTROPY_CAVEAT = ("Isotropy is not quality: a calibration that makes vectors more isotropic can still lower "
                    "similarity quality (e.g. STS Spearman); judge it on labelled pairs (--pairs).")
 
@@ -28,33 +27,38 @@ class Advice:
     """What to use and why.
 
     Attributes:
-        recommended: a calibration name, or None when there are no labels to decide by.
+        recommended: a calibration name: by the labelled scores when there are some, else auto's
+            choice ("none" or "whitening"); None without either.
         scores: {calibration: Spearman ×100 on the labelled pairs} (empty without labels).
         reason: one sentence with the numbers.
-        warnings: e.g. the near-isotropic warning.
+        warnings: e.g. the balanced-neighbourhoods warning.
+        auto: {"choice", "signals", "reason"} of `auto` fitted on the raw corpus, None without it.
     """
 
     recommended: str | None
     scores: dict
     reason: str
     warnings: list
+    auto: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def near_isotropic_warning(raw: Isotropy) -> str | None:
-    """The warning for raw vectors whose mean random-pair cosine is below `NEAR_ISOTROPIC_COSINE`."""
-    if abs(raw.mean_cosine) >= NEAR_ISOTROPIC_COSINE:
+def balanced_neighbourhoods_warning(auto) -> str | None:
+    """The warning for raw vectors whose k-NN graph `auto` (a fitted `AutoCalibration`) found
+    balanced, so that it keeps them raw; None when it whitens."""
+    if auto.choice != "none":
         return None
-    return (f"the raw vectors are already close to isotropic (mean random-pair cosine {raw.mean_cosine:.3f} < "
-            f"{NEAR_ISOTROPIC_COSINE}): calibration is unlikely to help and often lowers similarity quality on "
-            f"encoders trained for similarity; check with labelled pairs (--pairs) before using it")
+    return (f"the raw vectors' nearest neighbours are already balanced (hubness {auto.signals['hubness']:.3f} < "
+            f"{auto.signals['threshold']:g}, auto's signal): calibration is unlikely to help and often lowers "
+            f"similarity quality on encoders trained for similarity; check with labelled pairs (--pairs) before "
+            f"using one")
 
 
 def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None,
-           margin: float = TIE_MARGIN, warnings: list[str] = ()) -> Advice:
-    """Recommend a calibration from labelled scores, or describe the isotropy change without them.
+           margin: float = TIE_MARGIN, warnings: list[str] = (), auto=None) -> Advice:
+    """Recommend a calibration from labelled scores, or without them by auto's rule.
 
     Args:
         isotropy: {calibration: `Isotropy` of the corpus after it}, "none" for the raw vectors.
@@ -62,20 +66,27 @@ def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None
             NaN or None scores (a failed calibration) are left out.
         margin: a simpler calibration within this many points of the best one is recommended.
         warnings: warnings of the caller (e.g. a small fit corpus), listed first.
+        auto: an `AutoCalibration` fitted on the raw corpus: without labels its choice is the
+            recommendation; with labels it is reported beside theirs.
 
     Example:
         >>> advise(isotropy, {"none": 82.0, "whitening": 80.3, "flow": 80.5}).recommended
         'none'
+        >>> advise(isotropy, auto=AutoCalibration().fit(X)).recommended     # auto's choice
+        'whitening'
     """
     warnings = list(warnings)
-    raw = isotropy.get("none")
-    warning = near_isotropic_warning(raw) if raw is not None else None
+    warning = balanced_neighbourhoods_warning(auto) if auto is not None else None
     if warning is not None:
         warnings.append(warning)
+    chosen = None if auto is None else {"choice": auto.choice, "signals": dict(auto.signals), "reason": auto.reason}
     valid = {name: float(value) for name, value in (scores or {}).items()
              if value is not None and not math.isnan(value)}
     if not valid:
-        return Advice(None, {}, _isotropy_change(isotropy), warnings)
+        if auto is None:
+            return Advice(None, {}, _isotropy_change(isotropy, "No labelled pairs, so no recommendation"), warnings)
+        return Advice(auto.choice, {}, _isotropy_change(isotropy, f"No labelled pairs; auto's rule, from the corpus "
+                                                                   f"alone: {auto.reason}"), warnings, chosen)
     best = max(valid, key=valid.get)
     candidates = [name for name in valid if valid[name] >= valid[best] - margin]
     choice = min(candidates, key=lambda name: SIMPLICITY.index(name) if name in SIMPLICITY else len(SIMPLICITY))
@@ -87,10 +98,12 @@ def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None
                   f"and simpler")
     if choice == "none" and len(valid) > 1:
         reason += "; calibration does not help this encoder here"
-    return Advice(choice, valid, reason + ".", warnings)
+    if auto is not None:
+        reason += f"; without labels, auto would choose {auto.reason}"
+    return Advice(choice, valid, reason + ".", warnings, chosen)
 
 
-def _isotropy_change(isotropy: dict[str, Isotropy]) -> str:
+def _isotropy_change(isotropy: dict[str, Isotropy], lead: str) -> str:
     raw = isotropy.get("none")
     parts = []
     for name, after in isotropy.items():
@@ -101,5 +114,5 @@ def _isotropy_change(isotropy: dict[str, Isotropy]) -> str:
         parts.append(f"{name}: mean random-pair cosine {before}{after.mean_cosine:.3f}, IsoScore {iso}"
                      f"{after.isoscore:.3f}")
     if not parts:
-        return "No labelled pairs: no recommendation."
-    return "No labelled pairs, so no recommendation; isotropy " + "; ".join(parts) + "."
+        return f"{lead}."
+    return f"{lead}; isotropy " + "; ".join(parts) + "."

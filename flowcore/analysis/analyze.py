@@ -1,7 +1,8 @@
 """`analyze`: the whole analysis of one encoder (or stored vectors) on one corpus — isotropy
 before and after each calibration fitted on the corpus, the token-embedding frequency analyses,
-and on labelled pairs the Spearman of every calibration, its lexical-overlap bias and the advice
-("does it help?") — as one JSON-ready dict, which `flowcore.analysis.report` writes out.
+on labelled pairs the Spearman of every calibration and its lexical-overlap bias, and the advice
+("does it help?", by the labels or by auto's rule on the corpus) — as one JSON-ready dict, which
+`flowcore.analysis.report` writes out.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from flowcore.analysis.frequency import (
 )
 from flowcore.analysis.isotropy import isotropy
 from flowcore.analysis.lexical import edit_distances, lexical_bias
+from flowcore.calibration.auto import AutoCalibration
 from flowcore.calibration.corpus_size import small_corpus_warning
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, build_calibrator, settings_record
 from flowcore.sts.cache import EmbeddingCache
@@ -33,7 +35,7 @@ from flowcore.validation import check_matrix
 
 __all__ = ["DEFAULT_CALIBRATIONS", "analyze"]
 
-DEFAULT_CALIBRATIONS = ("none", "center", "abtt", "whitening", "zca", "flow")
+DEFAULT_CALIBRATIONS = ("none", "center", "abtt", "whitening", "zca", "auto", "flow")
 _UNUSED = re.compile(r"^\[unused\d+\]$")  # BERT's never-trained placeholder entries
 
 
@@ -69,7 +71,7 @@ def analyze(
         frequency_sources: "wordfreq" and/or "corpus" (token frequencies counted on `sentences`).
         edit_unit: "word" or "char" edit distance for the lexical bias.
         random_pairs: random pairs drawn for the cosine statistics.
-        seed: seeds the random pairs.
+        seed: seeds the random pairs and auto's sample of the corpus.
         cache: where sentence vectors are looked up and kept (`flowcore sts`'s cache); in memory when None.
         batch_size: the encoding batch size.
         progress: called with one line per step (e.g. print to stderr); None is silent.
@@ -80,7 +82,9 @@ def analyze(
          "isotropy": {name: Isotropy dict},
          "pairs": [{"dataset", "split", "n_pairs", "spearman": {name: x}, "lexical_bias": {"gold" or name: x},
                     "edit_unit", "mean_edit_distance"}],
-         "frequency": {source: {"buckets", "norm_rank_spearman", "ranked_tokens"}}, "advice", "caveat"}.
+         "frequency": {source: {"buckets", "norm_rank_spearman", "ranked_tokens"}},
+         "advice": {"recommended", "scores", "reason", "warnings", "auto": {"choice", "signals", "reason"}},
+         "caveat"}.
 
     Example:
         >>> result = analyze(encoder=Encoder(pooling="mean"), sentences=corpus, pairs=[dev_pairs])
@@ -155,7 +159,9 @@ def analyze(
     if encoder is not None and frequency_sources:
         result["frequency"] = _frequency(encoder, sentences, frequency_sources, say)
     scores = _mean_scores(result["pairs"])
-    result["advice"] = advise(result["isotropy"], scores, warnings=[small] if small else []).to_json()
+    say("auto's rule on the raw corpus: hubness of its 10-NN graph")
+    auto = AutoCalibration(seed=seed).fit(vectors)  # the label-free choice, the same as `flowcore fit`'s default
+    result["advice"] = advise(result["isotropy"], scores, warnings=[small] if small else [], auto=auto).to_json()
     result["isotropy"] = {name: value.to_json() for name, value in result["isotropy"].items()}
     result["caveat"] = ISOTROPY_CAVEAT
     return result

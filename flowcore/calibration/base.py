@@ -38,6 +38,7 @@ _CLASSES = {
     "center": "flowcore.calibration.linear:MeanCentering",
     "abtt": "flowcore.calibration.linear:AllButTheTop",
     "zca": "flowcore.calibration.whitening:ZCAWhitening",
+    "auto": "flowcore.calibration.auto:AutoCalibration",
 }
 NAMES = tuple(_CLASSES)
 """Every calibration method, by the one name it has everywhere (CLI, files, results, docs)."""

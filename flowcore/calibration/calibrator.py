@@ -2,6 +2,8 @@
 of vectors to the calibrated (isotropic Gaussian) space, scikit-learn style."""
 from __future__ import annotations
 
+import math
+import time
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -31,8 +33,10 @@ class FlowCalibrator(Calibrator):
     recipe (`flowcore.calibration.recipes`); `transform(X)` returns the latent z as float32 numpy.
     Unless the recipe's input is "raw", each coordinate is first standardised over the whole of X
     and coordinates that never vary bypass the flow (see `flowcore.calibration.standardize`). The
-    default recipe, "whitened", starts the flow at BERT-whitening and keeps the epoch with the best
-    held-out likelihood, so that it does not end below whitening; "paper" is the paper's code.
+    default recipe, "whitened", starts the flow at BERT-whitening, scores held-out rows 4 times an
+    epoch and keeps the best weights, stopping after 2 evaluations in a row without a better score
+    (at most 3 epochs): a flow that cannot beat whitening's held-out likelihood stops early and
+    stays whitening, and `outcome` says so. "paper" is the paper's code.
 
     Args:
         config: a Glow configuration name from `flowcore.CONFIGS`, e.g. "l2_d3_w32".
@@ -44,15 +48,22 @@ class FlowCalibrator(Calibrator):
         device: torch device to train and calibrate on (default: where the flow is built, CPU).
         standardize: False feeds the raw vectors (input "raw"), True the standardised ones with
             ActNorm's data-dependent start (input "standardize"); None: the recipe's input.
-        holdout: the share of X held out to choose the epoch; None: the recipe's.
+        holdout: the share of X held out to choose the weights kept; None: the recipe's.
+        patience: stop after this many held-out evaluations in a row without a better score; None:
+            the recipe's.
 
     Attributes:
         recipe: the `FlowRecipe` followed (saved in the flow file).
         provenance, metadata, source: as every `Calibrator`'s.
         losses: the per-epoch training losses (bits per dimension).
         heldout_bits_per_dim: held-out bits/dim at the start (None unless the start is linear) and
-            after each epoch trained; empty without a held-out share.
-        selected_epoch: the epoch kept (0: the linear start); None without a held-out share.
+            at each evaluation during training; empty without a held-out share.
+        heldout_epochs: the epochs trained (fractions within an epoch) at each of those scores.
+        selected_epoch: the epochs trained when the kept weights were scored (0: the start, e.g.
+            the whitening start; 0.25: a quarter into the first epoch); None without a held-out share.
+        stopped_early: whether held-out evaluations stopped training before its last epoch.
+        fit_seconds: how long `fit` took (not saved: a file's bytes depend on its inputs only).
+        outcome: one line saying what was kept and why (see the property).
 
     Example:
         >>> calibrator = FlowCalibrator("l2_d3_w32").fit(X, encoder=encoder)
@@ -65,21 +76,24 @@ class FlowCalibrator(Calibrator):
 
     def __init__(self, config: str = defaults.CONFIG, recipe: str = DEFAULT_RECIPE, epochs: int | None = None,
                  batch_size: int | None = None, lr: float | None = None, seed: int = 0, device=None,
-                 standardize: bool | None = None, holdout: float | None = None):
+                 standardize: bool | None = None, holdout: float | None = None, patience: int | None = None):
         super().__init__()
         if config not in CONFIGS:
             raise ValueError(f"unknown flow config {config!r}; choose one of {', '.join(CONFIGS)}")
         self.config = config
         input = None if standardize is None else ("standardize" if standardize else "raw")
         self.recipe: FlowRecipe = recipe_named(recipe, input=input, epochs=epochs, batch_size=batch_size,
-                                               lr=lr, holdout=holdout)
+                                               lr=lr, holdout=holdout, patience=patience)
         self.seed = seed
         self.device = torch.device(device) if device is not None else None
         self.flow: Glow | None = None
         self.standardizer: Standardizer | None = None
         self.losses: list[float] = []
         self.heldout_bits_per_dim: list[float | None] = []
-        self.selected_epoch: int | None = None
+        self.heldout_epochs: list[float] = []
+        self.selected_epoch: float | None = None
+        self.stopped_early = False
+        self.fit_seconds: float | None = None
 
     @property
     def epochs(self) -> int:
@@ -125,6 +139,9 @@ class FlowCalibrator(Calibrator):
         Memory stays O(d² + batch·d) whatever the number of rows: X is never copied, the input
         statistics and the whitening start are float64 sums over blocks of rows, training reads
         one batch at a time and standardises it there, and held-out rows are scored in blocks.
+        With a held-out share (the default recipe's), training stops early once the held-out
+        score has not improved for the recipe's `patience` evaluations, and the best weights
+        scored are kept (`outcome` says which, and why).
 
         Args:
             X: (n, d) sentence vectors, e.g. `np.load("corpus.npy", mmap_mode="r")`.
@@ -144,6 +161,7 @@ class FlowCalibrator(Calibrator):
         Example:
             >>> FlowCalibrator().fit(np.load("corpus.npy", mmap_mode="r"), rows=np.flatnonzero(good))
         """
+        started = time.perf_counter()
         provenance = self._provenance_of(encoder)
         recipe = self.recipe
         data = training_matrix(X, min_rows=2, rows=rows)  # a view of X (a memory map stays one), checked
@@ -164,19 +182,47 @@ class FlowCalibrator(Calibrator):
         if selected is not None:  # positions among the selected rows -> row numbers of X
             train = selected if train is None else selected[train]
             heldout = None if heldout is None else selected[heldout]
-        selection = _HeldoutSelection(flow, data, heldout, prepare, linear_start=recipe.input == "whiten")
+        selection = _HeldoutSelection(flow, data, heldout, prepare, linear_start=recipe.input == "whiten",
+                                      patience=recipe.patience)
+        training_rows = data.shape[0] if train is None else len(train)
+        evaluate_every = math.ceil(math.ceil(training_rows / recipe.batch_size) / recipe.evaluations_per_epoch)
         self.losses = fit(flow, data, epochs=recipe.epochs, batch_size=recipe.batch_size, lr=recipe.lr,
                           seed=self.seed, show_progress_bar=show_progress_bar,
                           on_epoch=selection if heldout is not None else None,
                           checkpoint=checkpoint, checkpoint_every=checkpoint_every, rows=train, prepare=prepare,
-                          threads=threads)
+                          threads=threads, evaluate_every=evaluate_every if heldout is not None else None)
         if heldout is not None:
             selection.restore_best()
         if self.device is not None and standardizer is not None:
             standardizer.to(self.device)  # only now: training standardised its CPU batches
-        self.heldout_bits_per_dim, self.selected_epoch = selection.scores, selection.best_epoch
+        self.heldout_bits_per_dim, self.heldout_epochs = selection.scores, selection.epochs
+        self.selected_epoch = selection.best_epoch
+        self.stopped_early = selection.stopped and bool(selection.epochs) and selection.epochs[-1] < recipe.epochs
         self.flow, self.standardizer, self.provenance = flow.eval(), standardizer, provenance
+        self.fit_seconds = time.perf_counter() - started
         return self
+
+    @property
+    def outcome(self) -> str:
+        """One line: which weights were kept and why, and how long the fit took, e.g. "kept the
+        whitening start: no trained state was better on held-out data (stopped after 0.5 of at most
+        3 epochs); 12 s"."""
+        self._fitted()
+        took = "" if self.fit_seconds is None else f"; {self.fit_seconds:.0f} s"
+        epochs = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
+        if self.selected_epoch is None:
+            return f"trained {epochs}, kept the last weights (no held-out rows to choose by){took}"
+        trained = self.heldout_epochs[-1] if self.heldout_epochs else 0
+        ran = (f"stopped after {trained:.3g} of at most {epochs}: {self.recipe.patience} evaluation"
+               f"{'s' if self.recipe.patience != 1 else ''} in a row without a better held-out score"
+               if self.stopped_early else f"trained the full {epochs}")
+        start = self.heldout_bits_per_dim[0] if self.heldout_bits_per_dim else None
+        if self.selected_epoch == 0 and start is not None:
+            return f"kept the whitening start: no trained state was better on held-out data ({ran}){took}"
+        kept = self.heldout_bits_per_dim[self.heldout_epochs.index(self.selected_epoch)]
+        against = "" if start is None else f" against the whitening start's {start:.4f}"
+        return (f"kept the flow trained {self.selected_epoch:.3g} epochs: held-out {kept:.4f} bits/dim{against} "
+                f"({ran}){took}")
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.standardizer is None:
@@ -256,8 +302,8 @@ class FlowCalibrator(Calibrator):
             "dtype": str(next(flow.parameters()).dtype).removeprefix("torch."),
             "training": {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
                          "seed": self.seed, "losses": self.losses, "recipe": self.recipe.to_json(),
-                         "heldout_bits_per_dim": self.heldout_bits_per_dim,
-                         "selected_epoch": self.selected_epoch},
+                         "heldout_bits_per_dim": self.heldout_bits_per_dim, "heldout_epochs": self.heldout_epochs,
+                         "selected_epoch": self.selected_epoch, "stopped_early": self.stopped_early},
         }
         tensors = {f"flow.{name}": value for name, value in flow.state_dict().items()}
         if self.standardizer is not None:
@@ -306,6 +352,9 @@ class FlowCalibrator(Calibrator):
         calibrator.losses = training.get("losses", [])
         calibrator.heldout_bits_per_dim = training.get("heldout_bits_per_dim", [])
         calibrator.selected_epoch = training.get("selected_epoch")
+        # files from before evaluations within epochs: one score per epoch, from the start (0)
+        calibrator.heldout_epochs = training.get("heldout_epochs", list(range(len(calibrator.heldout_bits_per_dim))))
+        calibrator.stopped_early = training.get("stopped_early", False)
         return calibrator
 
 
@@ -359,20 +408,24 @@ def _split_holdout(rows: int, share: float, seed: int) -> tuple[torch.Tensor | N
 
 class _HeldoutSelection:
     """`fit`'s `on_epoch`: scores the held-out rows (bits/dim, the `heldout` rows of `data`
-    through `prepare`, `CHUNK_ROWS` at a time) after each epoch, keeps a copy of the best weights,
-    and stops at the first epoch that does not improve; with a linear start the start is scored
-    too and can be the one kept (epoch 0)."""
+    through `prepare`, `CHUNK_ROWS` at a time) at each evaluation (within and after epochs), keeps
+    a copy of the best weights, and stops training once `patience` evaluations in a row have not
+    beaten them; with a linear start the start is scored too and can be the one kept (epoch 0)."""
 
-    def __init__(self, flow: Glow, data: torch.Tensor, heldout: torch.Tensor | None, prepare, linear_start: bool):
-        self.flow, self.data, self.heldout, self.prepare = flow, data, heldout, prepare
+    def __init__(self, flow: Glow, data: torch.Tensor, heldout: torch.Tensor | None, prepare, linear_start: bool,
+                 patience: int = 1):
+        self.flow, self.data, self.heldout, self.prepare, self.patience = flow, data, heldout, prepare, patience
         self.scores: list[float | None] = []
-        self.best_epoch: int | None = None
+        self.epochs: list[float] = []
+        self.best_epoch: float | None = None
         self.best_score, self.best_state = float("inf"), None
+        self.stopped = False
         if heldout is not None:
             if linear_start:
                 self._keep(0, self._score())
             else:
                 self.scores.append(None)
+                self.epochs.append(0)
 
     @torch.no_grad()
     def _score(self) -> float:
@@ -386,25 +439,30 @@ class _HeldoutSelection:
             total += float(self.flow.bits_per_dim(chunk.to(device=parameter.device, dtype=parameter.dtype))) * len(rows)
         return total / len(self.heldout)
 
-    def _keep(self, epoch: int, score: float) -> bool:
+    def _keep(self, epoch: float, score: float) -> None:
         self.scores.append(score)
+        self.epochs.append(epoch)
         if score < self.best_score:
             self.best_epoch, self.best_score = epoch, score
             self.best_state = {name: value.clone() for name, value in self.flow.state_dict().items()}
-            return True
-        return False
 
-    def __call__(self, epoch: int, loss: float) -> bool:
-        return not self._keep(epoch, self._score())
+    def __call__(self, epoch: float, loss: float) -> bool:
+        self._keep(epoch, self._score())
+        since_best = len(self.epochs) - 1 - self.epochs.index(self.best_epoch) if self.best_epoch is not None \
+            else len(self.epochs)
+        self.stopped = since_best >= self.patience
+        return self.stopped
 
     def checkpoint_state(self) -> tuple[dict, dict]:
-        """What a training checkpoint keeps of the selection, so that a resumed fit keeps the same epoch."""
-        return dict(self.best_state or {}), {"scores": self.scores, "best_epoch": self.best_epoch,
-                                             "best_score": self.best_score}
+        """What a training checkpoint keeps of the selection, so that a resumed fit keeps the same weights."""
+        return dict(self.best_state or {}), {"scores": self.scores, "epochs": self.epochs,
+                                             "best_epoch": self.best_epoch, "best_score": self.best_score,
+                                             "stopped": self.stopped}
 
     def restore_checkpoint_state(self, tensors: dict, info: dict) -> None:
         """Undo `checkpoint_state`."""
-        self.scores, self.best_epoch, self.best_score = list(info["scores"]), info["best_epoch"], info["best_score"]
+        self.scores, self.epochs = list(info["scores"]), list(info["epochs"])
+        self.best_epoch, self.best_score, self.stopped = info["best_epoch"], info["best_score"], info["stopped"]
         self.best_state = tensors or None
 
     def restore_best(self) -> None:

@@ -28,7 +28,7 @@ from flowcore.sts.data import DATA_ENV, DATASETS
 
 __all__ = ["register", "run"]
 
-DEFAULT_CALIBRATIONS = "none,center,abtt,whitening,zca,flow"
+DEFAULT_CALIBRATIONS = "none,center,abtt,whitening,zca,auto,flow"
 FREQUENCY_CHOICES = ("wordfreq", "corpus", "none")
 
 

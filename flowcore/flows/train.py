@@ -39,9 +39,10 @@ class CheckpointMismatchError(ValueError):
 
 def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
         device=None, show_progress_bar: bool | None = None, init_rows: int = 1024,
-        on_epoch: Callable[[int, float], bool | None] | None = None, *, checkpoint: str | os.PathLike | None = None,
+        on_epoch: Callable[[float, float], bool | None] | None = None, *, checkpoint: str | os.PathLike | None = None,
         checkpoint_every: int = 1000, rows=None,
-        prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int | None = None) -> list[float]:
+        prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int | None = None,
+        evaluate_every: int | None = None) -> list[float]:
     """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
     Works in the flow's dtype (float64 included). Before the first step, every ActNorm is
@@ -72,8 +73,12 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         device: move the flow there first (the data follows the flow).
         show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
         init_rows: rows used for ActNorm's data-dependent initialisation.
-        on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch (1-based, its mean loss);
-            a true result stops training (e.g. early stopping on held-out data).
+        on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch (1-based, its mean loss),
+            and with `evaluate_every` also within epochs; a true result stops training there (e.g.
+            early stopping on held-out data).
+        evaluate_every: also call `on_epoch` after every this many steps of an epoch, with
+            `epochs_done` the fraction of epochs trained (e.g. 1.25) and the epoch's mean loss so
+            far; a stop there ends the losses with that part-epoch's mean. None: after epochs only.
         checkpoint: a file to checkpoint to and resume from; None: no checkpoints.
         checkpoint_every: optimizer steps between checkpoints.
         rows: the row numbers of X to train on, in this order (the shuffle permutes them); None: all.
@@ -84,7 +89,8 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
             (one for small batches). Results depend on the count, never on the machine's load.
 
     Returns:
-        The mean loss (bits per dimension) of each epoch.
+        The mean loss (bits per dimension) of each epoch (the last one's over the steps trained,
+        when `on_epoch` stopped training within it).
 
     Example:
         >>> glow = flowcore.Glow(384, levels=2, depth=3, width=32)
@@ -92,9 +98,10 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         >>> flowcore.fit(glow, np.load("big.npy", mmap_mode="r"), checkpoint="fit.ckpt", checkpoint_every=500)
         >>> flowcore.fit(glow, X, rows=np.arange(0, len(X), 2), prepare=lambda batch: batch[:, :384] * 2)
     """
-    if epochs < 1 or batch_size < 1 or not lr > 0 or checkpoint_every < 1:
-        raise ValueError(f"epochs, batch_size and checkpoint_every must be >= 1 and lr > 0 (got {epochs}, "
-                         f"{batch_size}, {checkpoint_every}, {lr})")
+    if epochs < 1 or batch_size < 1 or not lr > 0 or checkpoint_every < 1 or (
+            evaluate_every is not None and evaluate_every < 1):
+        raise ValueError(f"epochs, batch_size, checkpoint_every and evaluate_every must be >= 1 and lr > 0 (got "
+                         f"{epochs}, {batch_size}, {checkpoint_every}, {evaluate_every}, {lr})")
     if device is not None:
         flow.to(device)
     parameter = next(flow.parameters())
@@ -103,11 +110,11 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         threads = training_threads(batch_size)
     with pinned_threads(threads):
         return _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on_epoch, checkpoint,
-                    checkpoint_every, rows, prepare, parameter)
+                    checkpoint_every, rows, prepare, parameter, evaluate_every)
 
 
 def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on_epoch, checkpoint, checkpoint_every,
-         rows, prepare, parameter) -> list[float]:
+         rows, prepare, parameter, evaluate_every) -> list[float]:
     flow_dim = getattr(flow, "dim", None)
     data = training_matrix(X, dim=flow_dim if prepare is None else None, rows=rows)
     index = None if rows is None else row_index(rows, data.shape[0])
@@ -128,6 +135,8 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
                 "dtype": str(parameter.dtype).removeprefix("torch."),
                 "parameters": {name: list(p.shape) for name, p in flow.named_parameters()},
                 "torch_threads": torch.get_num_threads()}
+    if evaluate_every is not None and on_epoch is not None:  # another schedule of evaluations is another run
+        identity["evaluate_every"] = evaluate_every
     state = _TrainingState()
     if checkpoint is not None and Path(checkpoint).exists():
         state = _load_checkpoint(Path(checkpoint), identity, flow, optimizer, generator, on_epoch)
@@ -171,9 +180,21 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
                 bar.update(1)
                 bar.set_postfix(loss=f"{value:.4f}", refresh=False)
                 state.epoch = epoch
+                if (evaluate_every is not None and on_epoch is not None and state.step % evaluate_every == 0
+                        and state.step < steps_per_epoch):
+                    trained = min(state.step * batch_size, count)
+                    if on_epoch(epoch + state.step / steps_per_epoch, state.total / trained):
+                        state.losses.append(state.total / trained)
+                        state.finished = True
+                        break
+                    flow.train()  # the evaluation may have left it in eval mode
                 if (checkpoint is not None and (epoch * steps_per_epoch + state.step) % checkpoint_every == 0
                         and state.step < steps_per_epoch):
                     save(epoch_start)
+            if state.finished:  # stopped within the epoch
+                if checkpoint is not None:
+                    save(epoch_start)
+                break
             state.losses.append(state.total / count)
             state.epoch, state.step, state.total = epoch + 1, 0, 0.0
             stop = on_epoch is not None and bool(on_epoch(epoch + 1, state.losses[-1]))

@@ -14,10 +14,12 @@ __all__ = ["CALIBRATIONS", "FLOW_INPUTS", "CalibrationSettings", "FlowBaseline",
 
 CALIBRATIONS = NAMES
 """`none` (the raw vectors), `whitening` (tempered with `whitening_power`, truncated with
-`whitening_dim`), `flow`, `center` (mean-centring), `abtt` (all-but-the-top) and `zca`."""
+`whitening_dim`), `flow`, `center` (mean-centring), `abtt` (all-but-the-top), `zca` and `auto`
+(whitening or none, chosen by the fit corpus's hubness, seeded by `seed`)."""
 FLOW_INPUTS = ("standardize", "prewhiten", "raw")
 """What `flowcore sts --flow-input` fits the flow on, instead of its recipe's own input."""
-_RECORDED = {"whitening": {"whitening_dim": "dim", "whitening_power": "power"}, "abtt": {"abtt_k": "k"}}
+_RECORDED = {"whitening": {"whitening_dim": "dim", "whitening_power": "power"}, "abtt": {"abtt_k": "k"},
+             "auto": {"seed": "seed"}}
 """{method: {`CalibrationSettings` field and result key: the method's setting}}."""
 
 
@@ -44,8 +46,16 @@ class FlowBaseline:
         return self.flow.heldout_bits_per_dim
 
     @property
-    def selected_epoch(self) -> int | None:
+    def heldout_epochs(self) -> list[float]:
+        return self.flow.heldout_epochs
+
+    @property
+    def selected_epoch(self) -> float | None:
         return self.flow.selected_epoch
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.flow.stopped_early
 
     def _prepared(self, X):
         return self.whitening.transform(X) if self.whitening is not None else X
@@ -101,6 +111,8 @@ def settings_record(name: str, settings: CalibrationSettings) -> dict:
         record = {key: value for key, value in asdict(settings).items() if key.startswith("flow_") or key == "seed"}
         record.update(flow_epochs=recipe.epochs, flow_lr=recipe.lr, flow_batch_size=recipe.batch_size,
                       flow_holdout=recipe.holdout)
+        if recipe.holdout > 0:  # held-out evaluations choose the weights and stop training
+            record.update(flow_evaluations_per_epoch=recipe.evaluations_per_epoch, flow_patience=recipe.patience)
         if settings.flow_input is None:  # the recipe's own input, named by flow_recipe
             del record["flow_input"]
         return record

@@ -1,6 +1,6 @@
 """The STS evaluation protocol of the BERT-flow experiment: frozen encoder → calibration
-(none | whitening | flow, fitted without labels) → cosine similarity → Spearman/Pearson ×100,
-one result record per dataset × calibration.
+(none | whitening | auto | flow | ..., fitted without labels) → cosine similarity →
+Spearman/Pearson ×100, one result record per dataset × calibration.
 
 Everything heavy is injectable (the encoder, the calibrator factories), so the protocol can be
 tested with stand-ins; sentence vectors go through an `EmbeddingCache`.
@@ -83,7 +83,9 @@ def evaluate(
         model, split, the correlations of `score_pairs` (Spearman/Pearson ×100, subsets and
         aggregations for STS12–16), seconds; for fitted calibrations also fit_corpus,
         fit_sentences, fit_distinct_sentences and their settings, `flow_losses` for the flow (and,
-        with a held-out share, `flow_heldout_bits_per_dim` per epoch and `flow_selected_epoch`), and
+        with a held-out share, `flow_heldout_bits_per_dim` at each evaluation, `flow_heldout_epochs`
+        where they were taken, `flow_selected_epoch` and `flow_stopped_early`), `auto_choice` and
+        `auto_signals` for auto (`AutoCalibration.choice`, `.signals`), and
         `warning` when the fit corpus is too small (`small_corpus_warning`, also logged: once per
         fitted corpus, so once for a file corpus, in every record); for
         `pairs` also pairs_file and skipped_lines; for `fitted` ones fit_corpus (the source) and
@@ -210,9 +212,13 @@ class _Scorer:
                         self.fitted_on_file[name] = calibrator
                 if getattr(calibrator, "losses", None):
                     record["flow_losses"] = [float(loss) for loss in calibrator.losses]
-                if getattr(calibrator, "heldout_bits_per_dim", None):  # the recipe's unsupervised epoch choice
+                if getattr(calibrator, "heldout_bits_per_dim", None):  # the recipe's unsupervised choice of weights
                     record["flow_heldout_bits_per_dim"] = list(calibrator.heldout_bits_per_dim)
+                    record["flow_heldout_epochs"] = list(calibrator.heldout_epochs)
                     record["flow_selected_epoch"] = calibrator.selected_epoch
+                    record["flow_stopped_early"] = calibrator.stopped_early
+                if getattr(calibrator, "choice", None) is not None:  # what auto chose, and on what evidence
+                    record.update(auto_choice=calibrator.choice, auto_signals=dict(calibrator.signals))
                 a, b = calibrator.transform(item.left), calibrator.transform(item.right)
                 if not (np.isfinite(a).all() and np.isfinite(b).all()):
                     raise FloatingPointError("the calibrated vectors contain NaN or Inf")

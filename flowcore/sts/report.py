@@ -1,17 +1,21 @@
 """The report of `flowcore sts`: the paper-style markdown table (one row per encoder +
-calibration, named by its row label) under one STS12–16 aggregation, and the JSON records."""
+calibration, named by its row label) under an STS12–16 aggregation, the published figures of the
+same protocol beside it (`PUBLISHED`, `published_table`), what `auto` chose (`auto_lines`), and
+the JSON records."""
 from __future__ import annotations
 
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from flowcore import defaults
 from flowcore.sts.data import DATASETS
 from flowcore.sts.metrics import spearman_of
 
-__all__ = ["AGGREGATIONS", "AGGREGATION_NOTES", "markdown_table", "row_label", "write_json"]
+__all__ = ["AGGREGATIONS", "AGGREGATION_NOTES", "PUBLISHED", "Published", "auto_lines", "markdown_table",
+           "published_table", "row_label", "write_json"]
 
 AGGREGATIONS = ("all", "wmean", "mean")
 
@@ -20,6 +24,58 @@ AGGREGATION_NOTES = {
     "wmean": "STS12-16: size-weighted mean of per-subset correlations (BERT-flow, BERT-whitening)",
     "mean": "STS12-16: plain mean of per-subset correlations",
 }
+
+
+REPORTED = ("all", "wmean")
+"""The aggregations `flowcore sts` prints a table for: the SBERT/SimCSE/MTEB one and the papers' one."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published row of Spearman ×100 on STS12, 13, 14, 15, 16, STS-B and SICK-R (in `DATASETS`
+    order), with the protocol it was measured under.
+
+    Attributes:
+        source: who published it, and where.
+        models: the encoder's names (any spelling `flowcore sts --model` may be given, lower case).
+        pooling: the flowcore pooling that computes the paper's sentence vector.
+        aggregation: the STS12–16 aggregation (`AGGREGATIONS`).
+        sick_split: the SICK-R pairs scored, "test" (4927) or "all" (9927).
+        row: what the row is (the calibration and its fit corpus).
+        spearman: the seven figures.
+    """
+
+    source: str
+    models: tuple[str, ...]
+    pooling: str
+    aggregation: str
+    sick_split: str
+    row: str
+    spearman: tuple[float, ...]
+
+
+_BERT = ("bert-base-uncased", "google-bert/bert-base-uncased")
+_MINILM = ("default", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2")
+_LI = "BERT-flow (Li et al. 2020), Table 2"
+_SU = "BERT-whitening (Su et al. 2021)"
+PUBLISHED = (
+    Published(_LI, _BERT, "mean", "wmean", "test", "BERT-base (uncased), last-layer mean",
+              (49.07, 55.92, 54.75, 62.75, 65.19, 47.29, 58.21)),
+    Published(_LI, _BERT, "first-last-avg", "wmean", "test", "BERT-base (uncased), first+last layer mean",
+              (57.84, 61.95, 62.48, 70.95, 69.81, 59.04, 63.75)),
+    Published(_LI, _BERT, "first-last-avg", "wmean", "test", "BERT-base (uncased) first+last + flow (NLI sentences)",
+              (59.54, 64.69, 64.66, 72.92, 71.84, 58.56, 65.44)),
+    Published(_LI, _BERT, "first-last-avg", "wmean", "test", "BERT-base (uncased) first+last + flow (target)",
+              (63.48, 72.14, 68.42, 73.77, 75.37, 70.72, 63.11)),
+    Published(_SU, _BERT, "first-last-avg", "wmean", "test", "BERT-base (uncased) first+last + whitening (target)",
+              (63.62, 73.02, 69.23, 74.52, 72.15, 71.34, 60.60)),
+    Published(_SU, _BERT, "first-last-avg", "wmean", "test", "BERT-base (uncased) first+last + whitening-256 (target)",
+              (63.89, 73.76, 69.08, 74.59, 74.40, 71.43, 62.20)),
+    Published("MTEB", _MINILM, "mean", "all", "all", "all-MiniLM-L6-v2, mean pooling",
+              (72.37, 80.60, 75.59, 85.39, 78.99, 82.03, 77.58)),
+)
+"""Published figures `flowcore sts` cites beside its own where the encoder, pooling and STS12–16
+aggregation match (the SICK-R split is named when it differs)."""
 
 
 def row_label(record: dict) -> str:
@@ -81,3 +137,65 @@ def write_json(records: list[dict], path, **header) -> None:
     document = {**header, "results": clean(records)}
     # A plain write, not an atomic replace: --json may name a pipe or /dev/stdout.
     Path(path).write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def published_table(records: list[dict], aggregation: str) -> str | None:
+    """The `PUBLISHED` rows for the encoders and poolings of `records` under `aggregation`, as a
+    markdown table with the same dataset columns, or None when none matches."""
+    present = list(dict.fromkeys(r["dataset"] for r in records))
+    columns = [d for d in DATASETS if d in present]
+    if not columns:
+        return None
+    encoders = {(_model_name(r["model"]), r["pooling"]) for r in records}
+    sick = {r.get("split") for r in records if r["dataset"] == "SICK-R"}
+    lines = []
+    for published in PUBLISHED:
+        if published.aggregation != aggregation or not any(
+                model in published.models and pooling == published.pooling for model, pooling in encoders):
+            continue
+        values = dict(zip(DATASETS, published.spearman))
+        cells = [values[d] for d in columns]
+        label = f"{published.source}: {published.row}"
+        if "SICK-R" in columns and published.sick_split not in sick:
+            label += f" (SICK-R: {'all 9927' if published.sick_split == 'all' else '4927 test'} pairs)"
+        lines.append(f"| {label} | " + " | ".join(_cell(v) for v in cells + [sum(cells) / len(cells)]) + " |")
+    if not lines:
+        return None
+    return "\n".join(["| published, same protocol | " + " | ".join(columns) + " | Avg. |",
+                      "| --- |" + " ---: |" * (len(columns) + 1), *lines])
+
+
+def _model_name(model: str) -> str:
+    """A model as `PUBLISHED` names it: a Hub name or a local folder's name, lower case."""
+    name = str(model).rstrip("/").lower()
+    return name if name in {m for p in PUBLISHED for m in p.models} else os.path.basename(name)
+
+
+def auto_lines(records: list[dict]) -> list[str]:
+    """One line per encoder, pooling and fit corpus saying what `auto` chose on each dataset and the
+    hubness it measured, e.g. "auto, default mean (train): none on all 7 datasets (hubness 0.238-0.241 < 0.265)"."""
+    groups: dict[str, list[dict]] = {}
+    for record in records:
+        if record["calibration"] == "auto" and record.get("auto_choice") is not None:
+            groups.setdefault(row_label(record).replace(" + auto", "", 1), []).append(record)
+    lines = []
+    for label, chosen in groups.items():
+        choices = {_choice(r) for r in chosen}
+        hubness = [r["auto_signals"]["hubness"] for r in chosen]
+        threshold = chosen[0]["auto_signals"]["threshold"]
+        spread = f"{min(hubness):.3f}" + (f"-{max(hubness):.3f}" if max(hubness) - min(hubness) >= 5e-4 else "")
+        if len(choices) == 1:
+            relation = "<" if chosen[0]["auto_choice"] == "none" else "≥"
+            lines.append(f"auto, {label}: {choices.pop()} on all {len(chosen)} datasets (hubness {spread} {relation} "
+                         f"{threshold:g})")
+        else:
+            lines.append(f"auto, {label}: " + ", ".join(
+                f"{r['dataset']} {_choice(r)} ({r['auto_signals']['hubness']:.3f})" for r in chosen)
+                + f" (whitening where hubness ≥ {threshold:g})")
+    return lines
+
+
+def _choice(record: dict) -> str:
+    if record["auto_choice"] == "none":
+        return "none"
+    return f"whitening-{record['auto_signals']['dim']}"

@@ -26,7 +26,8 @@ def test_stored_vectors_alone_give_the_isotropy_report(tmp_path):
     vectors = np.random.default_rng(0).normal(size=(500, 8)) + 5.0
     result = analyze(vectors, calibrations=["none", "center", "whitening"], frequency_sources=())
     assert result["isotropy"]["none"]["mean_cosine"] > 0.9 > 0.1 > abs(result["isotropy"]["center"]["mean_cosine"])
-    assert result["advice"]["recommended"] is None and result["pairs"] == [] and result["frequency"] == {}
+    assert result["pairs"] == [] and result["frequency"] == {}
+    assert result["advice"]["recommended"] == result["advice"]["auto"]["choice"] == "none"  # balanced neighbourhoods
     paths = write_report(result, tmp_path / "out")
     assert sorted(paths) == ["cosines", "json", "summary"]
     assert paths["cosines"].read_bytes().startswith(PNG) and paths["cosines"].stat().st_size > 5000
@@ -34,6 +35,7 @@ def test_stored_vectors_alone_give_the_isotropy_report(tmp_path):
     assert document["figures"] == {"cosines": "cosines.png"} and "center" in document["isotropy"]
     summary = paths["summary"].read_text()
     assert "| center | " in summary and "Isotropy is not quality" in summary
+    assert "No labelled pairs; auto's rule, from the corpus alone: none, the raw vectors (hubness " in summary
 
 
 def test_pairs_give_spearman_lexical_bias_and_advice(tmp_path):
@@ -44,10 +46,11 @@ def test_pairs_give_spearman_lexical_bias_and_advice(tmp_path):
     assert entry["n_pairs"] == 80 and set(entry["spearman"]) == {"none", "center", "zca"}
     assert set(entry["lexical_bias"]) == {"gold", "none", "center", "zca"}
     assert result["advice"]["recommended"] in {"none", "center", "zca"}
-    assert result["advice"]["warnings"] == [  # at most 160 distinct sentences for 64 dims: fewer than 5 x 64
+    assert result["advice"]["warnings"][0] == (  # at most 160 distinct sentences for 64 dims: fewer than 5 x 64
         f"the fit corpus has only {len(set(pairs.sentences()))} distinct sentences for 64-dimensional vectors, "
         "fewer than 5 x 64 = 320: whitening and the flow fitted on it are unreliable; fit on a larger corpus, "
-        "e.g. NLI sentences via --corpus FILE"]
+        "e.g. NLI sentences via --corpus FILE")
+    assert result["advice"]["warnings"][1].startswith("the raw vectors' nearest neighbours are already balanced")
     paths = write_report(result, tmp_path)
     assert paths["lexical-mine"].read_bytes().startswith(PNG)
     assert "## mine (80 labelled pairs)" in paths["summary"].read_text()

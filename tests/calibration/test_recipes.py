@@ -30,6 +30,10 @@ def test_recipes_by_name_with_overrides():
         recipe_named("best")
     with pytest.raises(ValueError, match="holdout must be in"):
         recipe_named("whitened", holdout=1.0)
+    assert (recipe_named("whitened").evaluations_per_epoch, recipe_named("whitened").patience) == (4, 2)
+    assert recipe_named("whitened", patience=5).patience == 5
+    with pytest.raises(ValueError, match="evaluations_per_epoch and patience must be >= 1"):
+        recipe_named("whitened", patience=0)
     with pytest.raises(ValueError, match="unknown flow input 'sphere'"):
         recipe_named("paper", input="sphere")
 
@@ -72,31 +76,49 @@ def test_glow_start_linear_is_the_given_map_up_to_a_rotation():
 
 def test_heldout_likelihood_keeps_the_start_when_training_does_not_help():
     """On Gaussian rows whitening is already the maximum-likelihood flow: training cannot beat it
-    on held-out rows, so the start (epoch 0) is kept and the result is whitening."""
+    on held-out rows, so after `patience` evaluations (4 an epoch) training stops early, the start
+    (epoch 0) is kept, the result is whitening, and the outcome says so in one line."""
     data = anisotropic(600, seed=1)
     calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=3, lr=3e-2, batch_size=16).fit(data,
                                                                                             show_progress_bar=False)
-    scores = calibrator.heldout_bits_per_dim
-    assert calibrator.selected_epoch == 0 and len(scores) == 2 and scores[1] > scores[0]
+    scores, steps = calibrator.heldout_bits_per_dim, 34  # 540 training rows, batch 16
+    assert calibrator.selected_epoch == 0 and len(scores) == 3 and min(scores[1:]) > scores[0]
+    assert calibrator.heldout_epochs == [0, 9 / steps, 18 / steps]  # evaluated every ceil(34 / 4) = 9 steps
+    assert calibrator.stopped_early and len(calibrator.losses) == 1  # the part of the first epoch trained
+    assert calibrator.outcome.startswith(
+        "kept the whitening start: no trained state was better on held-out data (stopped after 0.529 of at most 3 "
+        "epochs: 2 evaluations in a row without a better held-out score); ")
+    assert calibrator.outcome.endswith(" s")
     whitening = flowcore.Whitening().fit(data)
     np.testing.assert_allclose(pair_cosines(calibrator.transform(data)), pair_cosines(whitening.transform(data)),
                                atol=2e-3)
+    patient = flowcore.FlowCalibrator("l2_d2_w32", epochs=1, lr=3e-2, batch_size=16, patience=10).fit(
+        data, show_progress_bar=False)
+    assert patient.heldout_epochs == [0, 9 / steps, 18 / steps, 27 / steps, 1] and not patient.stopped_early
+    assert patient.selected_epoch == 0 and patient.outcome.startswith(
+        "kept the whitening start: no trained state was better on held-out data (trained the full 1 epoch); ")
 
 
 def test_heldout_likelihood_keeps_training_while_it_improves(tmp_path):
-    """On rows on a curved manifold the flow beats whitening's held-out likelihood: an epoch
-    after the start is kept, and the scores and the recipe are saved with the flow."""
+    """On rows on a curved manifold the flow beats whitening's held-out likelihood: training goes
+    on, trained weights are kept, and the scores, where they were taken and the recipe are saved
+    with the flow."""
     rng = np.random.default_rng(2)
     t = rng.uniform(-2, 2, size=(1500, 4))
     data = np.concatenate([t, t ** 2 + 0.05 * rng.normal(size=t.shape)], axis=1).astype(np.float32)
     calibrator = flowcore.FlowCalibrator("l2_d2_w32", epochs=2, lr=3e-3, batch_size=32).fit(data,
                                                                                             show_progress_bar=False)
-    scores = calibrator.heldout_bits_per_dim
-    assert calibrator.selected_epoch >= 1 and scores[calibrator.selected_epoch] < scores[0] - 0.05
+    scores, kept = calibrator.heldout_bits_per_dim, calibrator.selected_epoch
+    assert kept >= 1 and scores[calibrator.heldout_epochs.index(kept)] < scores[0] - 0.05
+    assert len(scores) > 4 and len(calibrator.losses) >= 1
+    assert calibrator.outcome.startswith(f"kept the flow trained {kept:.3g} epochs: held-out ")
+    assert "against the whitening start's" in calibrator.outcome
     calibrator.save(tmp_path / "m.flow")
     loaded = flowcore.FlowCalibrator.load(tmp_path / "m.flow")
     assert loaded.recipe == calibrator.recipe and loaded.recipe.name == "whitened"
-    assert loaded.heldout_bits_per_dim == scores and loaded.selected_epoch == calibrator.selected_epoch
+    assert loaded.heldout_bits_per_dim == scores and loaded.selected_epoch == kept
+    assert loaded.heldout_epochs == calibrator.heldout_epochs and loaded.stopped_early == calibrator.stopped_early
+    assert loaded.fit_seconds is None and loaded.outcome == calibrator.outcome.rpartition(";")[0]
     np.testing.assert_array_equal(loaded.transform(data), calibrator.transform(data))
 
 

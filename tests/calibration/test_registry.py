@@ -12,7 +12,8 @@ import flowcore
 import flowcore.calibration as calibration
 from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow, save_flow
 
-SETTINGS = {"flow": {"config": "l2_d2_w32", "epochs": 1}, "whitening": {"power": 0.3, "dim": 5}, "abtt": {"k": 2}}
+SETTINGS = {"flow": {"config": "l2_d2_w32", "epochs": 1}, "whitening": {"power": 0.3, "dim": 5}, "abtt": {"k": 2},
+            "auto": {"seed": 3, "threshold": 0.05}}
 """Small, non-default settings per method (the rest are fitted with their defaults)."""
 
 
@@ -29,7 +30,7 @@ def _fit(name, X, encoder=None):
 
 
 def test_the_registry_lists_every_method_once_by_the_name_its_class_carries():
-    assert calibration.NAMES == ("none", "whitening", "flow", "center", "abtt", "zca")
+    assert calibration.NAMES == ("none", "whitening", "flow", "center", "abtt", "zca", "auto")
     classes = [calibration.calibrator_class(name) for name in calibration.NAMES]
     assert [cls.name for cls in classes] == list(calibration.NAMES)
     assert len(set(classes)) == len(classes) and all(issubclass(cls, calibration.Calibrator) for cls in classes)
@@ -122,7 +123,7 @@ def test_damaged_or_unknown_calibrator_files_are_refused_naming_the_file(tmp_pat
     tensors, info = load_flow(_saved("abtt", tmp_path))
     save_flow(tmp_path / "odd.flow", tensors, {**info, "kind": "cholesky"})
     with pytest.raises(FlowFileError, match="odd.flow: unknown calibrator kind 'cholesky'; this flowcore reads "
-                                            "none, whitening, flow, center, abtt, zca"):
+                                            "none, whitening, flow, center, abtt, zca, auto"):
         flowcore.load(tmp_path / "odd.flow")
     save_flow(tmp_path / "bad.flow", {"linear.mean": tensors["linear.mean"][:2],
                                       "linear.matrix": tensors["linear.matrix"]}, info)
@@ -142,7 +143,7 @@ def test_damaged_or_unknown_calibrator_files_are_refused_naming_the_file(tmp_pat
 
 def test_unknown_names_and_bad_settings_are_refused_clearly():
     with pytest.raises(ValueError, match="unknown calibration 'pca'; choose from none, whitening, flow, center, "
-                                         "abtt, zca"):
+                                         "abtt, zca, auto"):
         calibration.create("pca")
     with pytest.raises(ValueError, match="calibration 'whitening' takes the settings dim, power, tolerance; not k"):
         calibration.create("whitening", k=3)

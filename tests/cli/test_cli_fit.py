@@ -1,4 +1,5 @@
-"""`flowcore fit`: embeddings or text in, a loadable flow file out, clear errors otherwise."""
+"""`flowcore fit`: embeddings or text in, a loadable calibrator file out (auto by default, saying
+what it chose and why; a flow saying what it kept and why), clear errors otherwise."""
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,13 @@ def embeddings(tmp_path):
 
 def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
     out = tmp_path / "model.flow"
-    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--config", "l2_d2_w32",
-                 "--epochs", "2", "--train-batch-size", "64", "--seed", "4"]) == 0
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--calibration", "flow", "--config",
+                 "l2_d2_w32", "--epochs", "2", "--train-batch-size", "64", "--seed", "4"]) == 0
     captured = capsys.readouterr()
-    assert "fitted l2_d2_w32 on 300 x 16" in captured.out and "warning" not in captured.err  # 300 >= 5 x 16
+    assert "warning" not in captured.err  # 300 >= 5 x 16
+    line = captured.out.strip()
+    assert line.startswith("fitted l2_d2_w32 on 300 x 16 (whitened recipe): kept ") and len(line.splitlines()) == 1
+    assert line.endswith(f" s; wrote {out}")
     calibrator = flowcore.FlowCalibrator.load(out)
     assert (calibrator.config, calibrator.epochs, calibrator.seed, calibrator.dim) == ("l2_d2_w32", 2, 4, 16)
     expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=4).fit(
@@ -36,8 +40,7 @@ def test_small_corpus_warning_counts_distinct_rows(tmp_path, capsys):
     rng = np.random.default_rng(1)
     path = tmp_path / "repeated.npy"
     np.save(path, np.repeat(rng.normal(size=(30, 16)), 10, axis=0).astype(np.float32))  # 300 rows, 30 distinct
-    assert main(["fit", "--embeddings", str(path), "--out", str(tmp_path / "r.flow"), "--config", "l2_d2_w32",
-                 "--train-batch-size", "64"]) == 0
+    assert main(["fit", "--embeddings", str(path), "--out", str(tmp_path / "r.flow")]) == 0
     err = capsys.readouterr().err
     assert "flowcore fit: warning: the fit corpus has only 30 distinct vectors for 16-dimensional" in err
     assert "via --embeddings of more sentences" in err
@@ -49,7 +52,7 @@ def test_max_rows_is_a_reproducible_sample(embeddings, tmp_path):
     for name in ("a", "b"):
         out = tmp_path / f"{name}.flow"
         assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--max-rows", "100",
-                     "--config", "l2_d2_w32"]) == 0
+                     "--calibration", "flow", "--config", "l2_d2_w32"]) == 0
         outputs.append(flowcore.FlowCalibrator.load(out).transform(np.load(embeddings)))
     np.testing.assert_array_equal(outputs[0], outputs[1])
 
@@ -59,7 +62,7 @@ def test_fit_text_records_encoder_and_pooling(tmp_path, capsys):
     lines = [f"sentence number {i} about {'cats' if i % 2 else 'the stock market'}" for i in range(40)]
     corpus.write_text("\n".join(lines[:20] + [""] + lines[20:]) + "\n")
     out = tmp_path / "text.flow"
-    assert main(["fit", "--input", str(corpus), "--out", str(out), "--pooling", "mean",
+    assert main(["fit", "--input", str(corpus), "--out", str(out), "--pooling", "mean", "--calibration", "flow",
                  "--config", "l2_d2_w32", "--train-batch-size", "8"]) == 0
     captured = capsys.readouterr()
     assert "skipped 1 unusable row(s)" in captured.out
@@ -89,8 +92,8 @@ def test_errors_are_one_clean_line(tmp_path):
 
 def test_divergence_and_bad_devices_are_one_line_errors(embeddings, tmp_path, capsys):
     out = str(tmp_path / "m.flow")
-    assert main(["fit", "--embeddings", str(embeddings), "--out", out, "--lr", "1e6", "--epochs", "3",
-                 "--config", "l2_d2_w32"]) == 2
+    assert main(["fit", "--embeddings", str(embeddings), "--out", out, "--calibration", "flow", "--lr", "1e6",
+                 "--epochs", "3", "--config", "l2_d2_w32"]) == 2
     assert "lower learning rate" in capsys.readouterr().err
     assert main(["fit", "--embeddings", str(embeddings), "--out", out, "--device", "bogus"]) == 2
     assert "--device 'bogus' is not a torch device" in capsys.readouterr().err
@@ -109,8 +112,8 @@ def test_killed_fit_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monk
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"line {i} of a corpus about {'cats' if i % 3 else 'rivers'}\n" for i in range(60))
                       + "\n")  # 60 sentences and one empty line (a reject)
-    command = ["fit", "--input", str(corpus), "--pooling", "mean", "--config", "l2_d2_w32", "--epochs", "2",
-               "--train-batch-size", "8", "--checkpoint-every", "3"]
+    command = ["fit", "--input", str(corpus), "--pooling", "mean", "--calibration", "flow", "--config", "l2_d2_w32",
+               "--epochs", "2", "--train-batch-size", "8", "--checkpoint-every", "3", "--patience", "9"]
     uninterrupted = tmp_path / "a" / "model.flow"
     uninterrupted.parent.mkdir()
     assert main([*command, "--out", str(uninterrupted)]) == 0
@@ -142,7 +145,8 @@ def test_killed_fit_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monk
     # the cache's good rows are fitted through their row numbers: the model of a fit on their copy
     vectors = np.load(cache)
     good = vectors[np.isfinite(vectors).all(1)]
-    expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=8).fit(good, show_progress_bar=False)
+    expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=8, patience=9).fit(
+        good, show_progress_bar=False)
     np.testing.assert_array_equal(flowcore.FlowCalibrator.load(killed).transform(good), expected.transform(good))
 
 
@@ -161,15 +165,36 @@ def test_threads_option_trains_on_that_many_threads(embeddings, tmp_path, capsys
     seen = []
     real = train._fit
     monkeypatch.setattr(train, "_fit", lambda *args: seen.append(__import__("torch").get_num_threads()) or real(*args))
-    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "t.flow"), "--config", "l2_d2_w32",
-                 "--train-batch-size", "32", "--threads", "2"]) == 0
-    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "d.flow"), "--config", "l2_d2_w32",
-                 "--train-batch-size", "32"]) == 0
+    flow = ["--calibration", "flow", "--config", "l2_d2_w32", "--train-batch-size", "32"]
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "t.flow"), *flow,
+                 "--threads", "2"]) == 0
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "d.flow"), *flow]) == 0
     assert seen == [2, 1]
     capsys.readouterr()
-    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "z.flow"), "--threads", "0"]) != 0
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "z.flow"), "--calibration", "flow",
+                 "--threads", "0"]) != 0
     err = capsys.readouterr().err
     assert "threads must be a positive integer" in err and "Traceback" not in err
+
+
+def test_the_default_is_auto_and_it_says_what_it_chose_and_why(tmp_path, capsys):
+    """Hub-dominated vectors (a narrow cone with a steep spectrum) are whitened, balanced ones kept
+    raw; one line says which, on what evidence, and where the file went."""
+    rng = np.random.default_rng(3)
+    cone, balanced = tmp_path / "cone.npy", tmp_path / "balanced.npy"
+    np.save(cone, (rng.normal(size=(1500, 32)) / np.arange(1, 33) + 4).astype(np.float32))
+    np.save(balanced, (rng.normal(size=(1500, 32)) + 0.5).astype(np.float32))
+    out = tmp_path / "auto.flow"
+    assert main(["fit", "--embeddings", str(cone), "--out", str(out), "--seed", "2"]) == 0
+    fitted = flowcore.load(out)
+    assert fitted.name == "auto" and fitted.choice == "whitening" and fitted.seed == 2
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"auto: whitening, {fitted.signals['dim']} directions (hubness "
+                           f"{fitted.signals['hubness']:.3f} ≥ 0.265; measured on only 1500 distinct rows")
+    assert "; fitted on 1500 x 32 in " in line and line.endswith(f"s; wrote {out}") and len(line.splitlines()) == 1
+    assert main(["fit", "--embeddings", str(balanced), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("auto: none, the raw vectors (hubness ")
+    assert flowcore.load(out).choice == "none"
 
 
 @pytest.mark.parametrize("options, method, settings", [
@@ -209,7 +234,10 @@ def test_options_of_another_method_are_one_line_errors(embeddings, tmp_path, cap
     for options, message in [
         (["--calibration", "abtt", "--whitening-power", "0.3"],
          "--whitening-power does not apply to --calibration abtt"),
-        (["--whitening-dim", "4"], "--whitening-dim does not apply to --calibration flow"),
+        (["--whitening-dim", "4"], "--whitening-dim does not apply to --calibration auto"),
+        (["--calibration", "flow", "--whitening-dim", "4"], "--whitening-dim does not apply to --calibration flow"),
+        (["--epochs", "2"], "--epochs applies to --calibration flow only, not auto"),
+        (["--calibration", "flow", "--patience", "0"], "--patience must be at least 1, got 0"),
         (["--calibration", "whitening", "--epochs", "2"], "--epochs applies to --calibration flow only, not whitening"),
         (["--calibration", "center", "--config", "l2_d2_w32"],
          "--config applies to --calibration flow only, not center"),

@@ -158,8 +158,8 @@ def test_cli_flow_file_is_applied_not_fitted(tmp_path, capsys, stand_in):
     emb = tmp_path / "emb.npy"
     np.save(emb, HashEncoder().encode(sentences))
     flow = tmp_path / "tiny.flow"
-    assert main(["fit", "--embeddings", str(emb), "--out", str(flow), "--config", "l2_d2_w32",
-                 "--batch-size", "64"]) == 0
+    assert main(["fit", "--embeddings", str(emb), "--out", str(flow), "--calibration", "flow", "--config",
+                 "l2_d2_w32", "--batch-size", "64"]) == 0
     capsys.readouterr()
     out = tmp_path / "r.json"
     assert main(["sts", "--pairs", str(pairs), "--calibrator", str(flow), "--pooling", "mean", "--no-cache",
@@ -269,3 +269,23 @@ def test_cli_tempered_whitening_and_the_earlier_flow_input_spelling(tmp_path, ca
         main(["sts", "--flow-input", "sphere"])
     err = capsys.readouterr().err
     assert "invalid choice: 'sphere'" in err and "prewhiten" in err and "'whiten'" not in err
+
+
+def test_cli_reports_both_aggregations_and_what_auto_chose(sts_data_dir, tmp_path, capsys, stand_in):
+    """STS12-16 differ by aggregation: the chosen one's table comes first, the other of all and
+    wmean second (the JSON holds all three); a line says what auto chose and on what evidence."""
+    out = tmp_path / "r.json"
+    assert main(["sts", "--data-dir", str(sts_data_dir), "--datasets", "STS12,STS-B", "--pooling", "mean",
+                 "--calibration", "none,auto", "--aggregation", "wmean", "--no-cache", "--quiet",
+                 "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Spearman x100 of cosine similarity; STS12-16: size-weighted mean")
+    records = json.loads(out.read_text())["results"]
+    sts12 = next(r for r in records if r["dataset"] == "STS12" and r["calibration"] == "none")
+    assert lines[3] == f"| hash-encoder mean | {sts12['spearman_wmean']:.2f} | " + lines[3].split(" | ", 2)[2]
+    assert lines[5:7] == ["", "STS12-16: subsets concatenated, one correlation (SBERT, SimCSE, MTEB):"]
+    assert lines[9].startswith(f"| hash-encoder mean | {sts12['spearman']:.2f} | ")
+    auto = [r for r in records if r["calibration"] == "auto"]
+    assert all(r["auto_choice"] == "none" and r["auto_signals"]["hubness"] < 0.265 for r in auto)  # random vectors
+    assert lines[-1].startswith("auto, hash-encoder mean (target): none on all 2 datasets (hubness ")
+    assert "published" not in "\n".join(lines)  # no published figures for this encoder

@@ -62,7 +62,7 @@ def test_the_python_api_raises_naming_the_rows_a_calibrator_maps_to_nan(flow_pat
 def test_a_fit_that_diverges_stops_flowcore_fit_in_one_line_and_writes_no_flow(tmp_path, capsys):
     np.save(tmp_path / "emb.npy", (np.random.default_rng(0).normal(size=(300, DIM)) * 1e18).astype(np.float32))
     code = main(["fit", "--embeddings", str(tmp_path / "emb.npy"), "--out", str(tmp_path / "model.flow"),
-                 "--config", "l2_d2_w32", "--lr", "1e12"])
+                 "--calibration", "flow", "--config", "l2_d2_w32", "--lr", "1e12"])
     assert code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("flowcore fit: error: the training loss became nan at epoch 1, step ") or \

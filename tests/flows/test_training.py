@@ -194,6 +194,57 @@ def test_on_epoch_stops_training_and_its_state_is_checkpointed(tmp_path):
     assert rerun.calls == [1, 2]  # restored, not called again
 
 
+def test_evaluations_within_epochs_can_stop_training_and_a_killed_run_resumes_to_the_same_end(tmp_path,
+                                                                                             monkeypatch):
+    """`evaluate_every`: `on_epoch` also runs every N steps of an epoch, with the fraction of epochs
+    trained; a stop there ends the losses with that part-epoch's mean; killed after a checkpoint,
+    the same call resumes and ends with the same weights, losses and evaluations."""
+    X = anisotropic_gaussian(rows=256, dim=8)
+    options = dict(epochs=3, batch_size=32, lr=2e-3, seed=1, show_progress_bar=False, evaluate_every=3)
+
+    class StopAt:
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, epochs_done, loss):
+            self.calls.append(epochs_done)
+            return epochs_done == 1.75
+
+        def checkpoint_state(self):
+            return {}, {"calls": self.calls}
+
+        def restore_checkpoint_state(self, tensors, info):
+            self.calls = list(info["calls"])
+
+    reference, stop = _tiny_glow(), StopAt()
+    losses = flowcore.fit(reference, X, on_epoch=stop, **options)  # 8 steps an epoch: steps 3, 6, the end
+    assert stop.calls == [3 / 8, 6 / 8, 1, 1 + 3 / 8, 1 + 6 / 8] and len(losses) == 2
+    partial = _tiny_glow()
+    six_steps = flowcore.fit(partial, X, epochs=2, batch_size=32, lr=2e-3, seed=1, show_progress_bar=False)
+    assert losses[0] == six_steps[0]  # the first epoch is the first epoch of a run without evaluations
+
+    checkpoint, saves = tmp_path / "fit.ckpt", []
+    save_checkpoint = train_module._save_checkpoint
+
+    def save_then_maybe_die(*args):
+        save_checkpoint(*args)
+        saves.append(args[-2].epoch * 8 + args[-2].step)
+        if saves[-1] == 10:
+            raise _Killed
+
+    monkeypatch.setattr(train_module, "_save_checkpoint", save_then_maybe_die)
+    with pytest.raises(_Killed):
+        flowcore.fit(_tiny_glow(), X, on_epoch=StopAt(), checkpoint=checkpoint, checkpoint_every=5, **options)
+    resumed, again = _tiny_glow(), StopAt()
+    assert flowcore.fit(resumed, X, on_epoch=again, checkpoint=checkpoint, checkpoint_every=5, **options) == losses
+    assert again.calls == stop.calls  # restored up to step 10, then evaluated at 1 + 6/8 as before
+    assert all(torch.equal(resumed.state_dict()[name], value) for name, value in _state(reference).items())
+    with pytest.raises(flowcore.flows.train.CheckpointMismatchError, match="evaluate_every was 3, now 4"):
+        flowcore.fit(_tiny_glow(), X, on_epoch=StopAt(), checkpoint=checkpoint, **{**options, "evaluate_every": 4})
+    with pytest.raises(ValueError, match="evaluate_every must be >= 1"):
+        flowcore.fit(_tiny_glow(), X, evaluate_every=0)
+
+
 def test_paper_setting_fit_descends_without_a_spike():
     """Batch 32, lr 1e-3 at d = 512 (the paper's setting, smaller): every step's loss stays below
     the first one's. From the LU factors of a random rotation (condition number ~1000 at this d)

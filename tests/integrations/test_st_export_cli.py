@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
     corpus.write_text("\n".join(sentences) + "\n")
     flow = root / "model.flow"
     assert main(["fit", "--input", str(corpus), "--model", bert, "--pooling", "static-avg", "--out", str(flow),
-                 "--config", "l2_d2_w32"]) == 0
+                 "--calibration", "flow", "--config", "l2_d2_w32"]) == 0
     return bert, sentences, corpus, flow
 
 

@@ -3,6 +3,7 @@ each calibration from its settings and records the settings that matter."""
 import numpy as np
 import pytest
 
+from flowcore.calibration.auto import AutoCalibration
 from flowcore.calibration.linear import Identity
 from flowcore.calibration.whitening import Whitening
 from flowcore.sts.baselines import (
@@ -38,7 +39,7 @@ def test_whitening_lifts_an_anisotropic_representation():
 
 def test_build_calibrator_and_settings_record():
     settings = CalibrationSettings(whitening_dim=4, whitening_power=0.3, flow_input="prewhiten", flow_epochs=2, seed=7)
-    assert CALIBRATIONS == ("none", "whitening", "flow", "center", "abtt", "zca")
+    assert CALIBRATIONS == ("none", "whitening", "flow", "center", "abtt", "zca", "auto")
     none = build_calibrator("none", settings)
     assert isinstance(none, Identity) and none.transform([[1, 2]]).dtype == np.float32
     whitening = build_calibrator("whitening", settings)
@@ -54,7 +55,10 @@ def test_build_calibrator_and_settings_record():
     assert settings_record("whitening", settings) == {"whitening_dim": 4, "whitening_power": 0.3}
     assert settings_record("flow", settings) == {"flow_config": "l2_d3_w32", "flow_recipe": "whitened",
                                                  "flow_epochs": 2, "flow_lr": 1e-3, "flow_batch_size": 32,
-                                                 "flow_input": "prewhiten", "seed": 7, "flow_holdout": 0.1}
+                                                 "flow_input": "prewhiten", "seed": 7, "flow_holdout": 0.1,
+                                                 "flow_evaluations_per_epoch": 4, "flow_patience": 2}
+    auto = build_calibrator("auto", settings)
+    assert isinstance(auto, AutoCalibration) and auto.seed == 7 and settings_record("auto", settings) == {"seed": 7}
     assert settings_record("whitening", CalibrationSettings()) == {"whitening_dim": None, "whitening_power": 0.5}
 
 

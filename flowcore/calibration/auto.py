@@ -1,0 +1,180 @@
+"""`auto`: the calibration chosen from the fit corpus alone, without labels — whitening where the
+vectors need it, the raw vectors where they do not.
+
+Whitening lifts vectors from encoders never trained for similarity (raw BERT, static-avg pooling)
+by several points of STS Spearman, and lowers those of similarity-trained encoders (mean pooling
+of all-MiniLM-L6-v2, all-mpnet-base-v2) by as many. What tells them apart is hubness
+(`flowcore.calibration.hubness`): in anisotropic vectors a few rows are the nearest neighbours of
+very many others. The rule:
+
+    μ, Σ   mean and covariance of every fit row (streamed moments)
+    S      a seeded sample of 4000 distinct fit rows (all of them if fewer)
+    RH     Robin Hood index of the 10-NN graph of S by cosine around μ
+    RH < 0.265:  none — neighbourhoods are balanced, keep the metric
+    otherwise:   whitening (power ½) of the k leading directions of Σ, the fewest holding 90 %
+                 of the variance
+
+docs/calibration.md explains the rule; docs/lab-notes.md ("Calibration study") shows where it is
+right and where it falls short, per dataset.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from flowcore import defaults
+from flowcore.calibration.hubness import DistinctRowSample, robin_hood_index
+from flowcore.calibration.linear import LinearCalibrator, _rows, principal_axes
+from flowcore.calibration.moments import Moments, MomentsAccumulator
+from flowcore.calibration.whitening import Whitening
+
+__all__ = ["AutoCalibration"]
+
+CHOICES = ("none", "whitening")
+_NEEDS_ROWS = ("auto measures the hubness of a sample of the fit rows, which moments alone do not hold: fit it "
+               "with fit(X) or fit_chunks(chunks)")
+
+
+class AutoCalibration(LinearCalibrator):
+    """Whitening or the raw vectors, chosen by the hubness of the fit corpus (see the module).
+
+    Once fitted it is the chosen linear map, x → (x − μ)·W (μ = 0 and W = I for none), and it
+    saves, loads and calibrates like any other calibrator; `choice` and `signals` record what was
+    chosen and on what evidence, and are saved with it.
+
+    Args:
+        seed: chooses the sample of fit rows the hubness is measured on (same seed, same choice).
+        threshold: whitening is chosen when the Robin Hood index is at least this.
+        variance_share: whitening keeps the fewest leading directions holding this share of the variance.
+        sample_rows: the most distinct fit rows sampled (the threshold is calibrated for the default).
+        neighbours: k of the k-NN graph.
+
+    Attributes:
+        choice: "none" or "whitening".
+        signals: {"hubness": the Robin Hood index, "threshold", "neighbours", "sampled_rows": the
+            distinct rows it was measured on, "dim": the directions whitening keeps (or would keep),
+            "variance_share", "rank": directions with variance}.
+        reason: one line saying what was chosen and why.
+        mean, matrix, rows: as every `LinearCalibrator`'s.
+
+    Example:
+        >>> auto = AutoCalibration().fit(X)
+        >>> auto.choice, auto.signals["hubness"]    # e.g. ("whitening", 0.31) for static-avg vectors
+        >>> Z = auto.transform(X)
+        >>> AutoCalibration().fit_chunks(block for _, block in NpyMatrix("big.npy").blocks(16384))
+    """
+
+    name = "auto"
+    _saved_values = ("rows", "choice", "signals")
+
+    def __init__(self, seed: int = 0, threshold: float = defaults.AUTO_HUBNESS_THRESHOLD,
+                 variance_share: float = defaults.AUTO_VARIANCE_SHARE, sample_rows: int = defaults.AUTO_SAMPLE_ROWS,
+                 neighbours: int = defaults.AUTO_NEIGHBOURS):
+        super().__init__()
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"auto seed must be an integer, got {seed!r}")
+        for setting, value in (("threshold", threshold), ("variance_share", variance_share)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"auto {setting} must be a number in (0, 1], got {value!r}")
+        for setting, value in (("sample_rows", sample_rows), ("neighbours", neighbours)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"auto {setting} must be a positive integer, got {value!r}")
+        self.seed, self.threshold, self.variance_share = int(seed), float(threshold), float(variance_share)
+        self.sample_rows, self.neighbours = int(sample_rows), int(neighbours)
+        self.choice: str | None = None
+        self.signals: dict = {}
+
+    def settings(self) -> dict:
+        return {"seed": self.seed, "threshold": self.threshold, "variance_share": self.variance_share,
+                "sample_rows": self.sample_rows, "neighbours": self.neighbours}
+
+    @property
+    def reason(self) -> str:
+        """What was chosen and why, in one line, e.g. "whitening, 199 directions (hubness 0.310 ≥ 0.265)"."""
+        self._fitted()
+        signals = self.signals
+        few = "" if signals["sampled_rows"] >= self.sample_rows else (
+            f"; measured on only {signals['sampled_rows']} distinct rows, fewer than the {self.sample_rows} the "
+            "threshold is set for")
+        if self.choice == "none":
+            return (f"none, the raw vectors (hubness {signals['hubness']:.3f} < {signals['threshold']:g}: "
+                    f"neighbourhoods already balanced{few})")
+        return (f"whitening, {signals['dim']} directions (hubness {signals['hubness']:.3f} ≥ "
+                f"{signals['threshold']:g}{few})")
+
+    def fit(self, X, encoder=None) -> AutoCalibration:
+        """Choose and fit on the rows of X (at least 2, finite), read `defaults.STAT_BLOCK_ROWS` at a time.
+
+        Args:
+            X: (n, d) sentence vectors (a memory map is read a block at a time).
+            encoder: the `Encoder` (or `EncoderProvenance`) that produced X, saved as `provenance`.
+        """
+        if np.ndim(X) != 2:
+            _rows(np.asarray(X), None, self.name)  # the shape error
+        return self.fit_chunks((X[start:start + defaults.STAT_BLOCK_ROWS]
+                                for start in range(0, len(X), defaults.STAT_BLOCK_ROWS)), encoder=encoder)
+
+    def fit_chunks(self, chunks: Iterable, encoder=None) -> AutoCalibration:
+        """`fit` over a stream of (rows, d) chunks in one pass: their merged float64 moments and the
+        seeded sample of distinct rows, so memory is O(d² + sample_rows·d) however many rows there
+        are, and the choice equals `fit`'s on all the rows.
+
+        Args:
+            chunks: arrays of the same width; a row with NaN/Inf is refused by number.
+            encoder: as in `fit`.
+        """
+        provenance = self._provenance_of(encoder)
+        accumulator, sample, width = MomentsAccumulator(), DistinctRowSample(self.sample_rows, self.seed), None
+        for chunk in chunks:
+            rows = _rows(chunk, width, self.name, row_offset=accumulator.rows)
+            width = rows.shape[1]
+            accumulator.add(rows)
+            sample.add(rows)
+        if accumulator.rows < 2:
+            raise ValueError(f"{self.name} needs at least 2 rows, got {accumulator.rows}")
+        self._choose(accumulator.total(), sample.rows)
+        self.provenance = provenance
+        return self
+
+    def fit_moments(self, moments: Moments, encoder=None) -> AutoCalibration:
+        """Refused: the choice needs a sample of the rows, which moments do not hold."""
+        raise ValueError(_NEEDS_ROWS)
+
+    def _fitted_matrix(self, mean, covariance):
+        raise ValueError(_NEEDS_ROWS)  # only reached through moments; `_choose` sets the map from rows
+
+    def _choose(self, moments: Moments, sample: np.ndarray) -> None:
+        eigenvalues, _ = principal_axes(moments.covariance())
+        shares = np.cumsum(eigenvalues) / eigenvalues.sum()
+        dim = min(int(np.searchsorted(shares, self.variance_share)) + 1, len(eigenvalues))
+        hubness = robin_hood_index(sample, moments.mean, self.neighbours)
+        signals = {"hubness": hubness, "threshold": self.threshold, "neighbours": self.neighbours,
+                   "sampled_rows": len(sample), "dim": dim, "variance_share": self.variance_share,
+                   "rank": len(eigenvalues)}
+        if hubness >= self.threshold:
+            whitening = Whitening(dim=dim).fit_moments(moments)
+            self.mean, self.matrix, self.choice = whitening.mean, whitening.matrix, "whitening"
+        else:
+            self.mean, self.matrix, self.choice = np.zeros(moments.dim), np.eye(moments.dim), "none"
+        self.rows, self.signals = moments.count, signals
+
+    def transform(self, X) -> np.ndarray:
+        """Calibrated rows of X, float32 (n, output_dim): whitened, or a checked float32 copy for none."""
+        self._fitted()
+        if self.choice != "none":
+            return super().transform(X)
+        if np.ndim(X) != 2:
+            _rows(np.asarray(X), self.dim, self.name)  # the shape error
+        out = np.empty((len(X), self.dim), dtype=np.float32)
+        for start in range(0, len(X), defaults.TRANSFORM_CHUNK_ROWS):
+            chunk = _rows(X[start:start + defaults.TRANSFORM_CHUNK_ROWS], self.dim, self.name, start)
+            out[start:start + len(chunk)] = chunk
+        return out
+
+    @classmethod
+    def _from_file(cls, path, tensors: dict, info: dict, device) -> AutoCalibration:
+        calibrator = super()._from_file(path, tensors, info, device)
+        if calibrator.choice not in CHOICES:
+            raise ValueError(f"unknown choice {calibrator.choice!r}; auto chooses {' or '.join(CHOICES)}")
+        return calibrator

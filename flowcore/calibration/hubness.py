@@ -1,0 +1,125 @@
+"""Hubness of sentence vectors: how unevenly the rows share the places in each other's k nearest
+neighbours, the signal `auto` calibrates by.
+
+Vectors from an encoder never trained for similarity (raw BERT, static word-vector averages) sit in
+a narrow cone, where a few "hub" rows are near neighbours of very many others and most rows of
+none: whitening spreads them out. Vectors of a similarity-trained encoder have balanced
+neighbourhoods, and whitening mostly amplifies noise there. The Robin Hood index of the k-NN graph
+measures the imbalance: with N(j) how many rows have row j among their k nearest neighbours (by
+cosine after centring on the corpus mean, the row itself excluded), RH = Σ_j |N(j) − k| / (2·k·n),
+the share of neighbour places that would have to move for every row to have k; 0 when
+neighbourhoods are perfectly balanced.
+
+The index is measured on a seeded sample of distinct rows (`DistinctRowSample`, one pass over a
+stream in O(size·d) memory) with an exact k-NN search in blocks (O(block·size) memory).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from flowcore import defaults
+
+__all__ = ["DistinctRowSample", "robin_hood_index"]
+
+KNN_BLOCK_ROWS = 1024
+"""Rows whose similarities to the whole sample are computed at a time."""
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+"""The multipliers of SplitMix64's finaliser, which spreads a 64-bit key's bits evenly."""
+
+
+def robin_hood_index(rows: np.ndarray, center: np.ndarray, neighbours: int = defaults.AUTO_NEIGHBOURS) -> float:
+    """The Robin Hood index of the k-NN graph of `rows` by cosine after subtracting `center`.
+
+    Args:
+        rows: (n, d) distinct vectors (duplicates would be each other's nearest neighbours).
+        center: (d,) the corpus mean the cosines are taken around.
+        neighbours: k; fewer when there are not k other rows (then every row neighbours all the others).
+
+    Returns:
+        A number in [0, 1): 0 when every row is among exactly k rows' nearest neighbours.
+
+    Example:
+        >>> robin_hood_index(sample.rows, moments.mean)     # e.g. about 0.31 for static-avg vectors
+    """
+    unit = np.asarray(rows, dtype=np.float64) - np.asarray(center, dtype=np.float64)
+    unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), np.finfo(np.float64).tiny)
+    count = len(unit)
+    k = min(neighbours, count - 1)
+    if k < 1:
+        return 0.0
+    hits = np.zeros(count, dtype=np.int64)
+    for start in range(0, count, KNN_BLOCK_ROWS):
+        block = unit[start:start + KNN_BLOCK_ROWS] @ unit.T
+        block[np.arange(len(block)), np.arange(start, start + len(block))] = -np.inf  # never its own neighbour
+        nearest = np.argpartition(-block, k - 1, axis=1)[:, :k]
+        hits += np.bincount(nearest.ravel(), minlength=count)
+    return float(np.abs(hits - k).sum() / (2 * k * count))
+
+
+class DistinctRowSample:
+    """A seeded sample of at most `size` distinct rows of a stream, in one pass.
+
+    Each row gets a pseudo-random 64-bit key, a seeded hash of its float64 values, and the sample
+    holds the distinct rows with the `size` smallest keys (a bottom-k sample). Equal rows get
+    equal keys, so repeated sentences count once; the result depends on the rows and the seed
+    only, not on their order or on how the stream is chunked, so a streamed fit equals an
+    in-memory one.
+
+    Args:
+        size: the most rows kept.
+        seed: chooses the hash, hence the sample.
+
+    Example:
+        >>> sample = DistinctRowSample(4000, seed=0)
+        >>> for block in blocks:
+        ...     sample.add(block)
+        >>> sample.rows.shape                  # (min(4000, distinct rows), d), float64
+    """
+
+    def __init__(self, size: int = defaults.AUTO_SAMPLE_ROWS, seed: int = 0):
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"the sample size must be a positive integer, got {size!r}")
+        self.size, self.seed = int(size), seed
+        self._keys = np.empty(0, dtype=np.uint64)
+        self._rows: np.ndarray | None = None
+        self._multipliers: np.ndarray | None = None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The sampled rows, float64 (m, d), in the order of their keys."""
+        if self._rows is None:
+            raise ValueError("no rows were added to the sample")
+        return self._rows
+
+    def add(self, block: np.ndarray) -> None:
+        """Offer the rows of a finite (rows, d) block to the sample."""
+        block = np.ascontiguousarray(block, dtype=np.float64)
+        if len(block) == 0:
+            return
+        keys = self._hash(block)
+        if self._rows is not None and len(self._keys) == self.size:  # full: only smaller keys can enter
+            smaller = keys < self._keys[-1]
+            keys, block = keys[smaller], block[smaller]
+        keys = np.concatenate([self._keys, keys])
+        rows = block if self._rows is None else np.concatenate([self._rows, block])
+        keys, first = np.unique(keys, return_index=True)  # sorted, one row per key
+        self._keys, self._rows = keys[:self.size], rows[first[:self.size]]
+
+    def _hash(self, block: np.ndarray) -> np.ndarray:
+        """Seeded 64-bit keys of the rows: a multilinear hash of their bytes (odd random multipliers,
+        wrapping uint64 arithmetic), then SplitMix64's finaliser."""
+        words = block.view(np.uint64)
+        if self._multipliers is None:
+            generator = np.random.default_rng(self.seed)
+            self._multipliers = generator.integers(0, 2**64, size=words.shape[1] + 1, dtype=np.uint64,
+                                                   endpoint=False) | np.uint64(1)
+        elif len(self._multipliers) != words.shape[1] + 1:
+            raise ValueError(f"expected rows of {len(self._multipliers) - 1} values, got {words.shape[1]}")
+        with np.errstate(over="ignore"):
+            key = (words * self._multipliers[1:]).sum(axis=1, dtype=np.uint64) + self._multipliers[0]
+            key ^= key >> np.uint64(30)
+            key *= _MIX[0]
+            key ^= key >> np.uint64(27)
+            key *= _MIX[1]
+            key ^= key >> np.uint64(31)
+        return key
