@@ -1,38 +1,15 @@
 """sentence-transformers model folders with flowcore's calibrations and poolings inside.
 
-`export(out, calibrator, model=..., pooling=..., normalize=...)` (CLI: `flowcore export`) writes
-a complete `SentenceTransformer` folder: the encoder's transformer and tokenizer, its pooling, the
-calibration (any fitted calibrator, or a calibrator file) and optionally `Normalize`.
-`SentenceTransformer(out).encode(texts)` then gives the vectors of flowcore's own path,
-`Encoder(model, pooling).encode(texts)` followed by the calibrator's `transform`, to float32 rounding.
+`export(out, calibrator, model=..., pooling=..., normalize=...)` (CLI: `flowcore export`) writes a
+`SentenceTransformer` folder (transformer, tokenizer, pooling, calibration, optional `Normalize`) whose
+`encode` matches `Encoder(model, pooling).encode` + the calibrator's `transform` to float32 rounding.
 
-What each folder needs to load (sentence-transformers >= 6):
-
-- **A linear calibration** (whitening, tempered or truncated, zca, center, abtt: x → (x − μ)·W)
-  is a stock `Dense` (identity activation, weight Wᵀ, bias −μ·W), `none` adds no module, and
-  `mean`/`cls` pooling is a stock `Pooling`: such a folder names only `sentence_transformers.*`
-  classes and loads with sentence-transformers alone, `SentenceTransformer(out)`, no flowcore
-  installed and no `trust_remote_code`.
-- **The flow** is `FlowModule`, and the poolings sentence-transformers lacks
-  (`first-last-avg`, `last2-avg`, `static-avg`, `layers=I,J`) are `LayerPooling`: classes of this
-  module. From v6, sentence-transformers imports a `modules.json` class outside
-  `sentence_transformers.*` only with `trust_remote_code=True`, for local folders too
-  (`SentenceTransformer(out)` raises a ValueError that says so). Such a folder needs flowcore
-  installed. Load it with `load_model(out)`, which passes the flag only after checking that
-  `modules.json` names no classes but sentence-transformers' and this module's, that no JSON file
-  in the folder has an `auto_map` (remote code for the transformer's config, tokenizer or model)
-  and that every `Dense` has the identity activation. `SentenceTransformer(out,
-  trust_remote_code=True)` also loads it, but trusts every file in the folder: the flag reaches
-  the transformer's config, tokenizer and model loading, and `Dense` activations, too. No code is
-  copied into the folder: the classes are imported from the installed flowcore; `export` refuses
-  an encoder whose configuration has an `auto_map` (flowcore never runs remote code).
-
-On disk, `FlowModule` keeps the calibrator's own flow file (safetensors + JSON header, the
-recorded encoder and pooling included) as `N_FlowModule/flow.safetensors` beside a
-`config.json`; `LayerPooling` keeps only a `config.json`, and the transformer is saved with
-`output_hidden_states` on, which is how sentence-transformers hands every layer to a pooling.
-The flow is frozen: it always runs in eval mode and its parameters take no gradient (gradients
-still flow through it to the encoder when sentence-transformers trains one).
+A linear calibration is a stock `Dense` (weight Wᵀ, bias −μ·W) and `mean`/`cls` pooling a stock
+`Pooling`: such a folder loads with `SentenceTransformer(out)` alone, no flowcore needed. The flow
+(`FlowModule`) and the other poolings (`LayerPooling`) are classes of this module, which
+sentence-transformers >= 6 imports only with `trust_remote_code=True`; `load_model(out)` sets that flag
+only after checking the folder holds no other code (see there). No code is copied into the folder, and
+`export` refuses an encoder whose configuration has an `auto_map` (flowcore never runs remote code).
 """
 from __future__ import annotations
 
@@ -68,9 +45,7 @@ _OWN_CLASSES = ("FlowModule", "LayerPooling")
 
 
 class FlowModule(Module):
-    """A fitted `FlowCalibrator` as a sentence-transformers module: after the pooling, it maps
-    `features["sentence_embedding"]` to the calibrated vector z (in the flow's dtype, returned in
-    the input's dtype). Frozen; saved as `flow.safetensors` + `config.json`.
+    """A fitted `FlowCalibrator` as a frozen sentence-transformers module after the pooling.
 
     Args:
         calibrator: a fitted `FlowCalibrator`, or the path of a flow file.
@@ -126,10 +101,9 @@ class FlowModule(Module):
 
 
 class LayerPooling(Module):
-    """flowcore's poolings over several hidden states (`first-last-avg`, `last2-avg`, `static-avg`,
-    `layers=I,J`, also `mean` and `cls`) as a sentence-transformers module: it reads
-    `features["all_layer_embeddings"]` (the transformer must run with `output_hidden_states`) and
-    writes `features["sentence_embedding"]`, exactly as `flowcore.Encoder` pools.
+    """flowcore's poolings as a sentence-transformers module, pooling exactly as `flowcore.Encoder`.
+
+    Reads `features["all_layer_embeddings"]`: the transformer must run with `output_hidden_states`.
 
     Args:
         pooling: the canonical pooling name (`flowcore.text.pooling`), e.g. "first-last-avg".
@@ -181,10 +155,7 @@ class LayerPooling(Module):
 
 
 def linear_dense(calibrator) -> Dense:
-    """A fitted linear calibrator (x -> (x − μ)·W: whitening, zca, center, abtt) as a stock `Dense`:
-    x -> x·W − μ·W, identity activation, float32.
-
-    `Dense` computes x·weightᵀ + bias, so weight = Wᵀ (output_dim × D) and bias = −μ·W."""
+    """A fitted linear calibrator x -> (x − μ)·W as a stock float32 `Dense`: weight Wᵀ, bias −μ·W."""
     if not hasattr(calibrator, "matrix"):
         raise TypeError(f"a {getattr(calibrator, 'name', type(calibrator).__name__)} calibrator is not linear "
                         "(x -> (x - mean) W), so it has no Dense form")
@@ -199,8 +170,7 @@ def linear_dense(calibrator) -> Dense:
 
 
 def _calibration_module(calibrator: Calibrator):
-    """The module of a fitted calibrator: `FlowModule` for the flow, a stock `Dense` for the linear
-    methods, none for `none`."""
+    """`FlowModule` for the flow, a stock `Dense` for the linear methods, None for `none`."""
     if calibrator.name == "flow":
         return FlowModule(calibrator)
     if calibrator.name == "none":
@@ -223,8 +193,7 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
             `cls` become a stock `Pooling`, the others a `LayerPooling`.
         layers: hidden-state indices to average, instead of `pooling`.
         normalize: append `Normalize` (unit-length vectors).
-        max_length: texts are truncated to this many tokens (flowcore.Encoder's default, 512, capped
-            by the model's limit).
+        max_length: texts are truncated to this many tokens (capped by the model's limit).
         device: where the model is built.
 
     Example:
@@ -283,9 +252,7 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
            normalize: bool = False, max_length: int = DEFAULT_MAX_LENGTH) -> str:
     """Write `build_model(...)` (same arguments) as a model folder at `out`; returns its path.
 
-    Load it with `SentenceTransformer(out)` when it names only sentence-transformers classes
-    (a linear calibration or none, with `mean`/`cls` pooling), else with `load_model(out)` (see the
-    module docstring: `SentenceTransformer(out, trust_remote_code=True)` trusts every file in it).
+    Load it with `load_model(out)` (or `SentenceTransformer(out)` when it names only stock classes).
 
     Example:
         >>> export("st-model", "model.flow", normalize=True)
@@ -306,12 +273,12 @@ def needs_trust_remote_code(folder) -> bool:
 
 
 def load_model(folder, **kwargs) -> SentenceTransformer:
-    """`SentenceTransformer(folder, **kwargs)` for a folder written by `export`: `trust_remote_code`
-    is set only when needed, and only after checking that `modules.json` names no classes but
-    sentence-transformers' and this module's (any other custom class is refused), that no JSON
-    file in the folder or its module folders has an `auto_map` key (at any depth: remote code for
-    the transformer's config, tokenizer or model) and that every `Dense` module's activation is
-    torch's `Identity` (what `export` writes; any other is an import path the flag would load)."""
+    """`SentenceTransformer(folder, **kwargs)` for a folder written by `export`.
+
+    `trust_remote_code` is set only when needed, and only after checking that `modules.json` names no
+    classes but sentence-transformers' and this module's, that no JSON file has an `auto_map` key at any
+    depth, and that every `Dense` activation is `Identity`: the flag would load any other code.
+    """
     entries = _module_entries(folder)
     foreign = [entry["type"] for entry in entries
                if not entry["type"].startswith("sentence_transformers.")
