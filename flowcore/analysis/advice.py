@@ -1,7 +1,5 @@
-""""Does calibration help here?": with labelled dev pairs, the calibration to use and the numbers
-behind it; without labels, what calibration does to isotropy and a warning when the encoder is
-already close to isotropic (as similarity-trained encoders such as all-MiniLM-L6-v2 are), where
-calibration usually lowers STS Spearman.
+""""Does calibration help here?": with labelled pairs, the calibration to use and why; without, what
+calibration does to isotropy, and a warning when the vectors are already close to isotropic.
 """
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""`analyze`: the whole analysis of one encoder (or stored vectors) on one corpus — isotropy
-before and after each calibration fitted on the corpus, the token-embedding frequency analyses,
-and on labelled pairs the Spearman of every calibration, its lexical-overlap bias and the advice
-("does it help?") — as one JSON-ready dict, which `flowcore.analysis.report` writes out.
-"""
+"""`analyze`: the whole analysis of one encoder (or stored vectors) on one corpus, as one JSON-ready dict."""
 from __future__ import annotations
 
 import math
@@ -54,7 +50,8 @@ def analyze(
     batch_size: int = defaults.BATCH_SIZE,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Analyse sentence vectors and the encoder behind them.
+    """Analyse sentence vectors and the encoder behind them: isotropy before and after each calibration,
+    token frequencies, and on labelled pairs each calibration's Spearman, lexical bias and the advice.
 
     Args:
         vectors: (n, d) corpus vectors; None encodes `sentences` with `encoder`.
@@ -84,7 +81,7 @@ def analyze(
 
     Example:
         >>> result = analyze(encoder=Encoder(pooling="mean"), sentences=corpus, pairs=[dev_pairs])
-        >>> result["advice"]["recommended"], result["advice"]["reason"]     # e.g. "none" for all-MiniLM-L6-v2
+        >>> result["advice"]["recommended"], result["advice"]["reason"]
     """
     say = progress or (lambda line: None)
     cache = cache if cache is not None else EmbeddingCache(None)
