@@ -1,11 +1,7 @@
 """Loaders for the seven STS benchmarks in their original distribution layout.
 
-STS12–16 use the SemEval/SentEval layout (`STS1X-en-test/STS.input.<subset>.txt` with gold in
-`STS.gs.<subset>.txt`), STS-B the tab-separated `sts-{train,dev,test}.csv` (read without quote
-handling: a `"` is text), SICK-R the `SICK_{train,trial,test_annotated}.txt` files. Every file is
-UTF-8, read by `flowcore._lines.read_lines`; a missing or malformed file raises an error naming
-the file and the line. Also the unlabeled fit corpora of the calibrations (`fit_corpus_sentences`).
-Your own labelled pairs (.tsv/.csv/.jsonl, SentEval files) are read by `flowcore.sts.pairs`.
+A missing or malformed file raises an error naming the file and the line. Also the unlabeled fit
+corpora of the calibrations (`fit_corpus_sentences`).
 """
 from __future__ import annotations
 
@@ -45,9 +41,8 @@ class STSDataError(ValueError):
 
 @dataclass(frozen=True)
 class STSPairs:
-    """Scored sentence pairs of one dataset split; `subsets[i]` names the subset of pair i.
-    Pairs read from your own file (`flowcore.sts.pairs`) also have its `source` path and the
-    number of bad lines skipped (`skipped_lines`)."""
+    """Scored sentence pairs of one dataset split; `subsets[i]` names the subset of pair i; pairs of
+    your own file also have its `source` and `skipped_lines`."""
 
     dataset: str
     split: str
@@ -132,9 +127,8 @@ def read_sentence_file(path: str | os.PathLike) -> list[str]:
 def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, list[str]]:
     """The unlabeled sentences a calibration is fitted on, and a label saying what they are.
 
-    `target`: every sentence of every split of the dataset (the paper's setting); `train`: the
-    train split (datasets without one fall back to target, and the label says so while keeping
-    the table row "train"); anything else is a file with one sentence per line.
+    `target`: every sentence of the dataset (the paper's); `train`: the train split (else target, as the
+    label says); anything else: a file of one sentence per line.
     """
     if fit_corpus == "target":
         sentences = [s for split in splits(dataset) for s in load_split(data_dir, dataset, split).sentences()]
@@ -158,8 +152,7 @@ def _read_lines(path: Path) -> list[str]:
 
 
 class BadRecord(ValueError):
-    """One bad line's problem, without its file and line (`path`: the file it is in, when that is
-    not the file being read); the loaders add the location. Shared with `flowcore.sts.pairs`."""
+    """One bad line's problem; the loaders add the location (`path`: its file, if not the one read)."""
 
     def __init__(self, message: str, path: Path | None = None):
         super().__init__(message)
@@ -167,8 +160,7 @@ class BadRecord(ValueError):
 
 
 def checked_score(value, label: str = "score", column: str = "") -> float:
-    """`value` (text or a number) as a finite float, else `BadRecord`: e.g. "gold score 'x' is not
-    a number", or with `column=" in column 2"` "score 'x' in column 2 is not finite"."""
+    """`value` (text or a number) as a finite float, else `BadRecord` naming `label` and `column`."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise BadRecord(f"{label}{column} is {json.dumps(value)}, not a number")
     try:
@@ -212,10 +204,8 @@ def semeval_pairs(input_path: Path, gold_path: Path,
     """The scored pairs of one SemEval/SentEval subset: input lines `s1<TAB>s2[<TAB>extra...]`,
     aligned with gold lines holding a score or nothing (an unscored pair, skipped).
 
-    A missing file or files that do not align raise `STSDataError`; a bad line (invalid UTF-8, fewer
-    than two sentences, an empty sentence, a score that is not a finite number) is passed to
-    `on_bad(path, line_number, message)`, by default raising `STSDataError("path:line: message")`,
-    and skipped when `on_bad` returns."""
+    Missing or misaligned files raise `STSDataError`; a bad line goes to `on_bad(path, line_number,
+    message)` (default: raise `STSDataError`) and is skipped when it returns."""
     for needed in (input_path, gold_path):
         if not needed.is_file():
             raise STSDataError(f"missing file: {needed}")
