@@ -1,15 +1,8 @@
-"""Mapping a host array through a flow on a CUDA device, chunk by chunk, with the transfers
-overlapped with the compute: `map_on_cuda(X, fn, ...)`, the CUDA path of
-`FlowCalibrator.transform` / `inverse_transform`.
+"""Mapping a host array through a flow on a CUDA device, chunk by chunk, the transfers overlapped
+with the compute: the CUDA path of `FlowCalibrator.transform` / `inverse_transform`.
 
-Per chunk, five stages run at once on different chunks: a host copy of X's rows into a pinned
-staging buffer, the upload on a copy stream, `fn` on the compute stream, the download into a
-second pinned buffer on another copy stream, and a host copy from there into the result array.
-Two buffers of each kind alternate, so chunk i uploads while chunk i - 1 computes and downloads
-and the host copies of chunks i and i - 1 run side by side (two worker threads: torch's copies
-release the GIL). Host memory holds X and the result; the device holds two chunks.
-Non-finite rows are found on the device and reported by row number once their chunk is back,
-as the CPU path's `check_matrix` does before it computes.
+Host copies, uploads, `fn` and downloads of neighbouring chunks run at once through two pinned
+buffers of each kind; the device holds two chunks. Non-finite rows are reported by row number.
 """
 from __future__ import annotations
 

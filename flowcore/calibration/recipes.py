@@ -1,16 +1,9 @@
-"""Fit recipes of `FlowCalibrator`: what the flow is fitted on, how long and how fast, and how
-the training length is chosen, by name.
+"""Fit recipes of `FlowCalibrator` by name: what the flow is fitted on, how long and how fast.
 
-- `whitened` (the default): the flow starts at BERT-whitening (`Glow.start_linear`: standardised
-  coordinates, then the whitening of the fit corpus as the first step, identities after it), is
-  trained on 90 % of the fit corpus, and keeps the epoch (the start included) with the best
-  held-out bits/dim on the other 10 %; it stops at the first epoch that does not improve. No
-  labels are used, and a flow that does not beat whitening's likelihood stays whitening.
-- `standardized`: standardised coordinates, ActNorm's data-dependent start, lr 3e-4, one epoch
-  (`flowcore sts`'s recipe before `whitened`).
+- `whitened` (the default): starts at BERT-whitening and keeps the epoch (the start included) with
+  the best held-out bits/dim, so a flow that does not beat whitening's likelihood stays whitening.
+- `standardized`: standardised coordinates, ActNorm's data-dependent start.
 - `paper`: the BERT-flow code exactly: raw vectors, lr 1e-3, batch 32, one epoch.
-
-docs/flow-vs-whitening.md holds the measurements behind the default.
 """
 from __future__ import annotations
 
