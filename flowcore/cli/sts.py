@@ -1,7 +1,4 @@
-"""`flowcore sts`: the BERT-flow experiment on the seven STS benchmarks (or on your own labelled
-pairs, `--pairs`) — frozen encoder → calibration (any of `flowcore.calibration.NAMES`, fitted
-without labels, or read from a calibrator file, `--calibrator`) → cosine → Spearman ×100 — printed as a
-paper-style markdown table, optionally saved as JSON records."""
+"""`flowcore sts`: the BERT-flow experiment on the STS benchmarks or your own pairs, as a markdown table."""
 from __future__ import annotations
 
 import argparse
@@ -49,8 +46,7 @@ def _flow_input(text: str) -> str:
 
 @contextlib.contextmanager
 def _progress_on_stderr(progress: bool):
-    """The `flowcore.sts` loggers' messages on stderr as bare lines while the command runs: their
-    warnings always, their INFO lines (the command's progress) when `progress`."""
+    """The `flowcore.sts` loggers' warnings (and INFO progress lines when `progress`) on stderr as bare lines."""
     level = logging.INFO if progress else logging.WARNING
     logger = logging.getLogger("flowcore.sts")
     handler = logging.StreamHandler(sys.stderr)
