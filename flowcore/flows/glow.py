@@ -34,14 +34,11 @@ class Glow(nn.Module):
         levels: multi-scale levels; after each but the last, half the features leave as latent.
         depth: steps per level.
         width: hidden units of each coupling's conditioner (two hidden ReLU layers).
-        coupling: "affine" (the default; scale = sigmoid(h + 2) from the conditioner's output h) or "additive".
-        permutation: the invertible 1x1 of each step: "lu" (a learned LU-parametrised linear map,
-            the official code's default) or "reverse" (a fixed reversal of the features).
+        coupling: "affine" (the default) or "additive".
+        permutation: the invertible 1x1 of each step: "lu" (learned, the default) or "reverse" (fixed).
 
     Example:
         >>> glow = Glow(768, levels=2, depth=3, width=32)   # or Glow.from_config("l2_d3_w32", 768)
-        >>> z, logdet = glow(x)                             # x: (batch, 768)
-        >>> x_back = glow.inverse(z)
         >>> loss = glow.bits_per_dim(x)                     # the training objective
     """
 

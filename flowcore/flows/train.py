@@ -51,7 +51,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
 
     Args:
         flow: a `Glow` (anything with `bits_per_dim(x)`, `dim` and parameters).
-        X: (n, dim) numpy array (memory-mapped is fine) or tensor, n >= 2, finite.
+        X: (n, dim) numpy array, memory map or tensor, n >= 2, finite.
         epochs: passes over X.
         batch_size: rows per step (the paper's 32).
         lr: Adam's learning rate (the paper's 1e-3).
@@ -71,10 +71,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         The mean loss (bits per dimension) of each epoch.
 
     Example:
-        >>> glow = flowcore.Glow(384, levels=2, depth=3, width=32)
-        >>> losses = flowcore.fit(glow, X, epochs=1, batch_size=32, lr=1e-3, seed=0)
-        >>> flowcore.fit(glow, np.load("big.npy", mmap_mode="r"), checkpoint="fit.ckpt", checkpoint_every=500)
-        >>> flowcore.fit(glow, X, rows=np.arange(0, len(X), 2), prepare=lambda batch: batch[:, :384] * 2)
+        >>> losses = flowcore.fit(flowcore.Glow(384), np.load("big.npy", mmap_mode="r"), checkpoint="fit.ckpt")
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or checkpoint_every < 1:
         raise ValueError(f"epochs, batch_size and checkpoint_every must be >= 1 and lr > 0 (got {epochs}, "
