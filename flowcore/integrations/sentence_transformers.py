@@ -184,13 +184,10 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
     """A `SentenceTransformer`: the encoder's transformer, the pooling, the calibration, [Normalize].
 
     Args:
-        calibrator: any fitted calibrator (`flowcore.calibration`), or the path of a calibrator
-            file (`flowcore fit`); its recorded encoder and pooling (`provenance`) are the defaults
-            for `model` and `pooling`, and any other is refused. None: no calibration.
-        model: "default", a local model folder or a cached Hugging Face name (never downloaded);
-            needed when the calibrator records no encoder.
-        pooling: a flowcore pooling (default: the calibrator's, else "first-last-avg"); `mean` and
-            `cls` become a stock `Pooling`, the others a `LayerPooling`.
+        calibrator: any fitted calibrator or calibrator file; its recorded encoder and pooling are the
+            defaults, and any other is refused. None: no calibration.
+        model: "default", a local folder or a cached Hugging Face name; needed if none is recorded.
+        pooling: a flowcore pooling (default: the calibrator's, else "first-last-avg").
         layers: hidden-state indices to average, instead of `pooling`.
         normalize: append `Normalize` (unit-length vectors).
         max_length: texts are truncated to this many tokens (capped by the model's limit).

