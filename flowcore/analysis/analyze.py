@@ -55,29 +55,22 @@ def analyze(
 
     Args:
         vectors: (n, d) corpus vectors; None encodes `sentences` with `encoder`.
-        encoder: a `flowcore.Encoder`; needed for `sentences`, `pairs` and the frequency analyses
-            (without one, only the isotropy of `vectors` is analysed).
+        encoder: a `flowcore.Encoder`; without one, only the isotropy of `vectors` is analysed.
         sentences: the corpus (also counted for the "corpus" frequency source).
         corpus_name: how the report names the corpus.
-        pairs: labelled `STSPairs` (e.g. STS-B test, or your dev pairs): each calibration's Spearman
-            on them, the lexical-overlap bias and the advice.
+        pairs: labelled `STSPairs` (e.g. your dev pairs), for the Spearman, lexical bias and advice.
         calibrations: names from `flowcore.sts.CALIBRATIONS`, each fitted on the corpus without labels.
         settings: their hyper-parameters (`flowcore.sts.CalibrationSettings`).
         frequency_sources: "wordfreq" and/or "corpus" (token frequencies counted on `sentences`).
         edit_unit: "word" or "char" edit distance for the lexical bias.
         random_pairs: random pairs drawn for the cosine statistics.
         seed: seeds the random pairs.
-        cache: where sentence vectors are looked up and kept (`flowcore sts`'s cache); in memory when None.
+        cache: an `EmbeddingCache` for the sentence vectors; in memory when None.
         batch_size: the encoding batch size.
         progress: called with one line per step (e.g. print to stderr); None is silent.
 
     Returns:
-        {"model", "pooling", "corpus": {"name", "rows"},
-         "calibrations": {name: {"settings", "seconds", "flow_losses" (the flow)} or {"error"}},
-         "isotropy": {name: Isotropy dict},
-         "pairs": [{"dataset", "split", "n_pairs", "spearman": {name: x}, "lexical_bias": {"gold" or name: x},
-                    "edit_unit", "mean_edit_distance"}],
-         "frequency": {source: {"buckets", "norm_rank_spearman", "ranked_tokens"}}, "advice", "caveat"}.
+        {"model", "pooling", "corpus", "calibrations", "isotropy", "pairs", "frequency", "advice", "caveat"}.
 
     Example:
         >>> result = analyze(encoder=Encoder(pooling="mean"), sentences=corpus, pairs=[dev_pairs])

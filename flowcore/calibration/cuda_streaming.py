@@ -29,8 +29,7 @@ def map_on_cuda(X, fn: Callable[[torch.Tensor], torch.Tensor], *, dim: int, devi
         name: how errors name X.
 
     Example:
-        >>> z = map_on_cuda(vectors, lambda x: flow(x)[0], dim=768, device=torch.device("cuda"),
-        ...                 dtype=torch.float32, chunk_rows=65536)
+        >>> z = map_on_cuda(X, lambda x: flow(x)[0], dim=768, device=cuda, dtype=torch.float32, chunk_rows=65536)
     """
     source = as_tensor(X, name)
     if source.dim() != 2 or source.shape[1] != dim:

@@ -22,13 +22,11 @@ class FlowRecipe:
 
     Args:
         name: the recipe's name, recorded in flow files and results.
-        input: "whiten" (start at whitening of the standardised coordinates), "standardize"
-            (standardised coordinates, ActNorm's data-dependent start) or "raw" (the vectors as they are).
+        input: "whiten" (start at whitening), "standardize" (standardised coordinates) or "raw".
         lr: Adam's learning rate.
         batch_size: training batch size.
         epochs: training epochs; with `holdout`, the most epochs tried.
-        holdout: fraction of the fit corpus held out to choose the epoch by its bits/dim (0: train on
-            all rows and keep the last epoch).
+        holdout: fraction held out to choose the epoch by its bits/dim (0: keep the last epoch).
 
     Example:
         >>> recipe_named("whitened", lr=5e-4).epochs

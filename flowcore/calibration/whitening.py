@@ -25,9 +25,8 @@ class Whitening(LinearCalibrator):
         above the floor; rows: the rows the fit saw.
 
     Example:
-        >>> whitening = Whitening(dim=256).fit(X)
-        >>> Z = whitening.transform(X)          # float32 (n, 256), zero mean, identity covariance
-        >>> Whitening(power=0.3).fit_chunks(chunks)   # tempered, from a stream in O(d²) memory
+        >>> Z = Whitening(dim=256).fit(X).transform(X)   # float32 (n, 256), identity covariance
+        >>> Whitening(power=0.3).fit_chunks(chunks)      # tempered, from a stream in O(d²) memory
     """
 
     name = "whitening"
