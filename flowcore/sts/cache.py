@@ -87,7 +87,7 @@ class EmbeddingCache:
             encoder: a `flowcore.Encoder`, or anything with its `encode`, `model_id`, `pooling` and `dim`.
             sentences: the sentences to embed, in order; repeats are encoded once.
             batch_size: the encoding batch size for the sentences not cached yet.
-            progress: log what is encoded (INFO) and let the encoder show its progress bar.
+            show_progress_bar: log what is encoded (INFO) and let the encoder show its progress bar.
 
         Returns:
             float32 (len(sentences), encoder.dim), row i the vector of sentences[i].

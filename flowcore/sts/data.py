@@ -146,11 +146,6 @@ def _check_name(dataset: str) -> None:
         raise STSDataError(f"unknown dataset {dataset!r}: choose from {', '.join(DATASETS)}")
 
 
-def _read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 file (the `flowcore._lines` policy), errors as `STSDataError` naming file and line."""
-    return read_lines(path, error=STSDataError)
-
-
 class BadRecord(ValueError):
     """One bad line's problem; the loaders add the location (`path`: its file, if not the one read)."""
 
@@ -181,16 +176,10 @@ def checked_sentence(value, column: str) -> str:
     return value
 
 
-def _score(text: str, path: Path, line_number: int) -> float:
+def _at(path: Path, line_number: int, check: Callable, *args):
+    """`check(*args)`, its `BadRecord` raised as an `STSDataError` naming the file and line."""
     try:
-        return checked_score(text, "gold score")
-    except BadRecord as bad:
-        raise STSDataError(f"{path}:{line_number}: {bad}") from None
-
-
-def _sentence(text: str, path: Path, line_number: int, column: int) -> str:
-    try:
-        return checked_sentence(text, f"column {column}")
+        return check(*args)
     except BadRecord as bad:
         raise STSDataError(f"{path}:{line_number}: {bad}") from None
 
@@ -248,23 +237,23 @@ def _load_semeval(folder: Path, dataset: str) -> STSPairs:
 def _load_stsb(path: Path, split: str) -> STSPairs:
     """STS-B: `genre, file, year, id, score, s1, s2[, extra...]`, tab-separated, no quoting."""
     sentences1, sentences2, scores, subsets = [], [], [], []
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, line in enumerate(read_lines(path, error=STSDataError), start=1):
         columns = line.split("\t")
         if len(columns) < 7:
             raise STSDataError(
                 f"{path}:{number}: expected at least 7 tab-separated columns "
                 f"(genre, file, year, id, score, sentence1, sentence2), found {len(columns)}"
             )
-        scores.append(_score(columns[4], path, number))
-        sentences1.append(_sentence(columns[5], path, number, 6))
-        sentences2.append(_sentence(columns[6], path, number, 7))
+        scores.append(_at(path, number, checked_score, columns[4], "gold score"))
+        sentences1.append(_at(path, number, checked_sentence, columns[5], "column 6"))
+        sentences2.append(_at(path, number, checked_sentence, columns[6], "column 7"))
         subsets.append(columns[0])
     return STSPairs("STS-B", split, sentences1, sentences2, np.asarray(scores), subsets)
 
 
 def _load_sick(path: Path, split: str) -> STSPairs:
     """SICK: a header line, then `pair_ID, sentence_A, sentence_B, relatedness_score, ...`."""
-    lines = _read_lines(path)
+    lines = read_lines(path, error=STSDataError)
     if not lines or not lines[0].startswith("pair_ID\tsentence_A\tsentence_B\trelatedness_score"):
         raise STSDataError(f"{path}:1: expected the SICK header "
                            "'pair_ID<TAB>sentence_A<TAB>sentence_B<TAB>relatedness_score...'")
@@ -273,7 +262,7 @@ def _load_sick(path: Path, split: str) -> STSPairs:
         columns = line.split("\t")
         if len(columns) < 4:
             raise STSDataError(f"{path}:{number}: expected at least 4 tab-separated columns, found {len(columns)}")
-        sentences1.append(_sentence(columns[1], path, number, 2))
-        sentences2.append(_sentence(columns[2], path, number, 3))
-        scores.append(_score(columns[3], path, number))
+        sentences1.append(_at(path, number, checked_sentence, columns[1], "column 2"))
+        sentences2.append(_at(path, number, checked_sentence, columns[2], "column 3"))
+        scores.append(_at(path, number, checked_score, columns[3], "gold score"))
     return STSPairs("SICK-R", split, sentences1, sentences2, np.asarray(scores), [split] * len(scores))
