@@ -4,10 +4,8 @@
     h = conditioner(y[:, :split]);   z = [y1, (y2 + h[:, 0::2]) * sigmoid(h[:, 1::2] + SCALE_OFFSET)];
     logdet = sum(logs) + sum(log_s) + sum(log sigmoid(h[:, 1::2] + SCALE_OFFSET)) per row.
 
-`affine_step(..., path=...)` runs the step on one of the `PATHS` below, which `step_path`
-chooses once per flow forward; `affine_step_ref` is the composed twin every path is tested
-against. The reverse-permutation and additive variants are composed from the layer modules
-(`flowcore.flows`), not here.
+`affine_step` runs it on one of the `PATHS`, chosen once per flow forward by `step_path`; every path
+is tested against the composed twin `affine_step_ref`.
 
 On the CPU one autograd Function, `_AffineStep`, runs the step with either linear part (factored or
 folded), the MLP and the coupling in place, and back-propagates all of it by hand; under

@@ -89,16 +89,8 @@ def _blocks(matrix: torch.Tensor, h: int):
 
 
 def factored_linear_ref(x, loc, logs, lu, diagonal, perm):
-    """((x + loc) * exp(logs)) @ (P L U).T, composed under autograd.
-
-    Args:
-        x: (B, d) batch.
-        loc, logs: ActNorm's shift and log-scale, (d,).
-        lu: (d, d) packed factors: L = tril(lu, -1) + I, U = triu(lu, 1) + diag(diagonal); lu's own
-            diagonal is not used (its gradient is 0).
-        diagonal: (d,) U's diagonal.
-        perm: (d,) int64 row order of W, W[i] = (L U)[perm[i]].
-    """
+    """((x + loc) * exp(logs)) @ (P L U).T, composed under autograd; L and U packed in `lu` (its own
+    diagonal unused), U's diagonal `diagonal`, W[i] = (L U)[perm[i]]."""
     return ((x + loc) * torch.exp(logs)) @ lu_product_ref(lu, lu, diagonal)[perm].T
 
 

@@ -56,8 +56,7 @@ def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None
 
     Args:
         isotropy: {calibration: `Isotropy` of the corpus after it}, "none" for the raw vectors.
-        scores: {calibration: Spearman ×100 on labelled dev pairs}; None or empty: no labels.
-            NaN or None scores (a failed calibration) are left out.
+        scores: {calibration: Spearman ×100 on labelled pairs}; None or empty: no labels; NaN/None: left out.
         margin: a simpler calibration within this many points of the best one is recommended.
         warnings: warnings of the caller (e.g. a small fit corpus), listed first.
 

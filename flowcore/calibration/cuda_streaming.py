@@ -17,20 +17,8 @@ from flowcore.validation import as_tensor
 
 def map_on_cuda(X, fn: Callable[[torch.Tensor], torch.Tensor], *, dim: int, device: torch.device,
                 dtype: torch.dtype, chunk_rows: int, name: str = "X") -> np.ndarray:
-    """`fn` applied to X's rows `chunk_rows` at a time on `device`; float32 numpy (rows, dim).
-
-    Args:
-        X: (rows, dim) numeric array, memory map or CPU tensor.
-        fn: the map of one chunk, (n, dim) in `dtype` on `device` -> (n, dim).
-        dim: the feature count `fn` expects.
-        device: the CUDA device.
-        dtype: the flow's dtype (chunks are cast on the device).
-        chunk_rows: rows per chunk.
-        name: how errors name X.
-
-    Example:
-        >>> z = map_on_cuda(X, lambda x: flow(x)[0], dim=768, device=cuda, dtype=torch.float32, chunk_rows=65536)
-    """
+    """`fn` applied to X's (rows, dim) rows `chunk_rows` at a time on `device`, cast there to `dtype`;
+    float32 numpy (rows, dim). `name` is how errors name X."""
     source = as_tensor(X, name)
     if source.dim() != 2 or source.shape[1] != dim:
         raise ValueError(f"{name} must have shape (rows, {dim}), got {tuple(source.shape)}")

@@ -25,16 +25,12 @@ class FlowcoreMTEBModel:
     mteb's `encode_kwargs["batch_size"]` is the encoder's batch size (flowcore's default when absent).
 
     Args:
-        encoder: a `flowcore.Encoder` (or anything with `encode(texts, batch_size=, show_progress_bar=)`,
-            `model_id`, `pooling` and `dim`).
-        calibrator: a fitted flowcore calibrator, or anything with `transform(X)`; None evaluates the
-            raw vectors. One that records its encoder must have been fitted on this encoder and pooling.
+        encoder: a `flowcore.Encoder`, or anything with its `encode`, `model_id`, `pooling` and `dim`.
+        calibrator: a fitted flowcore calibrator for this encoder, or anything with `transform(X)`; None: raw.
         normalize: scale the vectors to unit length (changes euclidean and k-means tasks, not cosine).
-        dtype: of the returned vectors; float64 (the default) makes mteb score in float64, like
-            `flowcore sts`; "float32" halves the memory of a large corpus.
+        dtype: of the returned vectors; float64 makes mteb score like `flowcore sts`, float32 halves memory.
         name: the `ModelMeta` name; default "flowcore/<model>-<pooling>[-<calibration>]".
-        revision: the `ModelMeta` revision; default a fingerprint of everything that sets the vectors,
-            so different calibrations never share mteb's result folders.
+        revision: the `ModelMeta` revision; default a fingerprint of all that sets the vectors (own result folders).
         meta_overrides: further `ModelMeta` fields (e.g. `languages`, `license`).
 
     Example:

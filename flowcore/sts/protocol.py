@@ -53,8 +53,7 @@ def evaluate(
         datasets: names from `DATASETS`, evaluated in this order.
         calibrations: names from `CALIBRATIONS`, applied to each dataset in this order.
         data_dir: the STS data folder; $FLOWCORE_DATA when None.
-        fit_corpus: what calibrations are fitted on: "target" (every sentence of the dataset), "train"
-            (its train split where it has one), or a file of one sentence per line (fitted once).
+        fit_corpus: what calibrations are fitted on: "target", "train" (`fit_corpus_sentences`) or a file.
         sick_split: the SICK-R pairs scored, "test" or "all".
         settings: hyper-parameters of the fitted calibrations, recorded with their results.
         cache: where sentence vectors are kept; a fresh in-memory cache when None.
@@ -63,8 +62,7 @@ def evaluate(
         show_progress_bar: progress bars and INFO progress lines; None: when stderr is a terminal.
         pairs: labelled pairs of your own (`flowcore.sts.pairs.load_pairs`), evaluated instead of `datasets`.
         fitted: `{calibration name: PreFitted}`, calibrators already fitted, applied as they are.
-        jobs: datasets whose flows are fitted at once, each in a forked one-thread process, with the
-            same results (CPU only, each dataset on its own corpus); 1: all in this process.
+        jobs: datasets whose flows are fitted at once in forked one-thread processes (same results; CPU).
 
     Returns:
         One JSON-ready record per dataset × calibration: dataset, calibration, pooling, model, split,

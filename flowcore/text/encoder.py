@@ -121,8 +121,7 @@ class Encoder:
         Args:
             sentences: a list of str (repeats are encoded once).
             batch_size: at most this many sentences per forward pass.
-            show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal and
-                there are at least 1000 distinct sentences.
+            show_progress_bar: a progress bar on stderr; None: on a terminal, from 1000 distinct sentences.
             normalize: scale rows to unit length (norm 1 within ~1e-7; an all-zero row stays zero).
             max_tokens: at most this many padded tokens per forward pass.
 
