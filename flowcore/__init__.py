@@ -3,13 +3,8 @@
 Direction convention, everywhere: `z, logdet = flow(x)` maps data -> latent, and `logdet`
 is log|det dz/dx| per row; `flow.inverse(z)` maps back.
 
-The house, from the top down (docs/design.md): `cli` -> `sts`, `batch` -> `calibration` ->
-`flows`, `text` -> `flowcore.kernels`, with `backend`, `validation` and the private helpers
-(`_fs`, `_lines`, `runtime`, `defaults`) at the bottom. `flowcore.kernels` (the Triton
-kernels and their PyTorch twins) lives in the checkout's top-level `kernels/` folder and is
-installed as `flowcore.kernels` (see setup.py); it is never a top-level `kernels` module.
-
-Public names are imported lazily so that `import flowcore` stays cheap.
+The layers are described in docs/design.md; `flowcore.kernels` is installed from the checkout's
+top-level `kernels/` folder. Public names are imported lazily so that `import flowcore` stays cheap.
 """
 from __future__ import annotations
 

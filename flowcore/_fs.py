@@ -1,10 +1,7 @@
 """Durable file writes shared by every package: atomic replace, directory fsync, file hashes.
 
 A file written with `atomic_write` is either the old content or the whole new content, never a
-torn mix: the bytes go to a temporary file beside the target, are fsynced, renamed over it, and
-the folder is fsynced so the rename itself survives a power cut. A write that fails for want
-of space or permission becomes an `OutputWriteError` (`write_error`) naming the path, what went
-wrong and, where known, the bytes the write needed.
+torn mix, even across a power cut.
 """
 from __future__ import annotations
 
@@ -49,9 +46,8 @@ _SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 def write_error(error: OSError, path: str | os.PathLike, needed: int | None = None,
                 advice: str = "") -> OSError:
-    """`error` (raised while writing `path`) as an `OutputWriteError` saying what went wrong in one
-    line: the problem, the path, the bytes the write needed (space errors) and `advice`. Errors
-    other than those of a full, read-only or vanished destination are returned unchanged."""
+    """`error` (raised while writing `path`) as a one-line `OutputWriteError`: the problem, the path, the
+    bytes needed and `advice`; errors other than a full, read-only or vanished destination unchanged."""
     problem = _WRITE_PROBLEMS.get(error.errno)
     if problem is None or isinstance(error, OutputWriteError):
         return error
@@ -84,8 +80,7 @@ def fsync(path: str | os.PathLike) -> None:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, sync_dir: bool = True) -> None:
     """Write `path` atomically: `write(handle)` fills a temporary file beside it (`.NAME.*.tmp`), which
-    is fsynced and renamed over `path`. The file gets the permissions of a normally created one
-    (umask)."""
+    is fsynced and renamed over `path`, and the folder is fsynced; permissions follow the umask."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

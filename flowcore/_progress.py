@@ -1,5 +1,4 @@
-"""When a progress bar shows: `show_progress_bar=None` (every long library call's default) means
-"when stderr is a terminal", as sentence-transformers and tqdm users expect; True and False force it."""
+"""When a progress bar shows (`show_progress_bar`, every long library call's option)."""
 from __future__ import annotations
 
 import sys

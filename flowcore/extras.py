@@ -1,6 +1,5 @@
 """The optional parts of flowcore, by extra (`pip install 'flowcore[EXTRA]'`), and one error for a
-missing one: `require(module, feature, extra)` imports `module` or raises `MissingExtraError`,
-whose message names the feature and the exact pip command (the CLI prints it as one line)."""
+missing one, naming the feature and the exact pip command."""
 from __future__ import annotations
 
 import importlib

@@ -1,27 +1,10 @@
 """The execution policy, in one place: how many CPU threads each kind of work gets, and the only
-calls that change torch's thread count (`pinned_threads`, restored after the block; and
-`use_threads_in_this_process` for worker processes, a forked child or a Ray actor, which exist for
-their work alone).
+calls that change torch's thread count (`pinned_threads`, `use_threads_in_this_process`).
 
-torch's CPU results depend on the thread count (reductions split differently), so every count
-is fixed by the work and the CPUs this process may use, never by the machine's load; a count a
-user passes wins. The policies:
-
-- `training_threads(batch_size)`: CPU training on batches under `SMALL_BATCH_ROWS` rows runs on
-  one thread (a second one gains little on small ops, and each op waits at a barrier for the
-  slowest thread, so a busy core elsewhere slows a multi-threaded small-batch fit many-fold);
-  larger batches on torch's count.
-- `encoder_threads(requested, quantized)`: the encoder's n threads as n batches side by side on
-  one torch thread each (bit for bit the one-thread vectors); int8 (ONNX Runtime) keeps n
-  threads in one session.
-- `inference_workers(blocks)`: CPU flow inference runs its row blocks side by side, one torch
-  thread each.
-- `job_threads(text, actor)`: a batch job's pinned count (recorded in its progress file and
-  manifest, so that a resumed job is byte-identical): 1 for text, one fewer than the CPUs for
-  stored vectors (the reader and writer threads keep a core); 1 per Ray actor (the pool has an
-  actor per CPU).
-- `parallel_jobs(requested)`: processes or workers a command runs side by side (`flowcore sts
-  --jobs`): the CPUs available.
+torch's CPU results depend on the thread count, so every count is fixed by the work and the CPUs
+this process may use, never by the machine's load; a count a user passes wins. Work split into
+pieces run side by side on one torch thread each gives the one-thread result bit for bit, and a
+busy core then slows one piece instead of every op.
 """
 from __future__ import annotations
 
@@ -65,7 +48,8 @@ def check_threads(threads: int | None, what: str = "threads") -> int | None:
 
 
 def training_threads(batch_size: int) -> int:
-    """torch threads for CPU training on batches of `batch_size` rows (see the module docstring).
+    """torch threads for CPU training on batches of `batch_size` rows: one for small batches, where
+    a second thread gains little and every op waits for the slowest thread.
 
     Example:
         >>> training_threads(32)
@@ -77,8 +61,8 @@ def training_threads(batch_size: int) -> int:
 
 
 def encoder_threads(requested: int | None, quantized: bool) -> tuple[int, int]:
-    """(torch threads per batch, batches side by side) for CPU encoding; `requested`: the
-    encoder's own count, None for torch's capped at the CPUs available."""
+    """(torch threads per batch, batches side by side) for CPU encoding; int8 keeps its threads in one
+    ONNX Runtime session. `requested`: the encoder's own count, None for torch's capped at the CPUs."""
     threads = requested or min(_torch_threads(), available_cpus())
     if quantized or threads == 1:
         return threads, 1
@@ -91,7 +75,8 @@ def inference_workers(blocks: int) -> int:
 
 
 def job_threads(text: bool, actor: bool = False) -> int:
-    """A batch job's pinned torch thread count by default (see the module docstring)."""
+    """A batch job's default torch thread count (recorded, so a resumed job is byte-identical): 1 for
+    text and per Ray actor, else one fewer than the CPUs (the reader and writer keep a core)."""
     if text or actor:
         return 1
     return max(1, min(_torch_threads(), available_cpus() - 1))
@@ -104,8 +89,7 @@ def parallel_jobs(requested: int | None = None) -> int:
 
 @contextlib.contextmanager
 def pinned_threads(threads: int | None) -> Iterator[None]:
-    """torch's CPU thread count set to `threads` for the block and restored after it; None
-    leaves it alone."""
+    """torch's CPU thread count set to `threads` for the block and restored after it; None leaves it."""
     if threads is None:
         yield
         return
@@ -128,9 +112,8 @@ def use_threads_in_this_process(threads: int = 1) -> None:
 
 
 def side_by_side(workers: int, run: Callable[[Item], None], items: Iterable[Item]) -> None:
-    """`run(item)` for every item, on `workers` threads that each take the next item (in this
-    thread, in order, when `workers` is 1). The first failure in item order is raised, and the
-    items not started yet are dropped.
+    """`run(item)` for every item on `workers` threads (in this thread, in order, when 1); the first
+    failure in item order is raised and the items not started yet are dropped.
 
     Example:
         >>> with pinned_threads(1):

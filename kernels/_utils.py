@@ -22,7 +22,6 @@ def is_fp64(tensor: torch.Tensor) -> bool:
 
 
 def accumulation_dtype(tensor: torch.Tensor) -> torch.dtype:
-    """The dtype of partial sums over `tensor` and of the row log-dets and squared norms computed
-    from it: float64 for float64, float32 for every other dtype (a bfloat16 log-det of about 49
-    per step would be quantised to 0.25)."""
+    """The dtype of partial sums, row log-dets and squared norms over `tensor`: float64 for float64,
+    else float32 (a 16-bit log-det would be coarsely quantised)."""
     return torch.float64 if is_fp64(tensor) else torch.float32

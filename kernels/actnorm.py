@@ -1,8 +1,5 @@
-"""ActNorm: y = (x + loc) * exp(logs), per feature, and its inverse x = y * exp(-logs) - loc: the
-`_ref` twins and the dispatchers (the Triton kernels are in `triton/actnorm.py`).
-
-Shapes: x (B, D), any strides; loc, logs (D,). Outputs are in x's dtype; the log-det, sum(logs)
-per row, needs no kernel.
+"""ActNorm: y = (x + loc) * exp(logs), per feature, and its inverse: the `_ref` twins and the
+dispatchers. The log-det, sum(logs) per row, needs no kernel.
 """
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
 """Every probe of torch internals flowcore relies on, in one place, so that a torch upgrade that
 moves one of them breaks here and nowhere else.
-
-- `functorch_transforms_active()`: inside `torch.func` transforms (grad, vmap, jacrev)?
-- `composed_autograd_only(tensor)`: where hand-written backwards must give way to composed
-  autograd ops (inside `torch.func` transforms, under autocast);
-- `composed_backward(...)`: a custom Function's backward under `create_graph=True`;
-- `has_forward_hooks(module)`: forward (pre-)hooks on a module, its children, or globally;
-- `version_key(tensors)`: identifies the tensors' current contents (storage and in-place version);
-- `relu_backward(grad, output)`: ReLU's gradient from its output, without a temporary mask;
-- `plain_tensors(args)` / `plain_eager(args)`: no compilation and plain tensors / and no dispatch
-  mode either?
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Affine and additive coupling on the second half of the features, data -> latent: the math in
-PyTorch (written once here), the `_ref` twins, and the dispatchers (the Triton kernels are in
-`triton/coupling.py`). Owns `SCALE_OFFSET`.
+PyTorch (written once here), the `_ref` twins, and the dispatchers. Owns `SCALE_OFFSET`.
 
-Given x2 (B, d2) and the conditioner output h:
-- affine (h is (B, 2*d2)): shift = h[:, 0::2], logit = h[:, 1::2] + SCALE_OFFSET (the scale's
-  logit), scale = sigmoid(logit), z2 = (x2 + shift) * scale, logdet = sum(log(scale)) per row
-  (float32 whatever the input's dtype, float64 for float64); inverse x2 = z2 / scale - shift.
-  Its gradient, from the output: dx2 = d(shift) = dz2 * scale and
-  d(logit) = (1 - scale) * (dz2 * z2 + dlogdet) (`affine_coupling_backward`).
-- additive (h is (B, d2)): z2 = x2 + h, logdet 0.
+- affine: scale = sigmoid(h[:, 1::2] + SCALE_OFFSET), z2 = (x2 + h[:, 0::2]) * scale,
+  logdet = sum(log(scale)) per row;
+- additive: z2 = x2 + h, logdet 0.
 """
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ __all__ = ["SCALE_OFFSET", "additive_coupling", "additive_coupling_inverse", "ad
            "shift_and_logit"]
 
 SCALE_OFFSET = 2.0
-"""The affine coupling's scale is sigmoid(h[:, 1::2] + SCALE_OFFSET), as in the Glow code (0.88
-while the zero-initialised conditioner outputs 0). Every implementation reads it from here."""
+"""The offset of the affine coupling's scale logit, as in the Glow code; every implementation reads it here."""
 
 
 def shift_and_logit(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,10 +30,8 @@ def shift_and_logit(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def coupling_logdet(logit: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """sum(log sigmoid(logit)) per row, in float32 (float64 for float64). Given the `scale` =
-    sigmoid(logit) already computed, the log of it (one cheap pass) unless the scale is 16-bit (too
-    coarse) or underflows to 0; without it, log-sigmoid (exact, and free of data-dependent
-    branches, so `torch.func` transforms can trace it)."""
+    """sum(log sigmoid(logit)) per row, in float32 (float64 for float64): the log of a given `scale`
+    (one cheap pass) unless 16-bit or underflowed, else log-sigmoid (no data-dependent branch)."""
     if scale is not None and scale.dtype not in (torch.float16, torch.bfloat16):
         logdet = torch.log(scale).sum(dim=1)
         if bool(torch.isfinite(logdet).all()):
@@ -57,8 +49,8 @@ def affine_coupling_forward(x2, shift, logit, inplace: bool = False):
 
 
 def affine_coupling_backward(dz2, dlogdet, z2, scale, dx2_out=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx2, dlogit) of the affine coupling from its output z2 and scale: dx2 (which is also
-    d(shift)) is written into `dx2_out` when given."""
+    """(dx2, dlogit) of the affine coupling from its output z2 and scale: dx2 = d(shift) = dz2 * scale,
+    written into `dx2_out` when given; dlogit = (1 - scale) * (dz2 * z2 + dlogdet)."""
     dx2 = torch.mul(dz2, scale, out=dx2_out)
     dlogit = torch.addcmul(dlogdet.to(z2.dtype)[:, None], dz2, z2)
     return dx2, dlogit.addcmul_(dlogit, scale, value=-1.0)

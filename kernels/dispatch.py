@@ -3,13 +3,8 @@
 Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then the
 `FLOWCORE_BACKEND` environment variable (read each time an op runs), then `auto`.
 
-- `auto`   : Triton on CUDA tensors when Triton is installed, PyTorch otherwise.
-- `triton` : always Triton. On CPU tensors that needs the Triton interpreter
-             (`TRITON_INTERPRET=1` set before the first Triton op runs); otherwise a
-             `BackendUnavailableError` says why.
-- `torch`  : PyTorch ops.
-
-Triton is optional: without it everything runs on PyTorch, and only asking for `triton` fails.
+`auto` runs Triton on CUDA tensors when Triton is installed, PyTorch otherwise; `triton` on CPU tensors
+needs the interpreter (`TRITON_INTERPRET=1`), else a `BackendUnavailableError` says why.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The folded linear map z = x @ weight.T + bias: a flow step's ActNorm folded into its 1x1
-weight (W' = W diag(exp(logs)), b = W' loc). The `_ref` twin and the `folded_linear` dispatcher
-(the Triton GEMMs are in `triton/folded_linear.py`).
-"""
+"""The folded linear map z = x @ weight.T + bias (a step's ActNorm folded into its 1x1 weight): the
+`_ref` twin and the dispatcher."""
 from __future__ import annotations
 
 import torch

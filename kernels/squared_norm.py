@@ -1,11 +1,6 @@
-"""Each row's sum of squares, sum_j z[i, j]^2 (the Gaussian prior's log-density term), in
-float32 for 16-bit z (float64 for float64):
-`squared_norm_ref` (the composed op), `_SquaredNorm` and the `squared_norm` dispatcher, a
-pure-PyTorch op.
+"""Each row's sum of squares (the Gaussian prior's term), in float32 for 16-bit z, float64 for float64.
 
-`_SquaredNorm`'s forward makes no (batch x d) temporary and its backward one pass, 2 z * grad
-(autograd of (z * z).sum(1) would make three). Inside `torch.func` transforms and under autocast
-`squared_norm` runs the composed `squared_norm_ref`.
+`_SquaredNorm`'s forward makes no (batch x d) temporary and its backward one pass, 2 z * grad.
 """
 from __future__ import annotations
 

@@ -4,18 +4,12 @@
     h = conditioner(y[:, :split]);   z = [y1, (y2 + h[:, 0::2]) * sigmoid(h[:, 1::2] + SCALE_OFFSET)];
     logdet = sum(logs) + sum(log_s) + sum(log sigmoid(h[:, 1::2] + SCALE_OFFSET)) per row.
 
-`affine_step(..., path=...)` runs the step on one of the `PATHS` below, which `step_path`
-chooses once per flow forward; `affine_step_ref` is the composed twin every path is tested
-against. The reverse-permutation and additive variants are composed from the layer modules
-(`flowcore.flows`), not here.
+`affine_step` runs it on one of the `PATHS`, chosen once per flow forward by `step_path`; every path
+is tested against the composed twin `affine_step_ref`.
 
-On the CPU one autograd Function, `_AffineStep`, runs the step with either linear part: the
-factors applied to the batch one by one (`triangular.factored_forward`, for small training
-batches: no d x d product of L and U to differentiate) or ActNorm folded into W (`fold`, one GEMM).
-Its forward runs the conditioner's MLP and the coupling in place on y; its backward writes
-dy2 = dz2 * scale and dy1 = dz1 + the MLP's input gradient straight into dy, back-propagates the
-MLP by hand, and hands dy to the linear part's backward. Under `create_graph=True` it
-differentiates the composed twin, so higher-order gradients are exact.
+On the CPU one autograd Function, `_AffineStep`, runs the step with either linear part (factored or
+folded), the MLP and the coupling in place, and back-propagates all of it by hand; under
+`create_graph=True` it differentiates the composed twin, so higher-order gradients are exact.
 """
 from __future__ import annotations
 
@@ -46,9 +40,8 @@ PATHS = {
 """Every implementation of the step, by name: what runs and where `step_path` sends it."""
 
 FACTORED_ROWS_PER_FEATURE = 0.5
-"""Training batches of fewer than this many rows per feature apply the LU factors to the batch
-(at most 12 B d^2 flops a step) instead of assembling W (about 4 d^3 with the gradient, plus
-6 B d^2 for the folded GEMMs): below the flop counts' crossover near 0.6 d."""
+"""Training batches of fewer than this many rows per feature apply the LU factors to the batch instead
+of assembling W (below the flop counts' crossover)."""
 
 
 def step_path(x: torch.Tensor, dim: int, conditioners, training: bool) -> str:
@@ -56,8 +49,7 @@ def step_path(x: torch.Tensor, dim: int, conditioners, training: bool) -> str:
 
     Args:
         x: the flow's input batch.
-        dim: the flow's width (the factored test counts rows per feature of the whole flow, so
-            that every step of one forward takes the same path).
+        dim: the flow's width (so every step of one forward takes the same path).
         conditioners: every conditioner the path will run.
         training: the parameters will get gradients from this forward (training mode, grad enabled).
     """
@@ -72,9 +64,8 @@ def step_path(x: torch.Tensor, dim: int, conditioners, training: bool) -> str:
 
 
 def mlp_layers(conditioner) -> list[torch.Tensor] | None:
-    """[W1, b1, W2, b2, ...] when `conditioner` is a plain nn.Sequential of Linear (-> ReLU ->
-    Linear)* with no hooks anywhere (the CPU step reads the weights instead of calling the
-    modules), else None."""
+    """[W1, b1, W2, b2, ...] when `conditioner` is a plain, hook-free nn.Sequential of Linear (-> ReLU ->
+    Linear)*, else None."""
     if type(conditioner) is not nn.Sequential or len(conditioner) % 2 == 0 or has_forward_hooks(conditioner):
         return None
     layers = []
@@ -90,9 +81,8 @@ def mlp_layers(conditioner) -> list[torch.Tensor] | None:
 
 
 def fold(loc, logs, lu, log_s, sign, perm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weight, bias, logdet) with ActNorm folded into the LU weight: weight = W diag(exp(logs)),
-    bias = weight @ loc, so that y = x @ weight.T + bias; logdet = sum(logs) + sum(log_s), the
-    linear part's log-det of every row. Differentiable (W assembled by `lu_product`)."""
+    """(weight, bias, logdet) with ActNorm folded into the LU weight, y = x @ weight.T + bias:
+    weight = W diag(exp(logs)), bias = weight @ loc, logdet = sum(logs) + sum(log_s). Differentiable."""
     weight = lu_product(lu, lu, sign * torch.exp(log_s))[perm] * torch.exp(logs)
     return weight, weight @ loc, logs.sum() + log_s.sum()
 
@@ -113,8 +103,7 @@ def _coupled(y, split: int, conditioner: Callable):
 
 def affine_step(x, loc, logs, lu, log_s, sign, perm, split: int, conditioner: Callable, *, path: str,
                 folded: tuple | None = None):
-    """(z, logdet) of the step on `path` (a `PATHS` name, from `step_path`); logdet is the whole
-    step's, per row.
+    """(z, logdet per row) of the whole step on `path` (a `PATHS` name, from `step_path`).
 
     Args:
         x: (B, d) batch.
@@ -128,9 +117,7 @@ def affine_step(x, loc, logs, lu, log_s, sign, perm, split: int, conditioner: Ca
         folded: `fold`'s result when the caller keeps it (inference); computed here otherwise.
 
     Example:
-        >>> net = step.coupling.net
-        >>> path = step_path(x, x.shape[1], [net], training=True)      # "factored" for a small CPU batch
-        >>> z, logdet = affine_step(x, loc, logs, lu, log_s, sign, perm, x.shape[1] // 2, net, path=path)
+        >>> z, logdet = affine_step(x, loc, logs, lu, log_s, sign, perm, d // 2, net, path=step_path(x, d, [net], True))
     """
     d = lu.shape[0]
     require_matrix("affine_step input", x, d)
@@ -212,8 +199,7 @@ class _Factored:
 
 
 def _run_on_cpu(linear, split: int, x, inputs: tuple, conditioner):
-    """(z, coupling logdet) on the CPU step: `_AffineStep` when a gradient is wanted, else its
-    forward alone."""
+    """(z, coupling logdet) on the CPU step: `_AffineStep` when a gradient is wanted, else its forward."""
     layers = mlp_layers(conditioner)
     if layers is None:
         raise ValueError("the CPU step paths need a plain MLP conditioner (nn.Sequential of Linear and ReLU, "
@@ -272,7 +258,7 @@ def _mlp(layers) -> Callable:
 
 
 class _AffineStep(torch.autograd.Function):
-    """The CPU step with a hand-written backward (see the module docstring)."""
+    """The CPU step with a hand-written backward."""
 
     @staticmethod
     def forward(ctx, linear, split: int, x, *tensors):

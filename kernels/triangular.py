@@ -1,24 +1,12 @@
 """The LU ops of `LULinear`, with L = tril(lower, -1) + I and U = triu(upper, 1) + diag(diagonal),
-all pure PyTorch: `lu_factors` (L and U, built here only); `lu_product` (W = L @ U) and its
-`lu_product_ref`; the factored linear map (an ActNorm + LU linear applied factor by factor:
-`factored_forward`, `factored_backward`, the CPU step's linear part) and its `factored_linear_ref`.
+all pure PyTorch, each beside its composed `_ref` twin.
 
-`lu_product` runs `_TriangularProduct`, a blocked product with a hand-written backward that
-skips the zero blocks of L and U (W is rebuilt at every training step): with a 2 x 2 block split
-the product and each of its two gradients are 5 half-size GEMMs instead of 8. Inside
-`torch.func` transforms and under autocast it runs the composed `lu_product_ref`; under
-`create_graph=True` the backward differentiates `lu_product_ref`, so higher-order gradients
-are exact.
+`lu_product` (W = L @ U, rebuilt at every training step) skips the zero blocks of L and U: 5
+half-size GEMMs instead of 8 for the product and for each gradient.
 
-The factored linear map ((x + loc) * exp(logs)) @ (P L U).T, with L and U packed in one matrix
-`lu` (`LULinear`), never forms W: it multiplies the batch by U.T,
-then L.T, then permutes the columns, and its hand-written backward gives the factors' gradients
-as rank-batch products, the strict triangles only. For a batch of B rows that is at most
-12 B d^2 flops (`BLOCK_WIDTH`) against about 4 d^3 for assembling W and differentiating the
-product, so training with batches much smaller than d (the paper's 32) applies the factors
-(`FlowStep`); large batches fold W once and run one GEMM. At small batches its cost is memory
-traffic over d x d matrices, so it reads the off-diagonal blocks of L and U straight from `lu`
-and masks only the diagonal blocks.
+The factored linear map ((x + loc) * exp(logs)) @ (P L U).T never forms W: it multiplies the batch
+by U.T, then L.T, then permutes, with a hand-written backward, so a batch much smaller than d costs
+O(B d^2) instead of the O(d^3) of assembling W and differentiating the product.
 """
 from __future__ import annotations
 
@@ -49,7 +37,7 @@ def lu_product(lower: torch.Tensor, upper: torch.Tensor, diagonal: torch.Tensor)
 
 
 class _TriangularProduct(torch.autograd.Function):
-    """L @ U on the non-zero blocks only (see the module docstring)."""
+    """L @ U on the non-zero blocks only; the composed twin under create_graph=True."""
 
     @staticmethod
     def forward(ctx, lower, upper, diagonal):
@@ -101,25 +89,15 @@ def _blocks(matrix: torch.Tensor, h: int):
 
 
 def factored_linear_ref(x, loc, logs, lu, diagonal, perm):
-    """((x + loc) * exp(logs)) @ (P L U).T, composed under autograd.
-
-    Args:
-        x: (B, d) batch.
-        loc, logs: ActNorm's shift and log-scale, (d,).
-        lu: (d, d) packed factors: L = tril(lu, -1) + I, U = triu(lu, 1) + diag(diagonal); lu's own
-            diagonal is not used (its gradient is 0).
-        diagonal: (d,) U's diagonal.
-        perm: (d,) int64 row order of W, W[i] = (L U)[perm[i]].
-    """
+    """((x + loc) * exp(logs)) @ (P L U).T, composed under autograd; L and U packed in `lu` (its own
+    diagonal unused), U's diagonal `diagonal`, W[i] = (L U)[perm[i]]."""
     return ((x + loc) * torch.exp(logs)) @ lu_product_ref(lu, lu, diagonal)[perm].T
 
 
 BLOCK_WIDTH = 192
-"""The factored linear map applies L and U as k = max(1, d // BLOCK_WIDTH) diagonal blocks (d = 192: the
-whole masked triangles; 384: 2 x 2 blocks; 768: 4 x 4). Each diagonal block is masked, the rest
-of its block row or column is read straight from `lu` in one GEMM, and the zero blocks are never
-multiplied: flops fall from 12 B d^2 (whole) towards 6 B d^2 as k grows, for 2k - 1 GEMM calls a
-product. The width was chosen by measurement (docs/lab-notes.md)."""
+"""The factored linear map applies L and U as max(1, d // BLOCK_WIDTH) diagonal blocks: only those are
+masked, the rest of each block row is read straight from `lu`, and zero blocks are never multiplied
+(docs/lab-notes.md)."""
 
 
 def _bounds(d: int, blocks: int) -> list[int]:
@@ -143,10 +121,8 @@ def _right_of(blocks: tuple[torch.Tensor, ...], matrix: torch.Tensor, index: int
 
 
 def factored_forward(x, loc, logs, lu, diagonal, perm):
-    """(y, saved) of the factored linear map without autograd, on the diagonal block split of
-    `BLOCK_WIDTH`: t = a @ U.T, then v = t @ L.T, one block row of t and of v at a time (the
-    diagonal block's masked factor, then the rest of the row from `lu` in one GEMM). `saved` is
-    what `factored_backward` needs: (scale, a, t, the diagonal blocks of L, those of U)."""
+    """(y, saved) of the factored linear map without autograd: t = a @ U.T, then v = t @ L.T, a block
+    row at a time; `saved` is what `factored_backward` needs."""
     scale = torch.exp(logs)
     a = torch.add(x, loc).mul_(scale)
     d = lu.shape[0]
@@ -170,10 +146,8 @@ def factored_forward(x, loc, logs, lu, diagonal, perm):
 
 
 def factored_backward(dy, lu, perm, saved, needs):
-    """(dx, d loc, d logs, d lu, d diagonal) of the factored linear map from dy and `factored_forward`'s
-    `saved`, without autograd; `needs` flags which of them are wanted (None for the others). The
-    factors' gradients are rank-batch products, strict triangles only, a block row at a time:
-    d L = dv.T @ t left of the diagonal blocks, d U = dt.T @ a right of them, both masked inside."""
+    """(dx, d loc, d logs, d lu, d diagonal) of the factored linear map, without autograd; `needs` flags
+    the wanted ones (None for the others). d L = dv.T @ t, d U = dt.T @ a, strict triangles only."""
     scale, a, t, *factors = saved
     blocks = len(factors) // 2
     lowers, uppers = factors[:blocks], factors[blocks:]
@@ -235,8 +209,7 @@ def _strict_triangles(lower: torch.Tensor, upper: torch.Tensor, out: torch.Tenso
 
 @functools.lru_cache(maxsize=32)
 def _masks(d: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The (strictly lower, strictly upper) 0/1 masks and the identity of a (d, d) matrix, built
-    once per size and dtype: a multiplication by a mask is one vectorised pass, several times
-    faster than `tril`, `triu` or `torch.where` on a bool mask."""
+    """The (strictly lower, strictly upper) 0/1 masks and the identity of a (d, d) matrix, cached:
+    multiplying by a mask is faster than `tril`, `triu` or `torch.where`."""
     ones = torch.ones(d, d, dtype=dtype, device=device)
     return torch.tril(ones, -1), torch.triu(ones, 1), torch.eye(d, dtype=dtype, device=device)

@@ -1,12 +1,5 @@
 """The BERT-flow paper's analyses and "does calibration help here?" (`flowcore analyze`).
 
-Modules: `isotropy` (mean random-pair cosine, IsoScore, effective rank, top-PC variance, the
-cosine distribution and suggested thresholds), `frequency` (token-embedding norms and k-NN
-distances by word-frequency rank), `lexical` (similarity vs edit distance), `advice` (which
-calibration to use, by labels or by auto's rule, the balanced-neighbourhoods warning, the
-isotropy-is-not-quality caveat), `figures` (PNG, headless), `analyze` (the whole analysis as one
-dict) and `report` (JSON, markdown, figures).
-
 Example:
     >>> from flowcore.analysis import analyze, write_report
     >>> write_report(analyze(encoder=Encoder(pooling="mean"), sentences=corpus, pairs=[dev]), "out/")

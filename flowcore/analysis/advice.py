@@ -1,9 +1,6 @@
-""""Does calibration help here?": with labelled dev pairs, the calibration to use and the numbers
-behind it; without labels, the choice of `auto` (`flowcore.calibration.auto`) — whitening when the
-corpus's nearest-neighbour graph is dominated by hubs, else none — with a warning when the
-neighbourhoods are already balanced (as for similarity-trained encoders such as
-all-MiniLM-L6-v2), where calibration usually lowers STS Spearman. The advice and `auto` read the
-same signal, so they agree.
+""""Does calibration help here?": with labelled pairs, the calibration to use and why; without,
+`auto`'s choice from the corpus's hubness, with a warning when the neighbourhoods are already
+balanced (calibration then usually lowers STS Spearman).
 """
 from __future__ import annotations
 
@@ -62,8 +59,7 @@ def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None
 
     Args:
         isotropy: {calibration: `Isotropy` of the corpus after it}, "none" for the raw vectors.
-        scores: {calibration: Spearman ×100 on labelled dev pairs}; None or empty: no labels.
-            NaN or None scores (a failed calibration) are left out.
+        scores: {calibration: Spearman ×100 on labelled pairs}; None or empty: no labels; NaN/None: left out.
         margin: a simpler calibration within this many points of the best one is recommended.
         warnings: warnings of the caller (e.g. a small fit corpus), listed first.
         auto: an `AutoCalibration` fitted on the raw corpus: without labels its choice is the

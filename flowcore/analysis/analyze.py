@@ -1,9 +1,4 @@
-"""`analyze`: the whole analysis of one encoder (or stored vectors) on one corpus — isotropy
-before and after each calibration fitted on the corpus, the token-embedding frequency analyses,
-on labelled pairs the Spearman of every calibration and its lexical-overlap bias, and the advice
-("does it help?", by the labels or by auto's rule on the corpus) — as one JSON-ready dict, which
-`flowcore.analysis.report` writes out.
-"""
+"""`analyze`: the whole analysis of one encoder (or stored vectors) on one corpus, as one JSON-ready dict."""
 from __future__ import annotations
 
 import math
@@ -56,39 +51,31 @@ def analyze(
     batch_size: int = defaults.BATCH_SIZE,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Analyse sentence vectors and the encoder behind them.
+    """Analyse sentence vectors and the encoder behind them: isotropy before and after each calibration,
+    token frequencies, and on labelled pairs each calibration's Spearman, lexical bias and the advice.
 
     Args:
         vectors: (n, d) corpus vectors; None encodes `sentences` with `encoder`.
-        encoder: a `flowcore.Encoder`; needed for `sentences`, `pairs` and the frequency analyses
-            (without one, only the isotropy of `vectors` is analysed).
+        encoder: a `flowcore.Encoder`; without one, only the isotropy of `vectors` is analysed.
         sentences: the corpus (also counted for the "corpus" frequency source).
         corpus_name: how the report names the corpus.
-        pairs: labelled `STSPairs` (e.g. STS-B test, or your dev pairs): each calibration's Spearman
-            on them, the lexical-overlap bias and the advice.
+        pairs: labelled `STSPairs` (e.g. your dev pairs), for the Spearman, lexical bias and advice.
         calibrations: names from `flowcore.sts.CALIBRATIONS`, each fitted on the corpus without labels.
         settings: their hyper-parameters (`flowcore.sts.CalibrationSettings`).
         frequency_sources: "wordfreq" and/or "corpus" (token frequencies counted on `sentences`).
         edit_unit: "word" or "char" edit distance for the lexical bias.
         random_pairs: random pairs drawn for the cosine statistics.
         seed: seeds the random pairs and auto's sample of the corpus.
-        cache: where sentence vectors are looked up and kept (`flowcore sts`'s cache); in memory when None.
+        cache: an `EmbeddingCache` for the sentence vectors; in memory when None.
         batch_size: the encoding batch size.
         progress: called with one line per step (e.g. print to stderr); None is silent.
 
     Returns:
-        {"model", "pooling", "corpus": {"name", "rows"},
-         "calibrations": {name: {"settings", "seconds", "flow_losses" (the flow)} or {"error"}},
-         "isotropy": {name: Isotropy dict},
-         "pairs": [{"dataset", "split", "n_pairs", "spearman": {name: x}, "lexical_bias": {"gold" or name: x},
-                    "edit_unit", "mean_edit_distance"}],
-         "frequency": {source: {"buckets", "norm_rank_spearman", "ranked_tokens"}},
-         "advice": {"recommended", "scores", "reason", "warnings", "auto": {"choice", "signals", "reason"}},
-         "caveat"}.
+        {"model", "pooling", "corpus", "calibrations", "isotropy", "pairs", "frequency", "advice", "caveat"}.
 
     Example:
         >>> result = analyze(encoder=Encoder(pooling="mean"), sentences=corpus, pairs=[dev_pairs])
-        >>> result["advice"]["recommended"], result["advice"]["reason"]     # e.g. "none" for all-MiniLM-L6-v2
+        >>> result["advice"]["recommended"], result["advice"]["reason"]
     """
     say = progress or (lambda line: None)
     cache = cache if cache is not None else EmbeddingCache(None)

@@ -1,6 +1,4 @@
-"""The analysis figures as small PNG files, drawn headless (matplotlib's Agg backend): the
-random-pair cosine histograms before and after each calibration, token-embedding norm and k-NN
-distance by frequency bucket, and the lexical-overlap bias per similarity."""
+"""The analysis figures as small PNG files, drawn headless (matplotlib's Agg backend)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +10,7 @@ from flowcore.extras import require
 __all__ = ["DPI", "cosine_histogram_figure", "frequency_figure", "lexical_figure"]
 
 DPI = 100
-"""Figures are 6.4 × 4 inches at this resolution (640 × 400 pixels, a few tens of KB)."""
+"""Figures are 6.4 × 4 inches at this resolution."""
 
 
 def _pyplot():
@@ -34,8 +32,7 @@ def _save(figure, path) -> Path:
 
 
 def cosine_histogram_figure(histograms: dict[str, list[int]], thresholds: dict[str, dict], path, title: str) -> Path:
-    """Overlaid random-pair cosine histograms (densities over [-1, 1]), one per calibration, with
-    each one's 99th-percentile threshold as a dashed line.
+    """Overlaid random-pair cosine densities, one per calibration, each 99th percentile dashed.
 
     Args:
         histograms: {calibration: counts in equal bins over [-1, 1]} (`Isotropy.histogram`).
@@ -65,8 +62,7 @@ def cosine_histogram_figure(histograms: dict[str, list[int]], thresholds: dict[s
 
 
 def frequency_figure(buckets: dict[str, list[dict]], path, title: str, k: str = "3") -> Path:
-    """Mean ℓ2 norm and mean k-NN distance of token embeddings by frequency-rank bucket, one line
-    per frequency source.
+    """Mean ℓ2 norm and k-NN distance of token embeddings by frequency bucket, a line per source.
 
     Args:
         buckets: {source: [`FrequencyBucket.to_json()`, ...]}, e.g. {"wordfreq": [...]}.
@@ -104,7 +100,7 @@ def lexical_figure(bias: dict[str, float], path, title: str) -> Path:
         title: the figure's title.
 
     Example:
-        >>> lexical_figure({"gold": -24.6, "none": -50.5}, "lexical.png", "STS-B")
+        >>> lexical_figure(lexical_bias({"gold": gold, "none": cosines}, distances), "lexical.png", "STS-B")
     """
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(6.4, 3.4))

@@ -1,11 +1,7 @@
-"""The BERT-flow paper's word-frequency analyses of an encoder's token embeddings: the mean ℓ2
-norm and the mean distance to the k nearest neighbours (among the whole vocabulary) by word
-frequency rank bucket. In BERT frequent words have small norms and sit close together, rare
-ones are far from the origin and sparse (the paper's Table 1: mean norm 0.95 for the 100 most
-frequent words, 1.45 for ranks 5K to 10K).
+"""The BERT-flow paper's word-frequency analyses of token embeddings: mean ℓ2 norm and mean k-NN
+distance by frequency-rank bucket (in BERT, rare words lie far from the origin and sparse).
 
-Frequency ranks come from `wordfreq` (English word frequencies; whole-word vocabulary entries
-only, no `##` pieces) or are counted on a corpus with the encoder's own tokenizer.
+Ranks come from `wordfreq` (whole words only) or are counted on a corpus with the encoder's tokenizer.
 """
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ __all__ = ["BUCKETS", "FREQUENCY_SOURCES", "KNN", "FrequencyBucket", "TokenEmbed
            "corpus_ranks", "token_embeddings", "wordfreq_ranks"]
 
 BUCKETS = ((0, 100), (100, 500), (500, 5000), (5000, 10000))
-"""Frequency-rank buckets [start, stop) of the paper's Table 1 (its last range read as [5K, 10K));
-a stop of None means "to the last ranked token"."""
+"""Frequency-rank buckets [start, stop) of the paper's Table 1; a stop of None: to the last ranked token."""
 KNN = (3, 5, 7)
 """The k of the paper's k-nearest-neighbour distances."""
 FREQUENCY_SOURCES = ("wordfreq", "corpus")
@@ -33,8 +28,7 @@ _WORD = re.compile(r"^[^\W\d_]+$")  # letters only: a whole word wordfreq can kn
 
 @dataclass(frozen=True)
 class TokenEmbeddings:
-    """An encoder's input token embeddings (float32 (V, d)), its vocabulary (`tokens[i]` is id i),
-    the ids of its special tokens and its tokenizer."""
+    """An encoder's input token embeddings (V, d), vocabulary (`tokens[i]` is id i), special ids, tokenizer."""
 
     vectors: np.ndarray
     tokens: list[str]
@@ -67,8 +61,7 @@ def token_embeddings(encoder) -> TokenEmbeddings:
 
 
 def wordfreq_ranks(tokens: list[str], special_ids=frozenset(), language: str = "en") -> np.ndarray:
-    """Frequency rank (0 = most frequent) of each vocabulary entry by `wordfreq`, −1 for entries
-    that are not whole words (word pieces, punctuation, digits, special tokens) or are unknown.
+    """Frequency rank (0 = most frequent) of each vocabulary entry by `wordfreq`; −1 if not a known whole word.
 
     Args:
         tokens: the vocabulary, `tokens[i]` for id i.
@@ -89,8 +82,7 @@ def wordfreq_ranks(tokens: list[str], special_ids=frozenset(), language: str = "
 
 
 def corpus_ranks(tokenizer, sentences: list[str], vocabulary_size: int, special_ids=frozenset()) -> np.ndarray:
-    """Frequency rank (0 = most frequent) of each token id in `sentences` as `tokenizer` splits
-    them, −1 for ids that never occur or are special.
+    """Frequency rank (0 = most frequent) of each token id in `sentences`; −1 if absent or special.
 
     Args:
         tokenizer: a Hugging Face tokenizer (called on a batch of sentences).
@@ -125,8 +117,7 @@ def _ranks(frequencies: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FrequencyBucket:
-    """One frequency-rank bucket [start, stop): how many tokens, their mean ℓ2 norm and their
-    mean distance to their k nearest neighbours (`knn_distance[str(k)]`)."""
+    """One frequency-rank bucket [start, stop): token count, mean ℓ2 norm, `knn_distance[str(k)]`."""
 
     start: int
     stop: int
@@ -140,8 +131,7 @@ class FrequencyBucket:
 
 def bucket_statistics(vectors: np.ndarray, ranks: np.ndarray, buckets=BUCKETS, knn=KNN,
                       neighbours: np.ndarray | None = None, block_rows: int = 2048) -> tuple[list, float]:
-    """Mean ℓ2 norm and mean k-NN ℓ2 distance of the ranked token vectors in each bucket, and the
-    Spearman correlation (×100) of norm with rank over all ranked tokens.
+    """Mean ℓ2 norm and k-NN ℓ2 distance of the ranked tokens in each bucket, and Spearman ×100 of norm vs rank.
 
     Args:
         vectors: (V, d) token embeddings.

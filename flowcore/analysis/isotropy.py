@@ -1,14 +1,9 @@
-"""How isotropic a set of sentence vectors is: the mean cosine of random pairs (Ethayarajh 2019),
-IsoScore (Rudman et al. 2022), the effective rank (Roy & Vetterli 2007) and the share of variance
-in the top principal components, plus the random-pair cosine distribution with the thresholds it
-suggests. Isotropy is not quality: a calibration can raise every number here and still lower
-STS Spearman (docs/analysis.md).
+"""How isotropic a set of sentence vectors is: mean random-pair cosine (Ethayarajh 2019), IsoScore
+(Rudman et al. 2022), effective rank (Roy & Vetterli 2007), top-PC variance shares, and the random-pair
+cosine distribution with the thresholds it suggests. Isotropy is not quality (docs/analysis.md).
 
-IsoScore here is computed on the covariance spectrum restricted to the r = min(d, n − 1)
-directions a sample of n vectors can span: with n ≤ d the d − r remaining eigenvalues are zero
-only because the sample is small, and the original score would read them as anisotropy. The
-score also falls when n is not well above d (eigenvalue noise, Marchenko–Pastur), so compare
-scores at equal n.
+IsoScore is computed on the min(d, n − 1) directions n vectors can span, so a small sample's zero
+eigenvalues do not read as anisotropy; it still falls when n is not well above d: compare at equal n.
 """
 from __future__ import annotations
 
@@ -57,8 +52,7 @@ def _spectrum(X: np.ndarray) -> np.ndarray:
 
 
 def isoscore(eigenvalues: np.ndarray, rank: int | None = None) -> float:
-    """IsoScore of a covariance spectrum: 1 when all `rank` leading variances are equal, 0 when
-    one direction holds them all.
+    """IsoScore of a covariance spectrum: 1 for equal leading variances, 0 when one direction holds all.
 
     Args:
         eigenvalues: the covariance eigenvalues (any order).
@@ -103,8 +97,7 @@ class Isotropy:
         isoscore: IsoScore over the min(d, n - 1) directions the sample spans.
         effective_rank: exp(entropy of the variance shares).
         top_variance_share: {k: share of the variance in the top k principal components}.
-        thresholds: {"p99": cosine, ...}: the random-pair percentiles (`THRESHOLD_PERCENTILES`);
-            a pair above "p99" is more similar than 99 % of random pairs.
+        thresholds: {"p99": cosine, ...}: the random-pair percentiles (`THRESHOLD_PERCENTILES`).
         histogram: counts of the random-pair cosines in `HISTOGRAM_BINS` equal bins over [-1, 1].
     """
 

@@ -1,10 +1,6 @@
-"""Lexical-overlap bias: how much a similarity follows the edit distance between the two
-sentences of a pair rather than their meaning. The BERT-flow paper reports the Spearman
-correlation of similarity with edit distance on STS-B: BERT −50.49, gold −24.61, BERT-flow −28.01;
-a similarity near gold's value leans on surface overlap as much as people do, no more.
+"""Lexical-overlap bias: how much a similarity follows a pair's edit distance rather than its meaning.
 
-Edit distance is Levenshtein's (`rapidfuzz`) over lower-cased word tokens (`unit="word"`, the
-default) or characters (`unit="char"`).
+A similarity near the gold scores' value leans on surface overlap as much as people do, no more.
 """
 from __future__ import annotations
 
@@ -45,8 +41,7 @@ def edit_distances(sentences1: list[str], sentences2: list[str], unit: str = "wo
 
 
 def lexical_bias(similarities: dict[str, np.ndarray], distances: np.ndarray) -> dict[str, float]:
-    """Spearman ×100 of each named similarity with the edit distance (negative: more overlap,
-    more similar); pass the gold scores as one of them for the reference value.
+    """Spearman ×100 of each named similarity with the edit distance; include "gold" for the reference.
 
     Args:
         similarities: {name: (n,) scores of the n pairs}, e.g. {"gold": ..., "none": ..., "flow": ...}.

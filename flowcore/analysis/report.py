@@ -2,11 +2,11 @@
 tables, the advice, its warnings and the isotropy caveat) and the PNG figures, in one folder."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from flowcore._fs import atomic_write, atomic_write_json
 from flowcore.analysis.figures import cosine_histogram_figure, frequency_figure, lexical_figure
+from flowcore.sts.report import json_ready, number_cell
 
 __all__ = ["JSON_NAME", "SUMMARY_NAME", "summary_markdown", "write_report"]
 
@@ -25,9 +25,7 @@ def write_report(analysis: dict, folder) -> dict[str, Path]:
         {"json": path, "summary": path, "<figure name>": path, ...}.
 
     Example:
-        >>> paths = write_report(analyze(encoder=encoder, sentences=corpus), "analysis/")
-        >>> sorted(paths)
-        ['cosines', 'frequency', 'json', 'summary']
+        >>> write_report(analyze(encoder=encoder, sentences=corpus), "analysis/")["summary"]
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -47,7 +45,7 @@ def write_report(analysis: dict, folder) -> dict[str, Path]:
         paths[name] = lexical_figure(entry["lexical_bias"], folder / f"{name}.png",
                                      f"similarity vs {entry['edit_unit']} edit distance, {entry['dataset']}")
     document = {**analysis, "figures": {name: path.name for name, path in paths.items()}}
-    atomic_write_json(folder / JSON_NAME, _json_ready(document), indent=2, ensure_ascii=False)
+    atomic_write_json(folder / JSON_NAME, json_ready(document), indent=2, ensure_ascii=False)
     summary = summary_markdown(document).encode("utf-8")
     atomic_write(folder / SUMMARY_NAME, lambda stream: stream.write(summary))
     return {"json": folder / JSON_NAME, "summary": folder / SUMMARY_NAME, **paths}
@@ -76,8 +74,8 @@ def summary_markdown(analysis: dict) -> str:
                   f"| similarity | Spearman x100 with gold | Spearman x100 with {entry['edit_unit']} edit distance |",
                   "| --- | ---: | ---: |"]
         for name, bias in entry["lexical_bias"].items():
-            gold = "(reference)" if name == "gold" else _number(entry["spearman"].get(name))
-            lines.append(f"| {name} | {gold} | {_number(bias)} |")
+            gold = "(reference)" if name == "gold" else number_cell(entry["spearman"].get(name))
+            lines.append(f"| {name} | {gold} | {number_cell(bias)} |")
     for source, entry in analysis["frequency"].items():
         knn = list(entry["buckets"][0]["knn_distance"]) if entry["buckets"] else []
         lines += ["", f"## Token embeddings by frequency rank ({source}; {entry['ranked_tokens']} ranked tokens)", "",
@@ -99,20 +97,6 @@ def _share(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
 
 
-def _number(value) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
-
-
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
 
-
-def _json_ready(value):
-    """NaN/Inf as null (valid JSON), tuples as lists."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    return value

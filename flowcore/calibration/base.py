@@ -1,20 +1,11 @@
 """The `Calibrator` protocol every calibration method follows, the one registry of methods, and
 `load` / `create`.
 
-A calibrator is fitted on sentence vectors without labels and then maps any number of vectors
-to calibrated ones. Each method has one class and one name, and the name is the only spelling
-used anywhere: by the command line (`flowcore fit --method`, `flowcore sts --calibration`), as
-the `kind` recorded in its file, in results and in the docs. `NAMES` lists them; `load(path)`
-reads any calibrator file and returns the fitted object of the class its kind names, and
-`create(name, **settings)` builds a fresh one.
+Each method has one class and one name, the only spelling used anywhere (CLI, the `kind` in its file,
+results, docs). The batch engines and integrations rely on `name`, `dim`, `output_dim`, `provenance`,
+`transform(X)` and a loaded calibrator's `source` file.
 
-What other parts of flowcore (the batch engines, the integrations) rely on, and so stays
-stable: `name`, `dim` (input width), `output_dim`, `provenance`, `transform(X)`, and for a
-loaded calibrator `source`, the file it came from (the engines hash that file's bytes to
-identify the calibration a job ran with).
-
-This module imports neither torch nor numpy, so that the command line can list the names at
-start-up; the classes are imported when first asked for.
+This module imports neither torch nor numpy, so that the command line can list the names at start-up.
 """
 from __future__ import annotations
 
@@ -53,8 +44,7 @@ class Calibrator(ABC):
 
     Attributes:
         name: the method's name (class attribute; see `NAMES`).
-        provenance: the `EncoderProvenance` (encoder and pooling) of the vectors it was fitted on,
-            saved with it; None for vectors of unknown origin.
+        provenance: the `EncoderProvenance` of the vectors it was fitted on; None if unknown.
         metadata: a dict of JSON-able values of your own, saved with it.
         source: the file it was loaded from (`load`), None when fitted here.
 
@@ -73,8 +63,7 @@ class Calibrator(ABC):
 
     @abstractmethod
     def fit(self, X, encoder=None) -> Calibrator:
-        """Fit on the rows of X, recording `encoder` (an `Encoder` or `EncoderProvenance`) as
-        `provenance`; returns self."""
+        """Fit on the rows of X, recording `encoder` as `provenance`; returns self."""
 
     @abstractmethod
     def transform(self, X) -> np.ndarray:
@@ -156,8 +145,7 @@ def create(name: str, **settings) -> Calibrator:
 
     Args:
         name: one of `NAMES`.
-        settings: the method's settings (`setting_names(name)`), e.g. `power` and `dim` for
-            "whitening", `k` for "abtt", `config` and `recipe` for "flow".
+        settings: the method's settings (`setting_names(name)`), e.g. `power` and `dim` for "whitening".
 
     Example:
         >>> create("whitening", power=0.3, dim=128).fit(X).transform(X)     # float32 (n, 128)
@@ -178,8 +166,7 @@ def load(path, device=None) -> Calibrator:
         device: torch device for a flow (the linear calibrators compute in numpy).
 
     Raises:
-        FlowFileError: naming the file, when it is missing, damaged, of an unknown kind or from a
-            version of flowcore that wrote another format.
+        FlowFileError: naming the file, when it is missing, damaged or of an unknown kind.
 
     Example:
         >>> calibrator = flowcore.load("abtt.flow")      # an AllButTheTop, fitted

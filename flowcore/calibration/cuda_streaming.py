@@ -1,15 +1,8 @@
-"""Mapping a host array through a flow on a CUDA device, chunk by chunk, with the transfers
-overlapped with the compute: `map_on_cuda(X, fn, ...)`, the CUDA path of
-`FlowCalibrator.transform` / `inverse_transform`.
+"""Mapping a host array through a flow on a CUDA device, chunk by chunk, the transfers overlapped
+with the compute: the CUDA path of `FlowCalibrator.transform` / `inverse_transform`.
 
-Per chunk, five stages run at once on different chunks: a host copy of X's rows into a pinned
-staging buffer, the upload on a copy stream, `fn` on the compute stream, the download into a
-second pinned buffer on another copy stream, and a host copy from there into the result array.
-Two buffers of each kind alternate, so chunk i uploads while chunk i - 1 computes and downloads
-and the host copies of chunks i and i - 1 run side by side (two worker threads: torch's copies
-release the GIL). Host memory holds X and the result; the device holds two chunks.
-Non-finite rows are found on the device and reported by row number once their chunk is back,
-as the CPU path's `check_matrix` does before it computes.
+Host copies, uploads, `fn` and downloads of neighbouring chunks run at once through two pinned
+buffers of each kind; the device holds two chunks. Non-finite rows are reported by row number.
 """
 from __future__ import annotations
 
@@ -24,21 +17,8 @@ from flowcore.validation import as_tensor
 
 def map_on_cuda(X, fn: Callable[[torch.Tensor], torch.Tensor], *, dim: int, device: torch.device,
                 dtype: torch.dtype, chunk_rows: int, name: str = "X") -> np.ndarray:
-    """`fn` applied to X's rows `chunk_rows` at a time on `device`; float32 numpy (rows, dim).
-
-    Args:
-        X: (rows, dim) numeric array, memory map or CPU tensor.
-        fn: the map of one chunk, (n, dim) in `dtype` on `device` -> (n, dim).
-        dim: the feature count `fn` expects.
-        device: the CUDA device.
-        dtype: the flow's dtype (chunks are cast on the device).
-        chunk_rows: rows per chunk.
-        name: how errors name X.
-
-    Example:
-        >>> z = map_on_cuda(vectors, lambda x: flow(x)[0], dim=768, device=torch.device("cuda"),
-        ...                 dtype=torch.float32, chunk_rows=65536)
-    """
+    """`fn` applied to X's (rows, dim) rows `chunk_rows` at a time on `device`, cast there to `dtype`;
+    float32 numpy (rows, dim). `name` is how errors name X."""
     source = as_tensor(X, name)
     if source.dim() != 2 or source.shape[1] != dim:
         raise ValueError(f"{name} must have shape (rows, {dim}), got {tuple(source.shape)}")

@@ -1,21 +1,10 @@
 """Flow files, the one file format of every calibrator: one safetensors file, tensors plus JSON
 metadata; never pickle.
 
-The header metadata holds the format name and version, a JSON `info` document (the calibrator's
-`kind`, its `flowcore.calibration.NAMES` name, absent in flow files written before kinds were;
-the encoder and pooling it was fitted for as `info["encoder"] = {"model", "pooling"}`; free-form
-user metadata; and what the calibrator itself needs: for a `FlowCalibrator` the Glow
-configuration and the training settings, for a linear one its settings), and a SHA-256 of the
-tensor bytes so that a corrupted file is caught, not silently used.
-
-This flowcore reads format version `FORMAT_VERSION` (3: each LU layer's factors as one `lu`
-tensor); files of earlier versions are refused with a message that says to refit.
-
-A flow file may come from anyone, so `load_flow` checks the safetensors header itself before
-safetensors reads a byte of tensor data (`check_layout`): a pickle or `torch.save` file, random
-bytes, a truncated file or a header that claims more tensor bytes than the file holds is refused
-with a `FlowFileError` before any allocation larger than the file, and weights that are NaN/Inf
-(a diverged fit) are refused after it. Nothing here can run code from the file.
+The metadata holds the format and version, the calibrator's `info` (its `kind`, encoder, user
+metadata and settings) and a SHA-256 of the tensor bytes, so a corrupted file is caught. A flow file
+may come from anyone, so `load_flow` checks the header before safetensors reads a byte of tensor data
+(`check_layout`), then refuses NaN/Inf weights. Nothing here can run code from the file.
 """
 from __future__ import annotations
 
@@ -47,8 +36,7 @@ _PICKLE_MAGIC = {b"\x80": "a Python pickle", b"PK\x03\x04": "a zip archive (torc
 
 @dataclass(frozen=True)
 class EncoderProvenance:
-    """The encoder (`model`: "default", a folder path or a hub name) and canonical pooling name
-    that produced the vectors a flow was fitted on."""
+    """The encoder (`model`) and canonical pooling name that produced the vectors a flow was fitted on."""
 
     model: str
     pooling: str
@@ -64,10 +52,9 @@ class EncoderProvenance:
 
 def check_encoder_fits(provenance: EncoderProvenance | None, dim: int, encoder, requested_model: str | None = None,
                        what: str = "the flow") -> None:
-    """The one check that vectors from `encoder` fit a calibration fitted on `dim`-wide vectors
-    from the encoder and pooling of `provenance` (None: unknown, only the width is checked);
-    `requested_model` is the name the encoder was asked for, which matches when it is the
-    recorded one. Raises ValueError saying how to fix it."""
+    """The one check that vectors from `encoder` fit a calibration of `dim`-wide vectors from
+    `provenance` (None: only the width is checked); `requested_model`, the name the encoder was asked
+    for, also matches. Raises ValueError saying how to fix it."""
     if provenance is not None and provenance.model not in (str(encoder.model_id), requested_model):
         raise ValueError(f"{what} was fitted on embeddings from encoder {provenance.model!r}, not "
                          f"{encoder.model_id!r}; use the same encoder (--model {provenance.model}) or refit it")

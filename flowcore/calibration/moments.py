@@ -1,15 +1,8 @@
 """Mergeable first and second moments of a stream of vectors, in float64.
 
-`Moments` holds the count n, the mean μ and the co-moment M = Σ (x − μ)(x − μ)ᵀ of the rows seen
-so far; two of them combine exactly (Chan, Golub & LeVeque 1979):
-
-    n = n_a + n_b,  δ = μ_b − μ_a,  μ = μ_a + δ·n_b/n,  M = M_a + M_b + δδᵀ·n_a·n_b/n.
-
-Each chunk's moments are computed around its own mean (no E[x²] − E[x]² cancellation), and
-`MomentsAccumulator` combines chunks pairwise, as a binary counter does, so that rounding
-grows with log(chunks) rather than with the number of chunks. Memory is O(d²) whatever the
-number of rows: the covariance of a corpus that never fits in memory, from shards that can be
-computed anywhere (one process, many, or a Ray reduction: `flowcore.ray.moments`) and merged.
+Two sets of moments combine exactly (Chan, Golub & LeVeque 1979), each chunk's computed around its
+own mean (no E[x²] − E[x]² cancellation), in O(d²) memory whatever the number of rows: the covariance
+of a corpus that never fits in memory, from shards computed anywhere and merged.
 """
 from __future__ import annotations
 
@@ -46,8 +39,7 @@ class Moments:
 
     @classmethod
     def of(cls, X, row_offset: int = 0) -> "Moments":
-        """The moments of the rows of X (any real dtype), computed in float64 around their own
-        mean. Raises ValueError naming the first row with NaN/Inf (numbered from `row_offset`)."""
+        """The moments of the rows of X in float64; a row with NaN/Inf is refused by number (from `row_offset`)."""
         X = np.asarray(X)
         if X.ndim != 2:
             raise ValueError(f"expected a 2-D array of vectors (N, D), got shape {X.shape}")
@@ -66,7 +58,7 @@ class Moments:
         return self.mean.shape[0]
 
     def merge(self, other: "Moments") -> "Moments":
-        """The moments of both sets of rows together (Chan et al.'s pairwise formula)."""
+        """The moments of both sets of rows together: M = M_a + M_b + δδᵀ·n_a·n_b/n, δ = μ_b − μ_a."""
         if other.dim != self.dim:
             raise ValueError(f"cannot merge moments of {self.dim}- and {other.dim}-dimensional vectors")
         if other.count == 0:
@@ -99,9 +91,8 @@ class Moments:
 
 
 class MomentsAccumulator:
-    """Combines a stream of chunk moments pairwise: a stack of partial sums, where a new entry
-    merges with the top while the top holds no more rows than it (a binary counter), so at most
-    about log2(chunks) partial moments (each O(d²)) are alive at once.
+    """Combines a stream of chunk moments pairwise, as a binary counter does, so rounding grows with
+    log(chunks) and at most about log2(chunks) partial moments are alive at once.
 
     Args:
         dim: the vectors' width, when known in advance (needed for `total` of an empty stream).

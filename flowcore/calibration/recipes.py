@@ -1,18 +1,10 @@
-"""Fit recipes of `FlowCalibrator`: what the flow is fitted on, how long and how fast, and how
-the training length is chosen, by name.
+"""Fit recipes of `FlowCalibrator` by name: what the flow is fitted on, how long and how fast.
 
-- `whitened` (the default): the flow starts at BERT-whitening (`Glow.start_linear`: standardised
-  coordinates, then the whitening of the fit corpus as the first step, identities after it), is
-  trained on 90 % of the fit corpus for at most 3 epochs, and scores the other 10 % (held-out
-  bits/dim) at the start and 4 times an epoch; it keeps the best-scoring weights (the start
-  included) and stops once 2 evaluations in a row have not beaten them, so a flow that does not
-  beat whitening's likelihood stops within its first epoch and stays whitening. No labels are used.
-- `standardized`: standardised coordinates, ActNorm's data-dependent start, lr 3e-4, one epoch
-  (`flowcore sts`'s recipe before `whitened`).
+- `whitened` (the default): starts at BERT-whitening, trains on 90 % of the fit corpus and keeps
+  the weights (the start included) with the best held-out bits/dim, stopping after 2 evaluations
+  without gain, so a flow that does not beat whitening's likelihood stays whitening.
+- `standardized`: standardised coordinates, ActNorm's data-dependent start.
 - `paper`: the BERT-flow code exactly: raw vectors, lr 1e-3, batch 32, one epoch.
-
-docs/lab-notes.md ("The flow must never lose to whitening", "Calibration study") holds the
-measurements behind the default.
 """
 from __future__ import annotations
 
@@ -31,17 +23,13 @@ class FlowRecipe:
 
     Args:
         name: the recipe's name, recorded in flow files and results.
-        input: "whiten" (start at whitening of the standardised coordinates), "standardize"
-            (standardised coordinates, ActNorm's data-dependent start) or "raw" (the vectors as they are).
+        input: "whiten" (start at whitening), "standardize" (standardised coordinates) or "raw".
         lr: Adam's learning rate.
         batch_size: training batch size.
         epochs: training epochs; with `holdout`, the most epochs tried.
-        holdout: fraction of the fit corpus held out to choose the weights by its bits/dim (0: train
-            on all rows and keep the last epoch).
-        evaluations_per_epoch: with `holdout`, how many times an epoch the held-out rows are scored
-            (evenly spaced; the last at the epoch's end).
-        patience: with `holdout`, training stops after this many evaluations in a row that do not
-            beat the best held-out score so far.
+        holdout: fraction held out to choose the weights by its bits/dim (0: keep the last epoch).
+        evaluations_per_epoch: with `holdout`, held-out scorings per epoch (the last at its end).
+        patience: with `holdout`, stop after this many scorings in a row without a new best.
 
     Example:
         >>> recipe_named("whitened", lr=5e-4).epochs

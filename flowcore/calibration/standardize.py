@@ -1,9 +1,7 @@
 """Fixed per-coordinate standardisation in front of the flow, fitted once on the whole corpus.
 
-Sentence vectors can hold coordinates that never vary (the default encoder's mean-pooled vectors
-have some). Maximum likelihood on such a coordinate is unbounded and training diverges,
-so those pass through centred and untouched, while every other coordinate is centred and scaled
-to unit variance before the flow sees it. It is invertible and keeps positions: z has x's width.
+Maximum likelihood on a coordinate that never varies is unbounded and training diverges, so such
+coordinates pass through centred, untouched; every other one is scaled to unit variance.
 """
 from __future__ import annotations
 
@@ -46,13 +44,11 @@ class Standardizer(nn.Module):
 
     @torch.no_grad()
     def fit(self, X: torch.Tensor, rows: torch.Tensor | None = None) -> "Standardizer":
-        """Mean and std per coordinate in float64, two passes over blocks of rows, so that memory
-        stays O(block × d) for any number of rows (X can be a tensor over a memory map).
+        """Mean and std per coordinate in float64, two passes over blocks of rows (bounded memory).
 
         Args:
             X: (n, dim) tensor.
-            rows: 1-D int64 tensor of the row numbers of X to fit on (`flowcore.flows.train.row_index`);
-                None: all rows.
+            rows: 1-D int64 tensor of the row numbers of X to fit on; None: all rows.
 
         Example:
             >>> standardizer = Standardizer(384).fit(torch.from_numpy(np.load("big.npy", mmap_mode="r")))
@@ -86,8 +82,7 @@ class Standardizer(nn.Module):
         return (x - self.mean.to(x.dtype)) / self.scale.to(x.dtype)
 
     def flow_input(self, x: torch.Tensor) -> torch.Tensor:
-        """What the flow sees of rows x: `forward(x)` at the varying coordinates only (flow_dim wide),
-        computed per batch in training (`flowcore.flows.train.fit(prepare=...)`)."""
+        """What the flow sees of rows x: `forward(x)` at the varying coordinates only (flow_dim wide)."""
         return self(x)[:, self.varying]
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,4 @@
-"""Whitening, tempered and truncated (`whitening`), and ZCA whitening (`zca`).
-
-`Whitening(power=γ, dim=k)` centres the vectors and maps them onto the k directions of largest
-variance, each scaled by its variance to the power −γ: with Σ = U·Λ·Uᵀ the corpus covariance,
-x → (x − μ)·U_k·Λ_k^(−γ). γ = ½ (the default) is BERT-whitening (Su et al. 2021): zero mean and
-identity covariance. γ = 0 only centres and rotates, so cosines equal centring's; values in
-between temper the whitening, shrinking the dominant directions less, which helps where full
-whitening would amplify noise. `ZCAWhitening` rotates full whitening back onto the input axes,
-x → (x − μ)·U·Λ^(−½)·Uᵀ. Both fit in memory or from streamed moments (`LinearCalibrator`), and
-the eigen-decomposition is `flowcore.calibration.linear.principal_axes`.
-"""
+"""Whitening, tempered and truncated (`whitening`), and ZCA whitening (`zca`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,11 +10,10 @@ __all__ = ["Whitening", "ZCAWhitening"]
 
 
 class Whitening(LinearCalibrator):
-    """Whitening fitted on a corpus of embeddings: x → (x − μ)·U_k·Λ_k^(−γ).
+    """Whitening fitted on a corpus of embeddings: x → (x − μ)·U_k·Λ_k^(−γ), Σ = U·Λ·Uᵀ.
 
-    Directions whose variance is at most `tolerance` × the largest carry no information (e.g. the
-    constant coordinates of a LayerNorm output) and would be blown up: they are dropped, so
-    `output_dim` can be smaller than `dim` on a rank-deficient corpus.
+    γ = ½ is BERT-whitening (Su et al. 2021); a smaller γ tempers it where full whitening would
+    amplify noise. Directions of (near) zero variance would be blown up, so they are dropped.
 
     Args:
         dim: keep only the `dim` directions of largest variance (BERT-whitening-k); None keeps all.
@@ -32,14 +21,12 @@ class Whitening(LinearCalibrator):
         tolerance: directions with variance <= tolerance × the largest are dropped.
 
     Attributes:
-        mean: μ, shape (d,); matrix: W = U_k·Λ_k^(−γ), shape (d, output_dim); eigenvalues: the
-        kept Λ_k; axes: the kept U_k; rank: how many directions have variance above the floor;
-        rows: how many rows the fit saw.
+        mean: μ; matrix: W = U_k·Λ_k^(−γ); eigenvalues, axes: the kept Λ_k, U_k; rank: the directions
+        above the floor; rows: the rows the fit saw.
 
     Example:
-        >>> whitening = Whitening(dim=256).fit(X)
-        >>> Z = whitening.transform(X)          # float32 (n, 256), zero mean, identity covariance
-        >>> Whitening(power=0.3).fit_chunks(chunks)   # tempered, from a stream in O(d²) memory
+        >>> Z = Whitening(dim=256).fit(X).transform(X)   # float32 (n, 256), identity covariance
+        >>> Whitening(power=0.3).fit_chunks(chunks)      # tempered, from a stream in O(d²) memory
     """
 
     name = "whitening"
@@ -79,9 +66,7 @@ class Whitening(LinearCalibrator):
 
 
 class ZCAWhitening(Whitening):
-    """ZCA whitening, x → (x − μ)·U·Λ^(−½)·Uᵀ: identity covariance like `Whitening`, rotated back
-    so that each output coordinate stays as close as possible to its input coordinate; cosines
-    equal full whitening's.
+    """ZCA whitening, x → (x − μ)·U·Λ^(−½)·Uᵀ: full whitening rotated back onto the input axes.
 
     Args:
         tolerance: directions with variance <= tolerance × the largest are dropped.

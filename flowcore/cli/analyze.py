@@ -1,8 +1,4 @@
-"""`flowcore analyze`: the BERT-flow paper's analyses and "does calibration help here?" on an
-encoder and a corpus (a sentence file, stored vectors or an STS dataset): isotropy before and
-after each calibration, token-embedding norms and k-NN distances by word frequency, the
-lexical-overlap bias and, with labelled pairs, the calibration to use. Writes analysis.json,
-summary.md and PNG figures to --out and prints the summary."""
+"""`flowcore analyze`: the BERT-flow paper's analyses and "does calibration help here?" (`flowcore.analysis`)."""
 from __future__ import annotations
 
 import argparse

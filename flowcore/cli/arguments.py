@@ -1,7 +1,5 @@
-"""The command line's one language: the argument types, checks, flag groups and help formatter
-every subcommand shares, so that one concept has one flag everywhere (`--input`, `--out`,
-`--calibrator`, `--config`, `--recipe`, `--batch-size`, `--device`, `--quantize`, `--quiet` /
-`--progress`), and earlier spellings stay accepted as hidden, announced aliases (`add_renamed`)."""
+"""The argument types, checks, flag groups and help formatter every subcommand shares, so that one
+concept has one flag everywhere; earlier spellings stay accepted as hidden, announced aliases."""
 from __future__ import annotations
 
 import argparse
@@ -19,9 +17,8 @@ __all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_device_argument", "add_encodin
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
-    """`out` checked before any work, as a `CLIError` naming it: a file output is no existing
-    directory (a `folder` output no existing file), its parent folder exists, it is none of
-    `inputs` (the same path, a symlink to it or a hard link), and it ends in one of `suffixes`."""
+    """`out` checked before any work (kind, parent folder, none of `inputs`, one of `suffixes`), as a
+    `CLIError` naming it."""
     from flowcore.cli import CLIError
 
     path = Path(out)
@@ -90,8 +87,7 @@ def pair_columns(text: str) -> PairColumns:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """A flag's default said once: appended as "(default: X)" unless it is unset (None, False) or
-    the help already says it."""
+    """A flag's default said once: "(default: X)" unless unset (None, False) or already in the help."""
 
     def _get_help_string(self, action):
         if action.default is None or action.default is False or "default" in (action.help or ""):
@@ -100,8 +96,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _Renamed(argparse.Action):
-    """An earlier spelling of a flag: hidden from --help, stores into the new flag's place, and
-    says so in one line on stderr."""
+    """An earlier spelling of a flag: hidden from --help, stored as the new flag, announced on stderr."""
 
     def __init__(self, option_strings, dest, new: str = "", **kwargs):
         super().__init__(option_strings, dest, **kwargs)
@@ -121,8 +116,7 @@ def add_renamed(parser, old: str, new: str, **kwargs) -> None:
 
 
 def add_progress_arguments(parser) -> None:
-    """--quiet and --progress: progress bars and lines go to stderr when it is a terminal, unless
-    --quiet; --progress shows them anyway (a log file)."""
+    """--quiet and --progress: progress on stderr only when it is a terminal, unless forced either way."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quiet", action="store_true", help="no progress bars or progress lines on stderr")
     group.add_argument("--progress", action="store_true",
@@ -151,8 +145,7 @@ def quantize_options(args: argparse.Namespace) -> dict:
 
 
 def add_encoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of subcommands that encode sentences through the embedding cache (`sts`,
-    `analyze`): --cache-dir, --no-cache, --batch-size, --max-length, --device, --quantize, --quiet."""
+    """The options of subcommands that encode sentences through the embedding cache (`sts`, `analyze`)."""
     parser.add_argument("--cache-dir", default=None,
                         help="where encoded sentence vectors are cached (shared by 'flowcore sts' and 'flowcore "
                         "analyze'); if not given, $FLOWCORE_CACHE or ~/.cache/flowcore/embeddings")

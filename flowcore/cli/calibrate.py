@@ -1,6 +1,4 @@
-"""`flowcore calibrate`: stream a text corpus or stored embeddings through a fitted flow into one
-.npy or .parquet file (with its OUT.manifest.json), resumably (flowcore.batch.job), or on Ray into
-a folder of shards (flowcore.batch.ray)."""
+"""`flowcore calibrate`: a corpus or stored embeddings through a fitted calibrator, resumably (`flowcore.batch`)."""
 from __future__ import annotations
 
 import argparse

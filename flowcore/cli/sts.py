@@ -1,7 +1,4 @@
-"""`flowcore sts`: the BERT-flow experiment on the seven STS benchmarks (or on your own labelled
-pairs, `--pairs`) — frozen encoder → calibration (any of `flowcore.calibration.NAMES`, fitted
-without labels, or read from a calibrator file, `--calibrator`) → cosine → Spearman ×100 — printed as a
-paper-style markdown table, optionally saved as JSON records."""
+"""`flowcore sts`: the BERT-flow experiment on the STS benchmarks or your own pairs, as a markdown table."""
 from __future__ import annotations
 
 import argparse
@@ -58,8 +55,7 @@ def _flow_input(text: str) -> str:
 
 @contextlib.contextmanager
 def _progress_on_stderr(progress: bool):
-    """The `flowcore.sts` loggers' messages on stderr as bare lines while the command runs: their
-    warnings always, their INFO lines (the command's progress) when `progress`."""
+    """The `flowcore.sts` loggers' warnings (and INFO progress lines when `progress`) on stderr as bare lines."""
     level = logging.INFO if progress else logging.WARNING
     logger = logging.getLogger("flowcore.sts")
     handler = logging.StreamHandler(sys.stderr)
@@ -214,19 +210,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_output(args.json, inputs=[args.calibrator, *(args.pairs or [])], flag="--json")
     for option, value in (("--epochs", args.epochs), ("--train-batch-size", args.train_batch_size),
-                          ("--batch-size", args.batch_size)):
+                          ("--batch-size", args.batch_size), ("--whitening-dim", args.whitening_dim),
+                          ("--jobs", args.jobs), ("--abtt-k", args.abtt_k)):
         if value is not None and value < 1:
             raise CLIError(f"{option} must be at least 1, got {value}")
     if args.lr is not None and not args.lr > 0:
         raise CLIError(f"--lr must be positive, got {args.lr}")
-    if args.whitening_dim is not None and args.whitening_dim < 1:
-        raise CLIError(f"--whitening-dim must be at least 1, got {args.whitening_dim}")
     if not 0 <= args.whitening_power <= 1:
         raise CLIError(f"--whitening-power must be from 0 to 1 (0.5: full whitening), got {args.whitening_power}")
-    if args.jobs is not None and args.jobs < 1:
-        raise CLIError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.abtt_k is not None and args.abtt_k < 1:
-        raise CLIError(f"--abtt-k must be at least 1, got {args.abtt_k}")
     settings = CalibrationSettings(whitening_dim=args.whitening_dim, whitening_power=args.whitening_power,
                                    abtt_k=args.abtt_k, flow_config=args.config,
                                    flow_recipe=args.recipe, flow_epochs=args.epochs, flow_lr=args.lr,

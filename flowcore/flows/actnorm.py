@@ -1,11 +1,7 @@
 """ActNorm: per-feature affine y = (x + loc) * exp(logs) with data-dependent initialisation.
 
-On the first forward pass in training mode, loc and logs are set so that the batch leaves with
-zero mean and unit variance per feature. The `initialized` flag is a buffer, so it is saved with
-the weights and a loaded model is never re-initialised.
-
-In the default LU step ActNorm is folded into the 1x1 weight (`flowcore.flows.step`); `forward`
-here is what the reverse-permutation variant and the contract tests run.
+The first training batch leaves with zero mean and unit variance per feature. The `initialized` flag
+is a buffer, saved with the weights, so a loaded model is never re-initialised.
 """
 from __future__ import annotations
 

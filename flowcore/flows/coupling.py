@@ -1,16 +1,9 @@
 """Coupling layers: the first half of the features conditions a transform of the second half.
 
-x1 = x[:, :d // 2] passes through; the conditioner NN(x1) = Linear(d1 -> width) -> ReLU ->
-Linear(width -> width) -> ReLU -> Linear (zero-initialised: the additive coupling starts as the
-identity, the affine one at scale sigmoid(2) = 0.88; see `Coupling.start_scale`) gives h, and
-- affine:   shift = h[:, 0::2], scale = sigmoid(h[:, 1::2] + SCALE_OFFSET), z2 = (x2 + shift) * scale,
-            log-det = sum(log scale) (`kernels.coupling.SCALE_OFFSET` = 2, the official code's);
+x1 = x[:, :d // 2] passes through and h = NN(x1), a two-hidden-layer ReLU MLP whose last layer starts at zero:
+- affine:   z2 = (x2 + h[:, 0::2]) * sigmoid(h[:, 1::2] + SCALE_OFFSET), log-det = sum(log scale);
 - additive: z2 = x2 + h, log-det 0.
 Odd dimensions work: x2 takes the extra feature.
-
-In the default LU + affine step the coupling runs fused with the step's GEMM
-(`flowcore.flows.step`); `forward` here is what the additive and reverse-permutation variants
-and the contract tests run.
 """
 from __future__ import annotations
 
@@ -47,17 +40,14 @@ class Coupling(nn.Module):
         nn.init.zeros_(self.net[-1].bias)
 
     def initial_scale(self) -> float:
-        """The scale of x2 while the conditioner's last layer is zero: sigmoid(bias + SCALE_OFFSET),
-        0.88 at the default zero bias (1 for the additive coupling)."""
+        """The scale of x2 while the conditioner's last layer is zero (1 for the additive coupling)."""
         if self.kind != "affine":
             return 1.0
         return float(torch.sigmoid(self.net[-1].bias[1::2] + kernels.SCALE_OFFSET).mean())
 
     @torch.no_grad()
     def start_scale(self, scale: float) -> None:
-        """Start the affine coupling at z2 = x2 * `scale` (0 < scale < 1) by setting the scale
-        logits' bias; a scale near 1 makes it start as (nearly) the identity, with its scale's
-        gradient damped by 1 - scale."""
+        """Start the affine coupling at z2 = x2 * `scale` (0 < scale < 1) by setting the logits' bias."""
         if self.kind != "affine":
             raise ValueError("start_scale applies to the affine coupling only")
         if not 0.0 < scale < 1.0:

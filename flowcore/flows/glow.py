@@ -1,12 +1,7 @@
 """The multi-scale Glow of BERT-flow for sentence vectors (a 1x1 image with D channels).
 
-`levels` levels of `depth` steps (ActNorm -> invertible linear -> coupling). After each level but
-the last, the second half of the features leaves as latent under a standard normal prior and the
-first half continues. Latents keep the positions of the features they came from, so z has the
-layout and size of x.
-
-Direction: `z, logdet = glow(x)` maps data -> latent, `logdet` = log|det dz/dx| per row;
-`glow.inverse(z)` returns x; `glow.log_prob(x)` = log N(z; 0, I) + logdet.
+After each level but the last, the second half of the features leaves as latent under a standard
+normal prior; latents keep their features' positions, so z has the layout of x.
 """
 from __future__ import annotations
 
@@ -28,27 +23,22 @@ __all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "LINEAR_START_SCALE", "Glow"]
 CPU_BLOCK_BYTES = defaults.CPU_BLOCK_BYTES
 
 LINEAR_START_SCALE = 0.999
-"""Initial scale of each level's last coupling in `Glow.start_linear` (1 would be the identity,
-which sigmoid cannot reach)."""
-
+"""Initial scale of each level's last coupling in `Glow.start_linear` (sigmoid cannot reach 1)."""
 
 
 class Glow(nn.Module):
-    r"""The multi-scale Glow of BERT-flow on `dim`-wide vectors (see the module docstring).
+    r"""The multi-scale Glow of BERT-flow on `dim`-wide vectors: `z, logdet = glow(x)`, data -> latent.
 
     Args:
         dim: the width D of the vectors.
         levels: multi-scale levels; after each but the last, half the features leave as latent.
         depth: steps per level.
         width: hidden units of each coupling's conditioner (two hidden ReLU layers).
-        coupling: "affine" (the default; scale = sigmoid(h + 2) from the conditioner's output h) or "additive".
-        permutation: the invertible 1x1 of each step: "lu" (a learned LU-parametrised linear map,
-            the official code's default) or "reverse" (a fixed reversal of the features).
+        coupling: "affine" (the default) or "additive".
+        permutation: the invertible 1x1 of each step: "lu" (learned, the default) or "reverse" (fixed).
 
     Example:
         >>> glow = Glow(768, levels=2, depth=3, width=32)   # or Glow.from_config("l2_d3_w32", 768)
-        >>> z, logdet = glow(x)                             # x: (batch, 768)
-        >>> x_back = glow.inverse(z)
         >>> loss = glow.bits_per_dim(x)                     # the training objective
     """
 
@@ -85,11 +75,8 @@ class Glow(nn.Module):
     def start_linear(self, weight: torch.Tensor, loc: torch.Tensor | None = None) -> "Glow":
         """Start training from the linear flow z = R @ weight @ (x + loc), R orthogonal.
 
-        The first step's ActNorm + 1x1 become x -> weight @ (x + loc); the other 1x1s keep their
-        random permutations; each later ActNorm undoes the previous coupling's initial scale (0.88 on
-        the second half), and the last coupling of each level, whose second half leaves the flow,
-        starts at scale `LINEAR_START_SCALE` (nearly the identity). With a whitening `weight` the
-        flow therefore starts at whitening (R keeps cosines) and training moves it from there.
+        Later ActNorms undo the couplings' initial scale and each level's last coupling starts near the
+        identity, so with a whitening `weight` training starts at whitening (R keeps cosines).
 
         Args:
             weight: (dim, dim) invertible matrix, e.g. Λ^(-1/2) Uᵀ of the data's covariance.
@@ -128,8 +115,7 @@ class Glow(nn.Module):
         return torch.cat(parts, dim=1), logdet
 
     def _blocked_inference(self, x: torch.Tensor) -> bool:
-        """CPU inference runs the whole flow on one block of rows at a time, so that a block's
-        activations stay in cache from step to step (docs/lab-notes.md)."""
+        """CPU inference runs the flow a block of rows at a time, so activations stay in cache."""
         if self.training or x.device.type != "cpu" or x.shape[0] * self.dim * x.element_size() <= CPU_BLOCK_BYTES:
             return False
         if functorch_transforms_active():
@@ -137,13 +123,9 @@ class Glow(nn.Module):
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
 
     def _forward_in_blocks(self, x: torch.Tensor):
-        """(z, logdet) of CPU inference, block by block. With torch's thread count n > 1 (capped
-        at the CPUs this process may use), n blocks run side by side, each on one torch thread
-        (torch's count is 1 for the call): a core busy with other work then slows one block
-        instead of every op, and each block's values are those of a one-thread run, so the
-        output does not depend on n or on the machine's load. Forward hooks, autocast and the
-        Triton backend (the interpreter, on CPU) keep the blocks in this thread, one after the
-        other, on torch's threads."""
+        """(z, logdet) of CPU inference, block by block; with n torch threads, n blocks run side by
+        side on one thread each, so the output is that of a one-thread run whatever n or the load.
+        Forward hooks, autocast and the Triton backend keep the blocks in this thread."""
         z = torch.empty_like(x, memory_format=torch.contiguous_format)
         logdet = x.new_empty(x.shape[0], dtype=accumulation_dtype(x))
         step = max(1, CPU_BLOCK_BYTES // (self.dim * x.element_size()))
@@ -164,9 +146,8 @@ class Glow(nn.Module):
         return z, logdet
 
     def _latent_parts(self, x: torch.Tensor):
-        """z's column blocks (the last level's output, then the latents that left earlier, from
-        the latest to the first) and the log-det; `log_prob` needs no concatenated z. The default
-        steps all run on the one path `kernels.step_path` chooses here."""
+        """z's column blocks (last level's output, then earlier latents, latest first) and the log-det;
+        every default step runs on the one path `kernels.step_path` chooses here."""
         h, logdet, leaving = x, x.new_zeros(x.shape[0], dtype=accumulation_dtype(x)), []
         path = None
         if self.levels[0][0].fused:

@@ -1,20 +1,8 @@
 """Invertible linear maps ("1x1 convolutions" on a 1x1 image): z = x @ W.T.
 
-- `LULinear`: W = P @ L @ (U + diag(sign * exp(log_s))), with P and sign fixed, L unit lower-
-  triangular and U strictly upper-triangular learnable, so log|det W| = sum(log_s). L and U are
-  one (d, d) parameter `lu` (L below the diagonal, U above it, the diagonal unused), so the
-  optimizer updates d^2 - d numbers, not two d x d matrices of which half stay zero. Initialised
-  as a random permutation (L = U = I), as nflows/normflows do; inverted with two triangular solves.
-- `ReversePermutation`: the fixed reversal of the features (log-det 0).
-
-In the default step the factors are read by `kernels.affine_step` (W assembled by
-`kernels.lu_product` and folded with ActNorm, or applied to the batch factor by factor for small
-training batches); `forward` is the reference composition the contract tests run.
-
-Why not the LU factors of a random rotation (Glow's start): at large d they are badly
-conditioned, so Adam's equal-sized steps on their entries change W by far more than the learning
-rate suggests and the loss jumps before recovering; from a permutation the fit descends smoothly
-(docs/lab-notes.md).
+`LULinear`: W = P L (U + diag(sign * exp(log_s))), so log|det W| = sum(log_s); L's and U's strict
+triangles share one (d, d) parameter `lu`. It starts as a random permutation (L = U = I), not as
+Glow's random rotation, whose LU factors are badly conditioned at large d and make the loss jump.
 """
 from __future__ import annotations
 
@@ -27,11 +15,7 @@ __all__ = ["LULinear", "ReversePermutation"]
 
 
 class LULinear(nn.Module):
-    """The learned invertible 1x1 on `dim` features, LU-parametrised (see the module docstring).
-
-    In the default step its `weight()` is folded with ActNorm into one GEMM
-    (`flowcore.flows.step`); `forward` is the reference composition the contract tests run.
-    """
+    """The learned invertible 1x1 on `dim` features, LU-parametrised (see the module docstring)."""
 
     def __init__(self, dim: int):
         super().__init__()

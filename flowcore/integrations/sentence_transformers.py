@@ -1,42 +1,16 @@
 """sentence-transformers model folders with flowcore's calibrations and poolings inside.
 
-`export(out, calibrator, model=..., pooling=..., normalize=...)` (CLI: `flowcore export`) writes
-a complete `SentenceTransformer` folder: the encoder's transformer and tokenizer, its pooling, the
-calibration (any fitted calibrator, or a calibrator file) and optionally `Normalize`.
-`SentenceTransformer(out).encode(texts)` then gives the vectors of flowcore's own path,
-`Encoder(model, pooling).encode(texts)` followed by the calibrator's `transform`, to float32 rounding.
+`export(out, calibrator, model=..., pooling=..., normalize=...)` (CLI: `flowcore export`) writes a
+`SentenceTransformer` folder (transformer, tokenizer, pooling, calibration, optional `Normalize`) whose
+`encode` matches `Encoder(model, pooling).encode` + the calibrator's `transform` to float32 rounding.
 
-What each folder needs to load (sentence-transformers >= 6):
-
-- **A linear calibration** (whitening, tempered or truncated, zca, center, abtt: x → (x − μ)·W)
-  is a stock `Dense` (identity activation, weight Wᵀ, bias −μ·W), `none` adds no module, and
-  `mean`/`cls` pooling is a stock `Pooling`: such a folder names only `sentence_transformers.*`
-  classes and loads with sentence-transformers alone, `SentenceTransformer(out)`, no flowcore
-  installed and no `trust_remote_code`.
-- **The flow** is `FlowModule`, and the poolings sentence-transformers lacks
-  (`first-last-avg`, `last2-avg`, `static-avg`, `layers=I,J`) are `LayerPooling`: classes of this
-  module. From v6, sentence-transformers imports a `modules.json` class outside
-  `sentence_transformers.*` only with `trust_remote_code=True`, for local folders too
-  (`SentenceTransformer(out)` raises a ValueError that says so). Such a folder needs flowcore
-  installed. Load it with `load_model(out)`, which passes the flag only after checking that
-  `modules.json` names no classes but sentence-transformers' and this module's, that no JSON file
-  in the folder has an `auto_map` (remote code for the transformer's config, tokenizer or model)
-  and that every `Dense` has the identity activation. `SentenceTransformer(out,
-  trust_remote_code=True)` also loads it, but trusts every file in the folder: the flag reaches
-  the transformer's config, tokenizer and model loading, and `Dense` activations, too. No code is
-  copied into the folder: the classes are imported from the installed flowcore; `export` refuses
-  an encoder whose configuration has an `auto_map` (flowcore never runs remote code).
-
-On disk, `FlowModule` keeps the calibrator's own flow file (safetensors + JSON header, the
-recorded encoder and pooling included) as `N_FlowModule/flow.safetensors` beside a
-`config.json`; `LayerPooling` keeps only a `config.json`, and the transformer is saved with
-`output_hidden_states` on, which is how sentence-transformers hands every layer to a pooling.
-The flow is frozen: it always runs in eval mode and its parameters take no gradient (gradients
-still flow through it to the encoder when sentence-transformers trains one).
+A linear calibration with `mean`/`cls` pooling uses stock modules only and loads without flowcore. The
+flow (`FlowModule`) and the other poolings (`LayerPooling`) need `load_model(out)`, which checks the
+folder before setting `trust_remote_code`. flowcore never runs remote code: no code is copied into the
+folder, and `export` refuses an encoder whose configuration has an `auto_map`.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -55,7 +29,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling as STPool
 from flowcore import defaults  # noqa: E402
 from flowcore.calibration.base import Calibrator, load  # noqa: E402
 from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits  # noqa: E402
-from flowcore.text.loading import resolve_model  # noqa: E402
+from flowcore.text.loading import quiet_transformers, resolve_model  # noqa: E402
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling  # noqa: E402
 
 __all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense", "load_model"]
@@ -68,9 +42,7 @@ _OWN_CLASSES = ("FlowModule", "LayerPooling")
 
 
 class FlowModule(Module):
-    """A fitted `FlowCalibrator` as a sentence-transformers module: after the pooling, it maps
-    `features["sentence_embedding"]` to the calibrated vector z (in the flow's dtype, returned in
-    the input's dtype). Frozen; saved as `flow.safetensors` + `config.json`.
+    """A fitted `FlowCalibrator` as a frozen sentence-transformers module after the pooling.
 
     Args:
         calibrator: a fitted `FlowCalibrator`, or the path of a flow file.
@@ -126,10 +98,9 @@ class FlowModule(Module):
 
 
 class LayerPooling(Module):
-    """flowcore's poolings over several hidden states (`first-last-avg`, `last2-avg`, `static-avg`,
-    `layers=I,J`, also `mean` and `cls`) as a sentence-transformers module: it reads
-    `features["all_layer_embeddings"]` (the transformer must run with `output_hidden_states`) and
-    writes `features["sentence_embedding"]`, exactly as `flowcore.Encoder` pools.
+    """flowcore's poolings as a sentence-transformers module, pooling exactly as `flowcore.Encoder`.
+
+    Reads `features["all_layer_embeddings"]`: the transformer must run with `output_hidden_states`.
 
     Args:
         pooling: the canonical pooling name (`flowcore.text.pooling`), e.g. "first-last-avg".
@@ -181,10 +152,7 @@ class LayerPooling(Module):
 
 
 def linear_dense(calibrator) -> Dense:
-    """A fitted linear calibrator (x -> (x − μ)·W: whitening, zca, center, abtt) as a stock `Dense`:
-    x -> x·W − μ·W, identity activation, float32.
-
-    `Dense` computes x·weightᵀ + bias, so weight = Wᵀ (output_dim × D) and bias = −μ·W."""
+    """A fitted linear calibrator x -> (x − μ)·W as a stock float32 `Dense`: weight Wᵀ, bias −μ·W."""
     if not hasattr(calibrator, "matrix"):
         raise TypeError(f"a {getattr(calibrator, 'name', type(calibrator).__name__)} calibrator is not linear "
                         "(x -> (x - mean) W), so it has no Dense form")
@@ -199,8 +167,7 @@ def linear_dense(calibrator) -> Dense:
 
 
 def _calibration_module(calibrator: Calibrator):
-    """The module of a fitted calibrator: `FlowModule` for the flow, a stock `Dense` for the linear
-    methods, none for `none`."""
+    """`FlowModule` for the flow, a stock `Dense` for the linear methods, None for `none`."""
     if calibrator.name == "flow":
         return FlowModule(calibrator)
     if calibrator.name == "none":
@@ -214,17 +181,12 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
     """A `SentenceTransformer`: the encoder's transformer, the pooling, the calibration, [Normalize].
 
     Args:
-        calibrator: any fitted calibrator (`flowcore.calibration`), or the path of a calibrator
-            file (`flowcore fit`); its recorded encoder and pooling (`provenance`) are the defaults
-            for `model` and `pooling`, and any other is refused. None: no calibration.
-        model: "default", a local model folder or a cached Hugging Face name (never downloaded);
-            needed when the calibrator records no encoder.
-        pooling: a flowcore pooling (default: the calibrator's, else "first-last-avg"); `mean` and
-            `cls` become a stock `Pooling`, the others a `LayerPooling`.
+        calibrator: a fitted calibrator or calibrator file (its encoder and pooling are required); None: none.
+        model: "default", a local folder or a cached Hugging Face name; needed if none is recorded.
+        pooling: a flowcore pooling (default: the calibrator's, else "first-last-avg").
         layers: hidden-state indices to average, instead of `pooling`.
         normalize: append `Normalize` (unit-length vectors).
-        max_length: texts are truncated to this many tokens (flowcore.Encoder's default, 512, capped
-            by the model's limit).
+        max_length: texts are truncated to this many tokens (capped by the model's limit).
         device: where the model is built.
 
     Example:
@@ -262,7 +224,7 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
                            requested_model, what=f"the {calibrator.name} calibrator")
         calibration = _calibration_module(calibrator)
     local = {"local_files_only": True}
-    with _quiet_transformers():
+    with quiet_transformers():
         transformer = Transformer(source, model_kwargs=dict(local), processor_kwargs=dict(local),
                                   config_kwargs={**local, **({"output_hidden_states": True} if needs_layers else {})})
     limits = [max_length, getattr(config, "max_position_embeddings", None), transformer.tokenizer.model_max_length]
@@ -283,9 +245,7 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
            normalize: bool = False, max_length: int = DEFAULT_MAX_LENGTH) -> str:
     """Write `build_model(...)` (same arguments) as a model folder at `out`; returns its path.
 
-    Load it with `SentenceTransformer(out)` when it names only sentence-transformers classes
-    (a linear calibration or none, with `mean`/`cls` pooling), else with `load_model(out)` (see the
-    module docstring: `SentenceTransformer(out, trust_remote_code=True)` trusts every file in it).
+    Load it with `load_model(out)` (or `SentenceTransformer(out)` when it names only stock classes).
 
     Example:
         >>> export("st-model", "model.flow", normalize=True)
@@ -295,7 +255,7 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
         raise FileExistsError(f"{out} exists and is not empty; give a new folder for the model")
     st_model = build_model(calibrator, model=model, pooling=pooling, layers=layers, normalize=normalize,
                            max_length=max_length)
-    with _quiet_transformers():
+    with quiet_transformers():
         st_model.save(str(out), create_model_card=False)
     return str(out)
 
@@ -306,12 +266,12 @@ def needs_trust_remote_code(folder) -> bool:
 
 
 def load_model(folder, **kwargs) -> SentenceTransformer:
-    """`SentenceTransformer(folder, **kwargs)` for a folder written by `export`: `trust_remote_code`
-    is set only when needed, and only after checking that `modules.json` names no classes but
-    sentence-transformers' and this module's (any other custom class is refused), that no JSON
-    file in the folder or its module folders has an `auto_map` key (at any depth: remote code for
-    the transformer's config, tokenizer or model) and that every `Dense` module's activation is
-    torch's `Identity` (what `export` writes; any other is an import path the flag would load)."""
+    """`SentenceTransformer(folder, **kwargs)` for a folder written by `export`.
+
+    `trust_remote_code` is set only when needed, and only after checking that `modules.json` names no
+    classes but sentence-transformers' and this module's, that no JSON file has an `auto_map` key at any
+    depth, and that every `Dense` activation is `Identity`: the flag would load any other code.
+    """
     entries = _module_entries(folder)
     foreign = [entry["type"] for entry in entries
                if not entry["type"].startswith("sentence_transformers.")
@@ -334,20 +294,6 @@ def _model_config(source: str, model_id: str):
     except (OSError, ValueError) as error:
         raise FileNotFoundError(f"could not read the configuration of model {model_id!r} (flowcore never downloads "
                                 f"models; pass a local folder or a name in the Hugging Face cache): {error}") from None
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """No weight-loading or shard-writing progress bars (noise around a one-line CLI result)."""
-    from transformers.utils import logging as transformers_logging
-
-    bar_was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bar_was_enabled:
-            transformers_logging.enable_progress_bar()
 
 
 def _module_entries(folder) -> list[dict]:

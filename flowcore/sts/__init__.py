@@ -1,9 +1,5 @@
 """STS evaluation, the BERT-flow experiment: benchmark data, metrics, the embedding cache, the
-calibrations compared, the evaluation protocol and its report.
-
-Modules: `data` (loaders, fit corpora), `pairs` (your own labelled pairs), `metrics`, `cache`,
-`baselines` (the calibrations), `protocol` (`evaluate`), `report` (table and JSON). None of them
-imports torch on import.
+calibrations compared, the evaluation protocol and its report. Nothing here imports torch on import.
 """
 from flowcore.sts.baselines import (
     CALIBRATIONS,

@@ -1,7 +1,4 @@
-"""The calibrations `flowcore sts` and `flowcore analyze` compare: every registered method
-(`flowcore.calibration.NAMES`), built by name with its hyper-parameters (`CalibrationSettings`),
-the part of them recorded with each result, and a calibrator fitted elsewhere (`PreFitted`, read
-from any calibrator file)."""
+"""The calibrations `flowcore sts` and `flowcore analyze` compare, built by name with their settings."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -13,9 +10,7 @@ __all__ = ["CALIBRATIONS", "FLOW_INPUTS", "CalibrationSettings", "FlowBaseline",
            "prefitted", "settings_record"]
 
 CALIBRATIONS = NAMES
-"""`none` (the raw vectors), `whitening` (tempered with `whitening_power`, truncated with
-`whitening_dim`), `flow`, `center` (mean-centring), `abtt` (all-but-the-top), `zca` and `auto`
-(whitening or none, chosen by the fit corpus's hubness, seeded by `seed`)."""
+"""Every registered calibration method, `none` (the raw vectors) included."""
 FLOW_INPUTS = ("standardize", "prewhiten", "raw")
 """What `flowcore sts --flow-input` fits the flow on, instead of its recipe's own input."""
 _RECORDED = {"whitening": {"whitening_dim": "dim", "whitening_power": "power"}, "abtt": {"abtt_k": "k"},
@@ -24,12 +19,8 @@ _RECORDED = {"whitening": {"whitening_dim": "dim", "whitening_power": "power"}, 
 
 
 class FlowBaseline:
-    """The flow as `flowcore sts` fits it: a `FlowCalibrator` fitted with its progress bar on or
-    off, on `input`: None (the default: what the flow's fit recipe says,
-    `flowcore.calibration.recipes`), `standardize` (coordinates standardised over the fit corpus,
-    constant ones bypassing the flow), `raw` (the vectors unchanged, as the paper's code) or
-    `prewhiten` (whitening fitted first, then a flow on the raw whitened vectors; unlike the
-    recipe input `whiten`, which starts the flow itself at whitening)."""
+    """The flow as `flowcore sts` fits it, on `input`: None (its recipe's), `standardize`, `raw` (as the
+    paper's code) or `prewhiten` (whitening first, then a flow on the whitened vectors)."""
 
     def __init__(self, flow, input: str | None = None, show_progress_bar: bool | None = None):
         if input is not None and input not in FLOW_INPUTS:
@@ -88,8 +79,7 @@ class CalibrationSettings:
 
 
 def build_calibrator(name: str, settings: CalibrationSettings, show_progress_bar: bool | None = None):
-    """A fresh, unfitted calibrator of method `name` (`flowcore.calibration.create`) with its
-    `settings`; the flow comes as a `FlowBaseline`."""
+    """A fresh calibrator of method `name` with its `settings`; the flow comes as a `FlowBaseline`."""
     if name == "flow":
         # "prewhiten": the whitened vectors go to the flow as they are
         standardize = None if settings.flow_input is None else settings.flow_input == "standardize"
@@ -121,8 +111,7 @@ def settings_record(name: str, settings: CalibrationSettings) -> dict:
 
 @dataclass(frozen=True)
 class PreFitted:
-    """A calibrator fitted elsewhere (`transform(X)` only), where it came from (`source`, recorded
-    as the fit corpus) and its settings for the result records."""
+    """A calibrator fitted elsewhere, its `source` (recorded as the fit corpus) and its settings."""
 
     calibrator: object
     source: str
@@ -130,8 +119,7 @@ class PreFitted:
 
 
 def prefitted(path, device=None) -> PreFitted:
-    """The calibrator of any calibrator file (`flowcore fit`, a calibrator's `save`), with the
-    settings it was fitted with, as result records name them."""
+    """The calibrator of any calibrator file, with its settings as result records name them."""
     calibrator = load(path, device=device)
     record = {"flow_file": str(path)}
     if calibrator.name != "flow":

@@ -33,13 +33,10 @@ def default_cache_dir() -> Path:
 
 class EmbeddingCache:
     """Sentence vectors stored per (model, pooling, sentence), so nothing is encoded twice.
-    The pooling key carries the encoder's `max_length` when it has one (truncation changes vectors)
-    and its `quantize` mode when set (int8 vectors never mix with float32 ones; float32 keys are
-    those of earlier versions, so their caches stay valid).
 
-    On disk (when `directory` is given): `<directory>/<sha of model+pooling>/<sha of sentences>.npy`
-    holds a float32 matrix and the `.json` beside it the model, pooling and the exact sentences of
-    its rows. Shards are written atomically and never modified, so concurrent runs are safe.
+    The key also carries the encoder's `max_length` and `quantize` mode, which change the vectors. On
+    disk, shards (`.npy` + the `.json` of its sentences) are written atomically and never modified, so
+    concurrent runs are safe.
     """
 
     def __init__(self, directory: str | os.PathLike | None):
@@ -87,14 +84,13 @@ class EmbeddingCache:
         """Vectors of `sentences` (rows aligned, repeats allowed), encoding only unseen ones.
 
         Args:
-            encoder: anything with `encode(sentences, batch_size=, show_progress_bar=)`, `model_id`,
-                `pooling`, `dim` and optionally `max_length` and `quantize` (e.g. `flowcore.text.encoder.Encoder`).
+            encoder: a `flowcore.Encoder`, or anything with its `encode`, `model_id`, `pooling` and `dim`.
             sentences: the sentences to embed, in order; repeats are encoded once.
             batch_size: the encoding batch size for the sentences not cached yet.
-            progress: log what is encoded (INFO) and let the encoder show its progress bar.
+            show_progress_bar: log what is encoded (INFO) and let the encoder show its progress bar.
 
         Returns:
-            A float32 array of shape (len(sentences), encoder.dim), row i the vector of sentences[i].
+            float32 (len(sentences), encoder.dim), row i the vector of sentences[i].
         """
         model, pooling = _model_key(str(encoder.model_id)), str(encoder.pooling)
         if getattr(encoder, "max_length", None) is not None:

@@ -1,11 +1,7 @@
 """Loaders for the seven STS benchmarks in their original distribution layout.
 
-STS12–16 use the SemEval/SentEval layout (`STS1X-en-test/STS.input.<subset>.txt` with gold in
-`STS.gs.<subset>.txt`), STS-B the tab-separated `sts-{train,dev,test}.csv` (read without quote
-handling: a `"` is text), SICK-R the `SICK_{train,trial,test_annotated}.txt` files. Every file is
-UTF-8, read by `flowcore._lines.read_lines`; a missing or malformed file raises an error naming
-the file and the line. Also the unlabeled fit corpora of the calibrations (`fit_corpus_sentences`).
-Your own labelled pairs (.tsv/.csv/.jsonl, SentEval files) are read by `flowcore.sts.pairs`.
+A missing or malformed file raises an error naming the file and the line. Also the unlabeled fit
+corpora of the calibrations (`fit_corpus_sentences`).
 """
 from __future__ import annotations
 
@@ -45,9 +41,8 @@ class STSDataError(ValueError):
 
 @dataclass(frozen=True)
 class STSPairs:
-    """Scored sentence pairs of one dataset split; `subsets[i]` names the subset of pair i.
-    Pairs read from your own file (`flowcore.sts.pairs`) also have its `source` path and the
-    number of bad lines skipped (`skipped_lines`)."""
+    """Scored sentence pairs of one dataset split; `subsets[i]` names the subset of pair i; pairs of
+    your own file also have its `source` and `skipped_lines`."""
 
     dataset: str
     split: str
@@ -132,9 +127,8 @@ def read_sentence_file(path: str | os.PathLike) -> list[str]:
 def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, list[str]]:
     """The unlabeled sentences a calibration is fitted on, and a label saying what they are.
 
-    `target`: every sentence of every split of the dataset (the paper's setting); `train`: the
-    train split (datasets without one fall back to target, and the label says so while keeping
-    the table row "train"); anything else is a file with one sentence per line.
+    `target`: every sentence of the dataset (the paper's); `train`: the train split (else target, as the
+    label says); anything else: a file of one sentence per line.
     """
     if fit_corpus == "target":
         sentences = [s for split in splits(dataset) for s in load_split(data_dir, dataset, split).sentences()]
@@ -152,14 +146,8 @@ def _check_name(dataset: str) -> None:
         raise STSDataError(f"unknown dataset {dataset!r}: choose from {', '.join(DATASETS)}")
 
 
-def _read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 file (the `flowcore._lines` policy), errors as `STSDataError` naming file and line."""
-    return read_lines(path, error=STSDataError)
-
-
 class BadRecord(ValueError):
-    """One bad line's problem, without its file and line (`path`: the file it is in, when that is
-    not the file being read); the loaders add the location. Shared with `flowcore.sts.pairs`."""
+    """One bad line's problem; the loaders add the location (`path`: its file, if not the one read)."""
 
     def __init__(self, message: str, path: Path | None = None):
         super().__init__(message)
@@ -167,8 +155,7 @@ class BadRecord(ValueError):
 
 
 def checked_score(value, label: str = "score", column: str = "") -> float:
-    """`value` (text or a number) as a finite float, else `BadRecord`: e.g. "gold score 'x' is not
-    a number", or with `column=" in column 2"` "score 'x' in column 2 is not finite"."""
+    """`value` (text or a number) as a finite float, else `BadRecord` naming `label` and `column`."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise BadRecord(f"{label}{column} is {json.dumps(value)}, not a number")
     try:
@@ -189,16 +176,10 @@ def checked_sentence(value, column: str) -> str:
     return value
 
 
-def _score(text: str, path: Path, line_number: int) -> float:
+def _at(path: Path, line_number: int, check: Callable, *args):
+    """`check(*args)`, its `BadRecord` raised as an `STSDataError` naming the file and line."""
     try:
-        return checked_score(text, "gold score")
-    except BadRecord as bad:
-        raise STSDataError(f"{path}:{line_number}: {bad}") from None
-
-
-def _sentence(text: str, path: Path, line_number: int, column: int) -> str:
-    try:
-        return checked_sentence(text, f"column {column}")
+        return check(*args)
     except BadRecord as bad:
         raise STSDataError(f"{path}:{line_number}: {bad}") from None
 
@@ -212,10 +193,8 @@ def semeval_pairs(input_path: Path, gold_path: Path,
     """The scored pairs of one SemEval/SentEval subset: input lines `s1<TAB>s2[<TAB>extra...]`,
     aligned with gold lines holding a score or nothing (an unscored pair, skipped).
 
-    A missing file or files that do not align raise `STSDataError`; a bad line (invalid UTF-8, fewer
-    than two sentences, an empty sentence, a score that is not a finite number) is passed to
-    `on_bad(path, line_number, message)`, by default raising `STSDataError("path:line: message")`,
-    and skipped when `on_bad` returns."""
+    Missing or misaligned files raise `STSDataError`; a bad line goes to `on_bad(path, line_number,
+    message)` (default: raise `STSDataError`) and is skipped when it returns."""
     for needed in (input_path, gold_path):
         if not needed.is_file():
             raise STSDataError(f"missing file: {needed}")
@@ -258,23 +237,23 @@ def _load_semeval(folder: Path, dataset: str) -> STSPairs:
 def _load_stsb(path: Path, split: str) -> STSPairs:
     """STS-B: `genre, file, year, id, score, s1, s2[, extra...]`, tab-separated, no quoting."""
     sentences1, sentences2, scores, subsets = [], [], [], []
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, line in enumerate(read_lines(path, error=STSDataError), start=1):
         columns = line.split("\t")
         if len(columns) < 7:
             raise STSDataError(
                 f"{path}:{number}: expected at least 7 tab-separated columns "
                 f"(genre, file, year, id, score, sentence1, sentence2), found {len(columns)}"
             )
-        scores.append(_score(columns[4], path, number))
-        sentences1.append(_sentence(columns[5], path, number, 6))
-        sentences2.append(_sentence(columns[6], path, number, 7))
+        scores.append(_at(path, number, checked_score, columns[4], "gold score"))
+        sentences1.append(_at(path, number, checked_sentence, columns[5], "column 6"))
+        sentences2.append(_at(path, number, checked_sentence, columns[6], "column 7"))
         subsets.append(columns[0])
     return STSPairs("STS-B", split, sentences1, sentences2, np.asarray(scores), subsets)
 
 
 def _load_sick(path: Path, split: str) -> STSPairs:
     """SICK: a header line, then `pair_ID, sentence_A, sentence_B, relatedness_score, ...`."""
-    lines = _read_lines(path)
+    lines = read_lines(path, error=STSDataError)
     if not lines or not lines[0].startswith("pair_ID\tsentence_A\tsentence_B\trelatedness_score"):
         raise STSDataError(f"{path}:1: expected the SICK header "
                            "'pair_ID<TAB>sentence_A<TAB>sentence_B<TAB>relatedness_score...'")
@@ -283,7 +262,7 @@ def _load_sick(path: Path, split: str) -> STSPairs:
         columns = line.split("\t")
         if len(columns) < 4:
             raise STSDataError(f"{path}:{number}: expected at least 4 tab-separated columns, found {len(columns)}")
-        sentences1.append(_sentence(columns[1], path, number, 2))
-        sentences2.append(_sentence(columns[2], path, number, 3))
-        scores.append(_score(columns[3], path, number))
+        sentences1.append(_at(path, number, checked_sentence, columns[1], "column 2"))
+        sentences2.append(_at(path, number, checked_sentence, columns[2], "column 3"))
+        scores.append(_at(path, number, checked_score, columns[3], "gold score"))
     return STSPairs("SICK-R", split, sentences1, sentences2, np.asarray(scores), [split] * len(scores))

@@ -1,9 +1,5 @@
-"""The STS evaluation protocol of the BERT-flow experiment: frozen encoder → calibration
-(none | whitening | auto | flow | ..., fitted without labels) → cosine similarity →
-Spearman/Pearson ×100, one result record per dataset × calibration.
-
-Everything heavy is injectable (the encoder, the calibrator factories), so the protocol can be
-tested with stand-ins; sentence vectors go through an `EmbeddingCache`.
+"""The STS evaluation protocol of the BERT-flow experiment: frozen encoder → calibration fitted
+without labels → cosine similarity → Spearman/Pearson ×100, a record per dataset × calibration.
 """
 from __future__ import annotations
 
@@ -57,39 +53,22 @@ def evaluate(
         datasets: names from `DATASETS`, evaluated in this order.
         calibrations: names from `CALIBRATIONS`, applied to each dataset in this order.
         data_dir: the STS data folder; $FLOWCORE_DATA when None.
-        fit_corpus: what whitening/flow are fitted on, without labels: "target" (every sentence
-            of every split of the evaluated dataset), "train" (its train split where it has one),
-            or a file with one sentence per line (fitted once, reused for every dataset).
+        fit_corpus: what calibrations are fitted on: "target", "train" (`fit_corpus_sentences`) or a file.
         sick_split: the SICK-R pairs scored, "test" or "all".
         settings: hyper-parameters of the fitted calibrations, recorded with their results.
         cache: where sentence vectors are kept; a fresh in-memory cache when None.
         batch_size: the encoding batch size.
-        factories: `{calibration name: zero-argument factory}` overriding `build_calibrator`,
-            e.g. for a calibrator of your own or a stand-in.
-        show_progress_bar: the encoder's and the flow's progress bars, and progress lines as INFO
-            messages of the `flowcore.sts` loggers; None: when stderr is a terminal.
-        pairs: labelled pairs of your own (e.g. `flowcore.sts.pairs.load_pairs`), evaluated instead
-            of `datasets` (then `data_dir` is not read); "target" fits on each one's own sentences.
-        fitted: `{calibration name: PreFitted}`, calibrators already fitted (e.g. a flow file,
-            `baselines.prefitted`), applied as they are: nothing is fitted for them.
-        jobs: datasets calibrated at once, each in a forked process of one torch thread (the
-            flow fits of the paper's batch 32 run on one thread anyway, so on a machine with
-            several cores the datasets' fits run side by side with the same results). Used when
-            each dataset fits on its own corpus ("target", "train"), on CPU, where fork exists;
-            1: all in this process. Encoding always runs here first, for every dataset.
+        factories: `{calibration name: zero-argument factory}` overriding `build_calibrator`.
+        show_progress_bar: progress bars and INFO progress lines; None: when stderr is a terminal.
+        pairs: labelled pairs of your own (`flowcore.sts.pairs.load_pairs`), evaluated instead of `datasets`.
+        fitted: `{calibration name: PreFitted}`, calibrators already fitted, applied as they are.
+        jobs: datasets whose flows are fitted at once in forked one-thread processes (same results; CPU).
 
     Returns:
-        One record (a JSON-ready dict) per dataset × calibration: dataset, calibration, pooling,
-        model, split, the correlations of `score_pairs` (Spearman/Pearson ×100, subsets and
-        aggregations for STS12–16), seconds; for fitted calibrations also fit_corpus,
-        fit_sentences, fit_distinct_sentences and their settings, `flow_losses` for the flow (and,
-        with a held-out share, `flow_heldout_bits_per_dim` at each evaluation, `flow_heldout_epochs`
-        where they were taken, `flow_selected_epoch` and `flow_stopped_early`), `auto_choice` and
-        `auto_signals` for auto (`AutoCalibration.choice`, `.signals`), and
-        `warning` when the fit corpus is too small (`small_corpus_warning`, also logged: once per
-        fitted corpus, so once for a file corpus, in every record); for
-        `pairs` also pairs_file and skipped_lines; for `fitted` ones fit_corpus (the source) and
-        their recorded settings.
+        One JSON-ready record per dataset × calibration: dataset, calibration, pooling, model, split,
+        the correlations of `score_pairs`, seconds; for fitted calibrations their fit corpus, settings,
+        flow losses and held-out scores, auto's `auto_choice` and `auto_signals`, and any small-corpus
+        `warning`; for `pairs` also pairs_file and skipped_lines.
     """
     progress = progress_wanted(show_progress_bar)
     calibrations = list(calibrations)
@@ -153,8 +132,7 @@ def evaluate(
 
 @dataclass
 class _Dataset:
-    """One dataset's pairs, their vectors and its fit corpus (label, vectors, distinct sentences,
-    small-corpus warning), ready for its calibrations."""
+    """One dataset's pairs, their vectors and its fit corpus, ready for its calibrations."""
 
     name: str
     given: STSPairs | None
@@ -234,10 +212,8 @@ class _Scorer:
 
 
 def _flow_fits_in_parallel(calibrations, settings: CalibrationSettings, scorer: "_Scorer") -> bool:
-    """Worth and safe to fit the datasets' flows side by side in forked processes of one torch
-    thread: a flow is fitted here (with the built-in calibrator), on CPU, where fork exists (CUDA
-    cannot be used in a forked child, nor OpenMP with more than one thread), and its batches train
-    on one thread anyway (`runtime.training_threads`), so its results are those of one process."""
+    """Worth and safe to fit the flows in forked one-thread processes: the built-in flow, on CPU, where
+    fork exists (a forked child can use neither CUDA nor multi-threaded OpenMP)."""
     if "flow" not in calibrations or "flow" in scorer.fitted or "flow" in scorer.factories:
         return False
     if "fork" not in multiprocessing.get_all_start_methods() or settings.device not in (None, "cpu"):
@@ -248,15 +224,12 @@ def _flow_fits_in_parallel(calibrations, settings: CalibrationSettings, scorer: 
 
 
 _WORK: tuple[_Scorer, list[_Dataset]] | None = None
-"""The scorer and datasets of `_score_in_processes`, inherited by its forked workers (nothing of
-them is pickled: a factory may be a lambda)."""
+"""The scorer and datasets of `_score_in_processes`, inherited by its forked workers (not pickled)."""
 
 
 def _score_in_processes(scorer: _Scorer, prepared: list[_Dataset], workers: int) -> list[dict]:
-    """`scorer` on each dataset in `workers` forked processes of one torch thread each, largest fit
-    corpus first; the records come back in the datasets' order. Each flow fit already runs on one
-    thread at small batches (`runtime.training_threads`), so the results are those of one
-    process."""
+    """`scorer` on each dataset in `workers` forked one-thread processes, largest fit corpus first;
+    the records come back in the datasets' order."""
     global _WORK
     _WORK = (dataclasses.replace(scorer, bars=False), prepared)  # parallel progress bars would interleave
     order = sorted(range(len(prepared)), key=lambda index: -len(prepared[index].corpus_vectors))

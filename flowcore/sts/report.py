@@ -14,8 +14,8 @@ from flowcore import defaults
 from flowcore.sts.data import DATASETS
 from flowcore.sts.metrics import spearman_of
 
-__all__ = ["AGGREGATIONS", "AGGREGATION_NOTES", "PUBLISHED", "Published", "auto_lines", "markdown_table",
-           "published_table", "row_label", "write_json"]
+__all__ = ["AGGREGATIONS", "AGGREGATION_NOTES", "PUBLISHED", "Published", "auto_lines", "json_ready",
+           "markdown_table", "number_cell", "published_table", "row_label", "write_json"]
 
 AGGREGATIONS = ("all", "wmean", "mean")
 
@@ -115,26 +115,29 @@ def markdown_table(records: list[dict], aggregation: str = "all") -> str:
         cells = [values.get(d) for d in columns]
         numbers = [v for v in cells if v is not None and not math.isnan(v)]
         average = sum(numbers) / len(numbers) if len(numbers) == len(columns) else None
-        lines.append(f"| {label} | " + " | ".join(_cell(v) for v in cells + [average]) + " |")
+        lines.append(f"| {label} | " + " | ".join(number_cell(v) for v in cells + [average]) + " |")
     return "\n".join(lines)
 
 
-def _cell(value: float | None) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{value:.2f}"
+def number_cell(value) -> str:
+    """A table cell: `value` to two decimals, "n/a" for None or NaN."""
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+
+
+def json_ready(value):
+    """NaN/Inf as null (valid JSON), tuples as lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def write_json(records: list[dict], path, **header) -> None:
     """`{"results": [...], ...header}` with NaN written as null (valid JSON)."""
-    def clean(value):
-        if isinstance(value, float) and math.isnan(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [clean(v) for v in value]
-        return value
-
-    document = {**header, "results": clean(records)}
+    document = {**header, "results": json_ready(records)}
     # A plain write, not an atomic replace: --json may name a pipe or /dev/stdout.
     Path(path).write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -158,7 +161,7 @@ def published_table(records: list[dict], aggregation: str) -> str | None:
         label = f"{published.source}: {published.row}"
         if "SICK-R" in columns and published.sick_split not in sick:
             label += f" (SICK-R: {'all 9927' if published.sick_split == 'all' else '4927 test'} pairs)"
-        lines.append(f"| {label} | " + " | ".join(_cell(v) for v in cells + [sum(cells) / len(cells)]) + " |")
+        lines.append(f"| {label} | " + " | ".join(number_cell(v) for v in cells + [sum(cells) / len(cells)]) + " |")
     if not lines:
         return None
     return "\n".join(["| published, same protocol | " + " | ".join(columns) + " | Avg. |",

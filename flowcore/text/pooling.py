@@ -1,9 +1,7 @@
 """Sentence poolings: which hidden states of a frozen encoder make a sentence vector, and how.
 
-Indices follow Hugging Face's `hidden_states`: 0 is the embedding-layer output, i the output of
-the i-th transformer layer, and negative indices count from the last layer. Every pooling but
-`cls` is an attention-mask-aware token mean (special tokens included, padding excluded); a
-pooling over several layers averages them first.
+Indices follow Hugging Face's `hidden_states` (0: embeddings, negative: from the last layer). Every
+pooling but `cls` is a token mean over the attention mask, averaging its layers first.
 """
 from __future__ import annotations
 

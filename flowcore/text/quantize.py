@@ -1,16 +1,9 @@
-"""The opt-in fast CPU mode of `Encoder` (`quantize="int8"`): the frozen encoder exported to ONNX
-with int8 dynamic quantisation of its MatMuls, run by ONNX Runtime.
+"""The opt-in fast CPU mode of `Encoder` (`quantize="int8"`): the encoder exported to ONNX, its
+MatMuls dynamically quantised to int8 (per channel), run by ONNX Runtime.
 
-Why ONNX Runtime and not torch's `quantize_dynamic`: torch's int8 (fbgemm) quantises activations
-to 7 bits on AVX2 and weights per tensor, which costs far more accuracy; quantising every MatMul
-costs more than keeping the feed-forward up-projections in float32, so those stay float32
-(docs/lab-notes.md has the measurements; `pytest bench/test_bench_encoder.py` remeasures).
-
-Settings follow the CPU (`weight_type`): without VNNI (AVX2, plain AVX-512), weights are uint8,
-which ONNX Runtime multiplies with uint8 activations in 16-bit lanes that cannot saturate; with
-VNNI they are int8 (the u8 x s8 dot product VNNI does natively). Weights are per channel,
-symmetric, full 8-bit range. One graph per model returns every hidden state, so all poolings
-share it (built once: the export takes seconds); it always runs every layer.
+ONNX Runtime, not torch's `quantize_dynamic`, whose AVX2 int8 (7-bit activations, per-tensor weights)
+costs far more accuracy; the feed-forward up-projections stay float32 for the same reason. One graph
+per model returns every hidden state, so all poolings share it.
 """
 from __future__ import annotations
 
@@ -103,8 +96,7 @@ _most_recent: list[QuantizedModel] = []
 
 
 def load_quantized(source: str, input_names: tuple[str, ...], num_layers: int, mode: str = "int8") -> QuantizedModel:
-    """The quantised graph of the model in `source`, built once per process (export and
-    quantisation take seconds) and shared while any Encoder uses it."""
+    """The quantised graph of the model in `source`, built once and shared while any Encoder uses it."""
     key = (source, input_names, mode)
     model = _quantized.get(key)
     if model is None:
@@ -159,9 +151,8 @@ def _build(source: str, input_names: tuple[str, ...], num_layers: int) -> Quanti
 
 
 def _widening_matmuls(graph_model) -> list[str]:
-    """The MatMuls whose weight widens the hidden size (the feed-forward up-projections), kept in
-    float32: quantising their input (a LayerNorm output, one scale for the whole batch) cost the
-    most accuracy in the measurement above."""
+    """The MatMuls whose weight widens the hidden size (the feed-forward up-projections), kept in float32:
+    their input, a LayerNorm output under one scale for the batch, loses the most accuracy."""
     shapes = {tensor.name: tuple(tensor.dims) for tensor in graph_model.graph.initializer}
     return [node.name for node in graph_model.graph.node if node.op_type == "MatMul" and len(
         shapes.get(node.input[1], ())) == 2 and shapes[node.input[1]][0] < shapes[node.input[1]][1]]

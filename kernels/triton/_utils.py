@@ -1,16 +1,8 @@
-"""Helpers shared by the Triton kernel files, in one place (Liger-Kernel's `ops/utils.py`):
+"""Helpers shared by the Triton kernel files: op registration, device checks, GEMM routing, grid
+sizing, every launcher's tile table, and the `@triton.jit` helpers used by more than one kernel.
 
-- host side: `registered_op` (a launcher registered with `torch.library.triton_op` and called
-  directly in eager mode), the device guard and launchability check, the GEMM routing policy
-  and grid sizing;
-- the tile tables of every launcher (block sizes and launch options per dtype), interpreter
-  tables included;
-- `@triton.jit` helpers used by more than one kernel: `load_shift_logit` (the coupling's
-  interleaved conditioner output), `affine_couple` (the coupling's forward math), a numerically
-  stable `log_sigmoid` and the shared GEMM tile.
-
-The Triton decorators pick the interpreter or the GPU compiler when a kernel module is
-imported, so `INTERPRETED` is read once, here, at that same moment.
+The Triton decorators pick the interpreter or the GPU compiler when a kernel module is imported, so
+`INTERPRETED` is read once, here, at that same moment.
 """
 from __future__ import annotations
 
@@ -28,19 +20,14 @@ from ..dispatch import BackendUnavailableError
 
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 INTERPRETER_DOT_UPCAST = tl.constexpr(INTERPRETED)
-"""The interpreter's bfloat16 `tl.dot` returns garbage, so there 16-bit dot operands are widened
-to float32 (`dot_operand`): the same products and float32 accumulation as a 16-bit MMA, so the
-CPU tests cover the 16-bit GEMM code."""
+"""The interpreter's bfloat16 `tl.dot` returns garbage, so there 16-bit dot operands are widened to
+float32 (`dot_operand`): the same products and accumulation as a 16-bit MMA."""
 
 
 def registered_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
-    """Register a host launcher as the custom op `name` (`torch.library.triton_op`, so that
-    torch.compile and torch.export trace into its kernels) and return a function that calls the
-    launcher directly in plain eager mode, skipping the custom-op layers' host cost (autograd and
-    backend redispatch, a Dynamo-disable wrapper). Under compilation, a dispatch mode or tensor
-    subclasses the registered op runs. Inside the launcher `wrap_triton(kernel)` is the plain
-    kernel in eager mode and the traceable wrapper under the op. Every call launches on its first
-    tensor's device (`device_guard`)."""
+    """Register a host launcher as the custom op `name` (`torch.library.triton_op`, traceable by
+    torch.compile and torch.export) and return a function that calls the launcher directly in plain
+    eager mode, skipping the custom-op layers' host cost; otherwise the registered op runs."""
     def decorate(launcher: Callable) -> Callable:
         @functools.wraps(launcher)
         def guarded(*args):
@@ -88,11 +75,8 @@ def allow_tf32(tensor: torch.Tensor) -> bool:
 
 
 def triton_gemm(tensor: torch.Tensor) -> bool:
-    """Whether a GEMM over `tensor` runs as a Triton kernel (else on cuBLAS through torch):
-    only where its `tl.dot` uses tensor cores (16-bit operands, or float32 with TF32 allowed).
-    A float32 GEMM under torch's default "highest" precision compiles to an FMA loop at a
-    fraction of cuBLAS's speed, and float64 has no tensor-core path; both go to cuBLAS. The
-    interpreter runs every dtype, so the CPU tests cover the kernels."""
+    """Whether a GEMM over `tensor` runs as a Triton kernel: only where `tl.dot` uses tensor cores
+    (16-bit, or float32 with TF32 allowed); strict float32 and float64 go to cuBLAS."""
     return INTERPRETED or tensor.dtype in (torch.float16, torch.bfloat16) or allow_tf32(tensor)
 
 
@@ -103,9 +87,7 @@ def _sm_count(index: int | None) -> int:
 
 
 def parallel_programs(device: torch.device) -> int:
-    """How many programs keep the device busy: 8 per SM, so that a grid of kernels with 2-5
-    resident programs per SM ends in a short tail wave rather than a full second one; a
-    handful in the interpreter."""
+    """How many programs keep the device busy: 8 per SM (a short tail wave); a handful in the interpreter."""
     if INTERPRETED:
         return 4
     return 8 * _sm_count(device.index)
@@ -130,8 +112,7 @@ def actnorm_tiles(D: int) -> tuple[int, int]:
 
 
 def actnorm_bwd_tiles(D: int) -> tuple[int, int]:
-    """(BLOCK_B, BLOCK_D) of the ActNorm backward, whose two (BLOCK_B, BLOCK_D) partial-sum
-    accumulators live across its row loop: 128 columns (256 spill registers in float32)."""
+    """(BLOCK_B, BLOCK_D) of the ActNorm backward, narrower: its two partial-sum tiles live across its row loop."""
     if INTERPRETED:
         return actnorm_tiles(D)
     return 16, min(triton.next_power_of_2(D), 128)
@@ -145,25 +126,21 @@ def coupling_tiles(D2: int) -> tuple[int, int]:
 
 
 def interpreter_gemm_tiles(B: int, D: int) -> tuple[int, int, int, dict]:
-    """Few, large tiles (the interpreter pays per program), shrunk to small inputs because its
-    dot products cost per padded element."""
+    """Few, large tiles (the interpreter pays per program), shrunk to small inputs (it pays per padded element)."""
     block_b = min(max(triton.next_power_of_2(B), 16), 128)
     block_d = min(max(triton.next_power_of_2(D), 16), 128)
     return block_b, block_d, block_d, {}
 
 
 def gemm_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
-    """Tiles of the folded-linear forward GEMM: a 128 x 128 output tile over 32-wide K chunks
-    (64-wide chunks spill registers in 16-bit at unaligned shapes)."""
+    """Tiles of the folded-linear forward GEMM."""
     if INTERPRETED:
         return interpreter_gemm_tiles(B, D)
     return 128, 128, 32, {"num_warps": 8, "num_stages": 3}
 
 
 def dx_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
-    """Tiles of the folded-linear dx GEMM, whose BLOCK_N is the reduction chunk and BLOCK_K the
-    output width: a 128 x 128 output tile over a short reduction chunk keeps 3 stages of operands
-    within Hopper's shared memory (the forward's tiles would not fit in fp32/TF32)."""
+    """Tiles of the folded-linear dx GEMM (BLOCK_N is the reduction chunk, kept short to fit shared memory)."""
     if INTERPRETED:
         return interpreter_gemm_tiles(B, D)
     if dtype == torch.float32:
@@ -190,9 +167,7 @@ def fused_step_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int,
 
 @triton.jit
 def row_block(block, BLOCK_B: tl.constexpr):
-    """Rows block * BLOCK_B + [0, BLOCK_B) as int64, so that row x stride offsets stay right past
-    2**31 elements (2.8 M rows at d = 768); 32-bit offsets would wrap. (Row numbers themselves
-    stay below 2**31.)"""
+    """Rows block * BLOCK_B + [0, BLOCK_B) as int64, so that row x stride offsets past 2**31 do not wrap."""
     return block * BLOCK_B + tl.arange(0, BLOCK_B).to(tl.int64)
 
 
@@ -218,8 +193,7 @@ def log_sigmoid(x):
 
 @triton.jit
 def affine_couple(inp, shift, logit, INVERSE: tl.constexpr):
-    """The affine coupling of one tile (`flowcore.kernels.coupling` has the math): z = (x + shift)
-    * sigmoid(logit), or with INVERSE x = z / sigmoid(logit) - shift; returns (out, log sigmoid(logit))."""
+    """The affine coupling of one tile, forward or INVERSE; returns (out, log sigmoid(logit))."""
     reciprocal_scale = 1.0 + tl.exp(-logit)
     if INVERSE:
         out = inp * reciprocal_scale - shift
@@ -230,8 +204,7 @@ def affine_couple(inp, shift, logit, INVERSE: tl.constexpr):
 
 @triton.jit
 def dot_operand(t, dtype: tl.constexpr):
-    """`t` rounded to `dtype`, a GEMM's operand type (then widened to float32 in the interpreter
-    for 16-bit types: `INTERPRETER_DOT_UPCAST`)."""
+    """`t` rounded to `dtype`, a GEMM's operand type (widened again in the interpreter: `INTERPRETER_DOT_UPCAST`)."""
     t = t.to(dtype)
     if INTERPRETER_DOT_UPCAST:
         if dtype.is_fp16() or dtype.is_bf16():
@@ -244,9 +217,8 @@ def linear_tile(
     x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias,
     compute: tl.constexpr, TF32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """x[rows] @ W[ns].T + bias[ns] as a (BLOCK_B, BLOCK_N) tile in `compute` precision (rows
-    past B and columns past N hold junk that the caller masks): the GEMM of `folded_linear` and
-    of the fused step."""
+    """x[rows] @ W[ns].T + bias[ns] as a (BLOCK_B, BLOCK_N) tile in `compute` precision; the caller masks
+    rows past B and columns past N."""
     operand: tl.constexpr = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
     for k0 in range(0, K, BLOCK_K):

@@ -1,9 +1,7 @@
 """The Triton ActNorm kernels (the math: `flowcore.kernels.actnorm`): launchers and the autograd
 Function, forward and inverse.
 
-One elementwise kernel for both directions; the backward kernel writes dx and per-program partial
-sums of the batch reductions for dloc and dlogs (float32, float64 for float64), which are then
-summed in a fixed order (deterministic, no atomics).
+The backward's batch reductions are per-program partial sums, summed in a fixed order (deterministic).
 """
 from __future__ import annotations
 

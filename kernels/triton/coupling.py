@@ -1,12 +1,8 @@
 """The Triton coupling kernels (the math: `flowcore.kernels.coupling`): launchers and autograd
-Functions of the affine and additive coupling, and the in-place forward and from-output
-backward the fused step uses.
+Functions, and the in-place forward and from-output backward the fused step uses.
 
-x2/z2 and h: 2-D, any strides; outputs contiguous in the input's dtype; float64 computes in
-float64, everything else in float32. One pass per row block reads h once, splits it into shift
-and logit, writes z2 and the row's log-det (summed in registers across the row, so
-deterministic); the backward recomputes the scale from h and writes d(input) and the
-interleaved dh in one elementwise pass.
+Row log-dets are summed in registers across the row (deterministic); the backward recomputes the
+scale from h and writes d(input) and the interleaved dh in one elementwise pass.
 """
 from __future__ import annotations
 

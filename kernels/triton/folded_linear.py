@@ -1,14 +1,8 @@
 """The Triton GEMMs of the folded linear map z = x @ weight.T + bias (the math:
 `flowcore.kernels.folded_linear`): kernels, launchers and the autograd Function.
 
-x: (B, K) any strides; weight (N, K) and bias (N,), any strides; z contiguous in x's dtype;
-float64 computes in float64, everything else accumulates in float32; float32 GEMMs use TF32 only
-when `torch.get_float32_matmul_precision()` allows it (`_utils.triton_gemm` sends the GEMMs that
-would not use tensor cores to cuBLAS).
-- forward: one GEMM whose epilogue adds the bias;
-- backward: a dx GEMM (dz @ W) and a split-over-batch dW GEMM (dz.T @ x, with db = dz.sum(0))
-  writing one float32 partial per split; partials are summed in a fixed order afterwards
-  (deterministic, no atomics). Neither runs when its gradients are not needed.
+The backward's dW GEMM is split over the batch, one partial per split, summed in a fixed order
+(deterministic, no atomics).
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
-"""The default step on the Triton kernels, with its ActNorm folded into the 1x1 weight
-(`flowcore.kernels.step` has the math and chooses this path): y = x @ weight.T + bias, then the
-affine coupling of y's halves. `affine_step(x, weight, bias, split, conditioner)` returns (z,
-coupling logdet); x: (B, d), any strides; z is contiguous, in x's dtype; row log-dets are
-float32 (float64 for float64).
+"""The default step on the Triton kernels, ActNorm folded into the 1x1 weight (the math and the
+path choice: `flowcore.kernels.step`): y = x @ weight.T + bias, then the affine coupling of y's halves.
 
-- Forward (inference and training alike): the first GEMM writes y1 straight into z, and the
-  second GEMM computes y2 tile by tile and applies the coupling in its epilogue, so y2 never
-  touches memory and no concatenation pass is needed. Row log-dets are summed from one partial
-  per column block (fixed order, deterministic). Where a Triton GEMM would not use tensor cores
-  (float32 under torch's "highest" precision, float64: `_utils.triton_gemm`), cuBLAS computes y
-  into z and one elementwise kernel applies the coupling in place.
-- Training (`_TritonAffineStep`): the forward above keeps z and h; the backward is one
-  elementwise kernel that writes dy2 = dz2 * scale into dy's second half and the interleaved dh
-  from z2 (no y2 is kept), the conditioner's own backward, one add writing dy1 = dz1 + the
-  conditioner's input gradient into dy's first half, and the two weight GEMMs on cuBLAS.
+The second GEMM applies the coupling in its epilogue, so y2 never touches memory; where a Triton
+GEMM would not use tensor cores, cuBLAS computes y and one elementwise kernel couples it in place.
+The backward works from z (no y2 is kept): one elementwise kernel, the conditioner's own backward
+and the two weight GEMMs on cuBLAS.
 """
 from __future__ import annotations
 
@@ -110,12 +101,10 @@ def _second_half(x, weight, bias, split: int, h, z) -> torch.Tensor:
 
 
 class _TritonAffineStep(torch.autograd.Function):
-    """The Triton training step with a hand-written backward (see the module docstring).
+    """The Triton training step with a hand-written backward.
 
-    The conditioner's graph is built in the forward from z's first half and kept on ctx. That
-    view is taken through `z.data`, whose version counter is its own: the writes into z's second
-    half that follow (in place, under a dispatch mode seen as mutations of z) leave the saved
-    first half valid, as it is."""
+    The conditioner's graph is built from `z.data`'s first half, whose version counter is its own, so
+    the in-place writes into z's second half that follow leave it valid."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, split: int, conditioner: nn.Module, *params):
