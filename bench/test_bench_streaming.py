@@ -26,7 +26,7 @@ import torch
 from support import busy_core
 
 from flowcore import Encoder, FlowCalibrator
-from flowcore.batch.core import default_threads
+from flowcore.runtime import job_threads
 from flowcore.batch.job import CalibrationJob
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
@@ -64,12 +64,12 @@ def test_in_memory_transform(benchmark, record, embeddings_job):
 def test_in_memory_transform_job_threads(benchmark, record, embeddings_job):
     dim, _, data, calibrator = embeddings_job
     before = torch.get_num_threads()
-    torch.set_num_threads(default_threads(text=False))
+    torch.set_num_threads(job_threads(text=False))
     try:
         benchmark.pedantic(calibrator.transform, args=(data,), rounds=3, warmup_rounds=1)
     finally:
         torch.set_num_threads(before)
-    record(f"calibrate-npy-d{dim}", f"in-memory transform, {default_threads(text=False)} thread(s)")
+    record(f"calibrate-npy-d{dim}", f"in-memory transform, {job_threads(text=False)} thread(s)")
 
 
 @pytest.mark.benchmark(group="calibrate-npy")
@@ -78,7 +78,7 @@ def test_streaming_npy_to_npy(benchmark, record, embeddings_job):
 
     def run():
         return CalibrationJob(EmbeddingFile(folder / "in.npy"), folder / "out.npy", calibrator.transform, dim,
-                              threads=default_threads(text=False), show_progress_bar=False).run()
+                              threads=job_threads(text=False), show_progress_bar=False).run()
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     median = record(f"calibrate-npy-d{dim}", "streaming npy->npy")
@@ -124,7 +124,7 @@ def test_streaming_text_to_npy(benchmark, record, text_job):
 
     def run():  # the job's default for text: 1 thread (bit-reproducible resume)
         return CalibrationJob(TextCorpus(folder / "corpus.txt"), folder / "out.npy", calibrator.transform,
-                              calibrator.dim, encode=encode, threads=default_threads(text=True),
+                              calibrator.dim, encode=encode, threads=job_threads(text=True),
                                                                                      show_progress_bar=False).run()
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
@@ -157,7 +157,7 @@ def test_streaming_npy_to_npy_with_one_busy_core(record, goal, embeddings_job):
     if f"npy-d{dim}" not in IDLE:
         pytest.skip("needs the idle run (test_streaming_npy_to_npy) first")
     seconds = _loaded_seconds(lambda: CalibrationJob(EmbeddingFile(folder / "in.npy"), folder / "out.npy",
-                                                     calibrator.transform, dim, threads=default_threads(text=False),
+                                                     calibrator.transform, dim, threads=job_threads(text=False),
                                                      show_progress_bar=False).run())
     record(f"calibrate-npy-d{dim}", "streaming npy->npy, one busy core", median=seconds)
     goal(f"calibrate npy d={dim}, one busy core: loaded / idle", seconds / IDLE[f"npy-d{dim}"], 1.6, at_most=True,
@@ -172,7 +172,7 @@ def test_streaming_text_to_npy_with_one_busy_core(record, goal, text_job):
     def run():
         return CalibrationJob(TextCorpus(folder / "corpus.txt"), folder / "out.npy", calibrator.transform,
                               calibrator.dim, encode=lambda texts: encoder.encode(texts, show_progress_bar=False),
-                              threads=default_threads(text=True), show_progress_bar=False).run()
+                              threads=job_threads(text=True), show_progress_bar=False).run()
 
     seconds = _loaded_seconds(run)
     record("calibrate-text", "streaming txt->npy, one busy core", median=seconds)

@@ -21,6 +21,7 @@ _EXPORTS = {
     "Calibrator": "flowcore.calibration.base",
     "load": "flowcore.calibration.base",
     "Whitening": "flowcore.calibration.whitening",
+    "AutoCalibration": "flowcore.calibration.auto",
     "get_backend": "flowcore.backend",
     "set_backend": "flowcore.backend",
     "use_backend": "flowcore.backend",
