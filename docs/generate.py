@@ -68,10 +68,13 @@ def benchmarks_page(results: Path) -> str:
                           "onnxruntime", "ray"]), ""]
     goals = summary.get("goals", {})
     if goals:
-        lines += ["| goal | measured | target | result | how |", "| --- | ---: | ---: | --- | --- |"]
+        lines += ["Load is the machine's 1-minute load average when the figure was taken: on a shared machine,",
+                  "figures taken under load are noisier, the ratios (both sides under the same load) less so.", "",
+                  "| goal | measured | target | result | load | how |", "| --- | ---: | ---: | --- | ---: | --- |"]
         for name, row in goals.items():
+            load = row.get("load_avg_1min")
             lines.append(f"| {name} | {row['measured']:.3g} | {row['goal']} | {'met' if row['met'] else 'not met'} "
-                         f"| {row.get('how', '')} |")
+                         f"| {'' if load is None else f'{load:.1f}'} | {row.get('how', '')} |")
         lines.append("")
     groups = {name: value for name, value in summary.items() if name not in ("goals", "measures")}
     if groups:
