@@ -407,10 +407,10 @@ def _split_holdout(rows: int, share: float, seed: int) -> tuple[torch.Tensor | N
 
 
 class _HeldoutSelection:
-    """`fit`'s `on_epoch`: scores the held-out rows (bits/dim, the `heldout` rows of `data`
-    through `prepare`, `CHUNK_ROWS` at a time) at each evaluation (within and after epochs), keeps
-    a copy of the best weights, and stops training once `patience` evaluations in a row have not
-    beaten them; with a linear start the start is scored too and can be the one kept (epoch 0)."""
+    """`fit`'s `on_epoch`: scores the held-out rows (bits/dim, through `prepare`, `STAT_BLOCK_ROWS`
+    at a time, so memory stays bounded) at each evaluation, keeps a copy of the best weights, and
+    stops training once `patience` evaluations in a row have not beaten them; with a linear start
+    the start is scored too and can be the one kept (epoch 0)."""
 
     def __init__(self, flow: Glow, data: torch.Tensor, heldout: torch.Tensor | None, prepare, linear_start: bool,
                  patience: int = 1):
@@ -432,7 +432,7 @@ class _HeldoutSelection:
         self.flow.eval()
         parameter = next(self.flow.parameters())
         total = 0.0
-        for rows in self.heldout.split(CHUNK_ROWS):
+        for rows in self.heldout.split(STAT_BLOCK_ROWS):
             chunk = self.data[rows]
             if self.prepare is not None:
                 chunk = self.prepare(chunk)
