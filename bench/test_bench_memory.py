@@ -74,7 +74,7 @@ def peak_rss_kib(command: list[str]) -> tuple[int, str]:
     return int(re.search(r"peak_kib (\d+)", result.stderr).group(1)), result.stdout
 
 
-def test_calibrate_peak_rss_does_not_grow_with_the_input(folder):
+def test_calibrate_peak_rss_does_not_grow_with_the_input(folder, goal):
     from flowcore import FlowCalibrator
 
     dim, small, large = 384, 1_000_000 // SCALE, 8_000_000 // SCALE
@@ -93,10 +93,12 @@ def test_calibrate_peak_rss_does_not_grow_with_the_input(folder):
     ratio = peaks[large] / peaks[small]
     print(f"\ncalibrate peak RSS: {small:,} x {dim}: {peaks[small] / 1024:.0f} MiB; "
           f"{large:,} x {dim}: {peaks[large] / 1024:.0f} MiB; ratio {ratio:.3f}")
+    goal(f"calibrate: peak RSS at {large:,} rows / at {small:,} rows", ratio, 1.10, at_most=True,
+         how=f"{peaks[large] / 1024:.0f} / {peaks[small] / 1024:.0f} MiB, x {dim} .npy")
     assert ratio <= 1.10
 
 
-def test_streaming_whitening_fit_stays_under_a_gigabyte_above_baseline(folder):
+def test_streaming_whitening_fit_stays_under_a_gigabyte_above_baseline(folder, goal):
     dim, rows = 768, 2_000_000 // SCALE
     source = write_npy(folder / "whiten.npy", rows, dim, seed=2)
     baseline, _ = peak_rss_kib([sys.executable, "-c", WHITENING_FIT, "baseline"])
@@ -106,6 +108,8 @@ def test_streaming_whitening_fit_stays_under_a_gigabyte_above_baseline(folder):
     above = (peak - baseline) / 1024
     print(f"\nstreaming whitening fit over {rows:,} x {dim} ({rows * dim * 4 / 2**30:.1f} GiB): peak "
           f"{peak / 1024:.0f} MiB, interpreter baseline {baseline / 1024:.0f} MiB, {above:.0f} MiB above it")
+    goal(f"streaming whitening fit over {rows:,} x {dim}: MiB above the interpreter's baseline", above, 1024,
+         at_most=True, how=f"peak {peak / 1024:.0f} MiB, baseline {baseline / 1024:.0f} MiB")
     assert above < 1024
 
 
@@ -139,7 +143,7 @@ def peak_rss_and_anonymous_kib(command: list[str], interval: float = 0.2, env: d
 
 
 @pytest.mark.skipif(TIME is None or not os.path.exists("/proc/self/status"), reason="needs /usr/bin/time and /proc")
-def test_fit_peak_rss_on_a_memory_mapped_corpus(folder):
+def test_fit_peak_rss_on_a_memory_mapped_corpus(folder, goal):
     """RssAnon growth from the small to the large corpus, with glibc's mmap threshold fixed (1 MiB):
     its default threshold rises with each large block freed, after which freed blocks stay in the
     heap and RssAnon counts them as if live; fixed, RssAnon is live memory, which is what a copy
@@ -165,4 +169,9 @@ def test_fit_peak_rss_on_a_memory_mapped_corpus(folder):
         print(f"RssAnon growth, {allocator} mmap threshold: {growth / 2**20:.0f} MiB for {extra / 2**20:.0f} MiB "
               f"more input")
     growth = (peaks[large, "fixed"][1] - peaks[small, "fixed"][1]) * 1024
+    default = (peaks[large, "default"][1] - peaks[small, "default"][1]) * 1024
+    goal(f"fit on a memory-mapped corpus, {small:,} -> {large:,} rows: RssAnon growth / a copy of the extra rows",
+         growth / extra, 1.0, at_most=True,
+         how=f"glibc mmap threshold fixed; {growth / 2**20:.0f} / {extra / 2**20:.0f} MiB (default threshold: "
+             f"{default / 2**20:.0f} MiB)")
     assert growth < extra  # one in-memory copy of the extra rows would add at least that
