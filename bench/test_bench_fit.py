@@ -41,6 +41,9 @@ PEER_ONE_THREAD_ROWS = ROWS // 5
 FORCED_ROWS = ROWS // 4
 LOADED_ROWS = ROWS // 2
 PEER_LOADED_ROWS = ROWS // 10
+# torch imports torch._dynamo when the first optimizer is built (seconds): done here, before any
+# timing, so that whichever library is timed first does not pay it.
+torch.optim.Adam([torch.zeros(1, requires_grad=True)], fused=True)
 IDLE: dict[int, float] = {}
 """flowcore's idle fit time per d, projected from its mean step (the loaded test's reference)."""
 
