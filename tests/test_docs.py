@@ -51,9 +51,12 @@ def test_every_link_to_a_file_of_the_repository_leads_somewhere(page):
 
 
 def _documented_commands():
-    """Every `flowcore ...` line of the README's and docs' shell blocks, continuation lines joined."""
+    """Every `flowcore ...` line of the README's and docs' shell blocks, continuation lines joined,
+    with the block's `NAME="..."` variables put in and any other `$name` as a placeholder word."""
     for page in PAGES:
         for block in re.findall(r"```(?:bash|sh|shell|console)\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            variables = dict(re.findall(r'^(\w+)="([^"]*)"$', block, re.M))
+            block = re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), "placeholder"), block)
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.split(" #")[0].strip().removeprefix("$ ")
                 for part in line.split("&&"):
