@@ -26,10 +26,10 @@ import torch
 from support import busy_core
 
 from flowcore import Encoder, FlowCalibrator
-from flowcore.runtime import job_threads
 from flowcore.batch.job import CalibrationJob
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
+from flowcore.runtime import job_threads
 
 ROWS = {384: 24_000, 768: 12_000}
 IDLE: dict[str, float] = {}

@@ -38,7 +38,8 @@ def inputs(tmp_path, flow_path):
 # (the command, its arguments with OUT where the output goes, whether OUT is a folder)
 WRITERS = {
     "encode": (["encode", "--input", "{txt}", "--out", "OUT"], False),
-    "fit": (["fit", "--embeddings", "{npy}", "--out", "OUT", "--config", "l2_d2_w32", "--epochs", "1"], False),
+    "fit": (["fit", "--embeddings", "{npy}", "--out", "OUT", "--calibration", "flow", "--config", "l2_d2_w32",
+             "--epochs", "1"], False),
     "calibrate": (["calibrate", "--calibrator", "{flow}", "--embeddings", "{npy}", "--out", "OUT"], False),
     "sts": (["sts", "--data-dir", "{sts}", "--json", "OUT"], False),
     "calibrate-ray": (["calibrate", "--engine", "ray", "--calibrator", "{flow}", "--embeddings", "{npy}", "--out",
@@ -169,8 +170,9 @@ def test_jsonl_ids_are_json_text_and_rejected_rows_keep_theirs(tmp_path):
 def test_a_big_endian_npy_fits_as_it_calibrates(tmp_path, flow_path, capsys):
     matrix = np.random.default_rng(0).normal(size=(300, DIM)).astype(">f4")
     np.save(tmp_path / "big.npy", matrix)
-    assert main(["fit", "--embeddings", str(tmp_path / "big.npy"), "--out", str(tmp_path / "m.flow"), "--config",
-                 "l2_d2_w32", "--epochs", "1", "--quiet"]) == 0, capsys.readouterr().err
+    assert main(["fit", "--embeddings", str(tmp_path / "big.npy"), "--out", str(tmp_path / "m.flow"),
+                 "--calibration", "flow", "--config", "l2_d2_w32", "--epochs", "1", "--quiet"]) == 0, \
+        capsys.readouterr().err
     assert main(["calibrate", "--calibrator", str(tmp_path / "m.flow"), "--embeddings", str(tmp_path / "big.npy"),
                  "--out", str(tmp_path / "out.npy"), "--quiet"]) == 0
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"),
