@@ -4,15 +4,28 @@ import os
 import subprocess
 import sys
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOP_LEVEL_KERNELS = (
+    "import importlib.util, os, flowcore.kernels as k, transformers.models.bert.modeling_bert;"
+    "spec = importlib.util.find_spec('kernels');"
+    "print(spec is None or not os.path.abspath(spec.origin).startswith(os.path.join({repo!r}, 'kernels')),"
+    " callable(k.affine_coupling), k.__name__)"
+)
+
 
 def test_kernels_live_under_flowcore_only(tmp_path):
-    script = (
-        "import importlib.util, flowcore.kernels as k, transformers;"
-        "print(importlib.util.find_spec('kernels') is None, callable(k.affine_coupling), k.__name__)"
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
-                            env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run([sys.executable, "-c", TOP_LEVEL_KERNELS.format(repo=REPO)], capture_output=True,
+                            text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "flowcore.kernels"]
+
+
+def test_python_started_in_the_checkout_does_not_mistake_its_folder_for_hugging_faces_kernels():
+    """`python -c`/`python -m` put the working folder on sys.path; from the checkout's root its
+    `kernels/` would shadow the `kernels` package that transformers imports."""
+    result = subprocess.run([sys.executable, "-c", TOP_LEVEL_KERNELS.format(repo=REPO)], capture_output=True,
+                            text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["True", "True", "flowcore.kernels"]
 
 
