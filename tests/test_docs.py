@@ -98,5 +98,7 @@ def test_every_python_block_runs(page, tmp_path, monkeypatch):
     (tmp_path / "shared").symlink_to(REPO.parent / "shared")
     (tmp_path / "checkout").mkdir()
     monkeypatch.chdir(tmp_path / "checkout")
+    before = set(REPO.iterdir())
     for example in Sybil([PythonCodeBlockParser(), SkipParser()]).parse(page):
         example.evaluate()
+    assert set(REPO.iterdir()) == before, "a block wrote into the checkout (a relative path resolved elsewhere)"
