@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,11 +235,20 @@ def _score_in_processes(scorer: _Scorer, prepared: list[_Dataset], workers: int)
     _WORK = (dataclasses.replace(scorer, bars=False), prepared)  # parallel progress bars would interleave
     order = sorted(range(len(prepared)), key=lambda index: -len(prepared[index].corpus_vectors))
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=use_threads_in_this_process) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker) as pool:
             results = dict(zip(order, pool.map(_score_one, order, chunksize=1)))
     finally:
         _WORK = None
     return [record for index in range(len(prepared)) for record in results[index]]
+
+
+def _start_worker() -> None:
+    """A forked worker ends on the pool's SIGTERM whatever handler the parent had (Ray's, inherited,
+    drains its node over a connection a fork cannot use, and the pool waited forever), leaves Ctrl-C
+    to the parent, and trains on one thread."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    use_threads_in_this_process()
 
 
 def _score_one(index: int) -> list[dict]:

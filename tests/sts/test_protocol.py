@@ -231,6 +231,39 @@ def test_datasets_fit_their_flows_side_by_side_with_the_same_records(sts_data_di
         assert ours == theirs
 
 
+def _worker_signal_handlers(index):
+    import signal
+
+    return [{"index": index, "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+             "sigint": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}]
+
+
+def test_forked_workers_end_on_the_pools_terminate_whatever_the_parents_signal_handlers(monkeypatch):
+    """A process running Ray has Ray's SIGTERM handler, which a forked worker inherited: the pool's
+    terminate() then ran it in the worker (draining Ray's node over a connection the fork cannot
+    use) and waited for the worker forever. Workers take the default SIGTERM and leave Ctrl-C to
+    the parent."""
+    import dataclasses
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    from flowcore.sts import protocol
+
+    @dataclasses.dataclass
+    class Scorer:
+        bars: bool = True
+
+    monkeypatch.setattr(protocol, "_score_one", _worker_signal_handlers)
+    # the parent's own handler (one that exits, so that without the reset this fails instead of hanging)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(3))
+    try:
+        records = protocol._score_in_processes(Scorer(), [SimpleNamespace(corpus_vectors=[0] * n) for n in (1, 3)], 2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert records == [{"index": 0, "sigterm": True, "sigint": True}, {"index": 1, "sigterm": True, "sigint": True}]
+
+
 def test_flows_are_fitted_side_by_side_only_where_that_is_safe_and_the_same(sts_data_dir, tmp_path, monkeypatch):
     """One process for: no flow, a flow from a factory or a file, a file corpus, CUDA, or batches that
     would train on several threads (their results depend on the thread count)."""
