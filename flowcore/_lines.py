@@ -1,17 +1,10 @@
 """The one reader of line-oriented text files (sentence files, STS data, txt/jsonl/csv corpora).
 
-Policy, everywhere: lines end at b"\\n" only (U+2028 and a "\\r" inside a line are text); the
-line ending ("\\n", "\\r\\n", or a final "\\r") is removed; a UTF-8 byte-order mark at the start
-of the file is dropped; a file that starts with a UTF-16 or UTF-32 byte-order mark is refused as a
-whole (`UnsupportedEncodingError`, one line naming the file and its encoding); a line that is not
-valid UTF-8, or that holds a NUL byte (binary data, or UTF-16 text without a byte-order mark), is
-never altered or skipped silently. Streaming readers (`iter_lines`) hand it over with its problem
-(`Line.problem`), which batch jobs put in their rejects file; whole-file readers (`read_lines`)
-raise an error naming the file and line. Only regular files are read: a folder, a pipe or a device
-is refused naming what it is (`require_file`). A line longer than `defaults.LINE_BYTES` is cut as
-it is read, so memory stays bounded whatever the file: its start is kept and its whole length
-recorded (`Line.length`), and each reader decides (plain text keeps the start, structured formats
-reject the line).
+Lines end at b"\n" only; the ending and a leading UTF-8 byte-order mark are dropped; a UTF-16 or
+UTF-32 file is refused (`UnsupportedEncodingError`); a line that is not UTF-8 or holds a NUL byte
+is never altered: `iter_lines` hands it over with its `Line.problem`, `read_lines` names its
+file:line. A line longer than `defaults.LINE_BYTES` is cut as read (its start kept, its length
+recorded), so memory stays bounded. Only regular files are read (`require_file`).
 """
 from __future__ import annotations
 

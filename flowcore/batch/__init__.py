@@ -1,14 +1,6 @@
 """Batch calibration of whole corpora: row types, text and vector sources, the calibration core
 both engines share, the streaming pipeline, durable outputs and the resumable local job behind
-`flowcore calibrate` (the Ray engine is `flowcore.batch.ray`).
-
-Modules, from the bottom up: `rows` (Reject, Position, Chunk, the reject reasons and rules),
-`sampling` (the one row sampler), `text_sources` (TextCorpus, read_texts, sample_texts),
-`vector_sources` (EmbeddingFile, the one .npy reader), `core` (JobSpec, calibrate_chunk, the
-identity check, CalibrationSummary, the manifest), `pipeline` (calibrate_chunks, iter_calibrated,
-BackgroundThread), `outputs` (.npy/.parquet outputs, the rejects log) and `job` (CalibrationJob,
-its progress file, calibrate_file), with `lock` (one writer per output) and `interrupts`
-(stopping at a chunk boundary on SIGINT/SIGTERM).
+`flowcore calibrate` (the Ray engine is `flowcore.batch.ray`). docs/design.md lists the modules.
 """
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
 """The calibration core both batch engines run, so that they refuse, reject and write alike: the
-job (`JobSpec`), one chunk calibrated with every reject rule (`calibrate_chunk`),
-the check of a job's record (`check_identity`), the report (`CalibrationSummary`) and the
-description of a finished output (`manifest`). The local engine (`flowcore.batch.job`) adds a
-lock, signals, a progress file and reader/writer threads; the Ray engine (`flowcore.batch.ray`)
-adds shards and actors.
-
-The manifest, format "flowcore-vectors-manifest" version 1: `file`, `file_format`; `rows`, `ok`,
-`rejected`, `rejects` (count by reason), `rejects_file`; `dim` (output width), `dtype`,
-`normalized`, `rejected_rows` (how a rejected row is stored); `id_column`, `id_type`,
-`id_source`, `vector_column`, `columns` (parquet name and type), `kept_columns`; `input` (kind,
-and each file's path, size, mtime, fingerprint and reading options); `encoder` (text: model,
-revision, hashes, pooling, batch size, quantize; None for stored embeddings); `calibration`
-(method, path, sha256, config, `fitted_for`); `threads`, `chunk_rows`; `format_versions`
-(manifest, job record, calibration file, npy or parquet). Ray adds `shards` and `resume_granularity`.
+job (`JobSpec`), one chunk calibrated with every reject rule (`calibrate_chunk`), the check of a
+job's record (`check_identity`), the report (`CalibrationSummary`) and the description of a
+finished output (`manifest`, format "flowcore-vectors-manifest"; its keys are in docs/batch.md).
 """
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """Stopping a batch job cleanly on Ctrl-C or `kill`: `StopSignals`, and `JobInterrupted`, what a
-stopped job raises.
-
-The first SIGINT or SIGTERM only sets a flag, which the job checks at chunk boundaries: it stops
-after the last chunk it has made durable and raises `JobInterrupted`, so nothing half-written is
-ever recorded. A second signal exits the process at once (`os._exit`, exit status 128 + signal),
-which is as safe as kill -9: the progress file only ever records durable chunks, so the same
-command still resumes. A Ctrl-C that comes before the handlers are installed (while a model
-loads, while Ray starts) stops the job just as well, and is named as such (`interrupts_named`).
+stopped job raises. The first SIGINT or SIGTERM sets a flag the job checks at chunk boundaries; a
+second exits at once (as safe as kill -9: the progress file records only durable chunks).
 """
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """The local engine behind `flowcore calibrate`: `CalibrationJob` (a source into one .npy or
 .parquet file, resumably) and `calibrate_file` (the whole job from a calibration file and an
-input path). The job, its reject rules, identity and manifest are `flowcore.batch.core`'s; this
-engine adds the lock, the signals, the progress file and the reader and writer threads.
+input path). The job's rules are `flowcore.batch.core`'s; this engine adds the lock, the signals,
+the progress file and the reader and writer threads.
 
-The reader thread reads a chunk at a time, the calling thread encodes and calibrates it, the
-writer thread writes it; bounded queues between them keep memory flat and overlap I/O with compute.
-
-Durability: output goes to temporaries beside `OUT` (`OUT.partial`, or a part file per chunk for
-parquet); each chunk is fsynced before `OUT.progress.json` (the job's identity and the chunks
-done) is atomically replaced to record it. Killed at any moment, the same command resumes after
-the last recorded chunk, byte-identical to an uninterrupted run (chunk boundaries never move);
-a changed job is refused. At the end the output is renamed into place, `OUT.manifest.json` is
-written and the progress file removed; a job killed while finishing completes on the next run.
-Rejected rows go to `OUT.rejects.jsonl` and are NaN rows (.npy) or null vectors (.parquet).
-
-Faults (docs/faults.md): one job at a time holds `OUT.lock` (`flowcore.batch.lock`);
-SIGINT/SIGTERM stop the job at a chunk boundary (`JobInterrupted`); a failed write is an
-`OutputWriteError` naming the path and the bytes needed; an input that changes while the job
-runs stops it (`InputChangedError`), and one changed between runs is refused on resume.
+Each chunk is fsynced before `OUT.progress.json` records it, so a killed run resumes after the
+last recorded chunk, byte-identical to an uninterrupted one (docs/batch.md, docs/faults.md).
 """
 from __future__ import annotations
 

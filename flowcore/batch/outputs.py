@@ -1,12 +1,7 @@
 """The durable outputs of a calibration job: `NpyOutput` (one float32 .npy written in place),
-`ParquetOutput` (one part file per chunk, joined at the end) and `RejectsLog` (the rejects
-file), plus `open_output` to pick one by format.
-
-Each writes to temporary files beside its target (`OUT.partial`, `OUT.parts/`), makes every
-chunk durable (`sync`) before the job records it as done, and renames the result into place at
-`finish`; `discard` removes the temporaries. Reopened with `resume`, an output continues what a
-killed run left, or raises `JobMismatchError` when that is missing. fsyncs go through
-`flowcore._fs`.
+`ParquetOutput` (one part file per chunk, joined at the end) and `RejectsLog` (the rejects file).
+Each writes temporaries beside its target, makes every chunk durable (`sync`) before the job
+records it, and renames the result into place at `finish`.
 """
 from __future__ import annotations
 

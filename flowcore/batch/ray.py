@@ -2,13 +2,9 @@
 `Dataset.map_batches` in your own pipelines, `calibrate_ray` (the engine behind `flowcore
 calibrate --engine ray`) and `moments` (whitening statistics as a Ray reduction).
 
-Both run `flowcore.batch.core` (the same job spec, `calibrate_chunk` with every reject rule,
-identity check and manifest as the local engine); this module adds shards and actors.
-`calibrate_ray` cuts each input file into shards that are exactly the local job's chunks, and a
-pool of actors reads, calibrates and writes one shard each (`OUT/shards/part-NNNNNNNN.parquet`,
-atomically, its rejects beside it): a rerun skips every shard written, and a worker killed
-mid-shard is restarted by Ray and redoes it. Workers read the inputs themselves, so every node
-must see the input and output paths (docs/scaling.md). Ray is imported lazily.
+Both run `flowcore.batch.core`; this module adds shards (exactly the local job's chunks, one
+parquet file each, skipped when a rerun finds them written) and actors. Every node must see the
+input and output paths (docs/scaling.md). Ray is imported lazily.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Row types shared by every source, the core and the engines: `Reject`, `Position`, `TextRow`,
-`Chunk`, `CalibratedChunk`, the reject reasons and the rules that give them (`text_reject`,
-`vector_rejects`, `reject_non_finite`), and the small helpers every source needs (format
-detection, a file's identity, parquet record batches from a row on).
-
-Every input row keeps its place: row `i` of a source is row `i` of the calibrated output. A row
-that cannot be used becomes a `Reject` (row, line, reason, detail) instead of being dropped, so
-batch jobs can write it to a rejects file and leave a NaN row in the output. A `Position` (row,
-byte offset, line) marks where a chunk ends, which is all a resumed job needs to continue.
+"""Row types shared by every source, the core and the engines (`Reject`, `Position`, `TextRow`,
+`Chunk`, `CalibratedChunk`), the reject reasons and the rules that give them, and the small
+helpers every source needs. Row `i` of a source is row `i` of the calibrated output: a row that
+cannot be used becomes a `Reject` instead of being dropped.
 """
 from __future__ import annotations
 

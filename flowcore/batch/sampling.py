@@ -1,12 +1,7 @@
 """The one row sampler: a reproducible uniform random sample of at most `max_rows` rows, in their
-original order, from a stream of unknown length (`sample_stream`, e.g. the good texts of a
-corpus) or from a known row count (`sample_row_numbers`, e.g. the rows of a .npy file).
-
-Both are the same reservoir sample (Li's "Algorithm L"): the reservoir holds the first
-`max_rows` rows, and random skips choose which later rows replace a random slot. The skips cost
-O(max_rows · log(rows / max_rows)) random draws, so a known count is sampled without visiting
-every row, and for the same `max_rows` and `seed` `sample_stream(range(n))` equals
-`sample_row_numbers(n)`: the same seed always picks the same rows.
+original order, from a stream (`sample_stream`) or a known row count (`sample_row_numbers`). Both
+are the same reservoir sample (Li's "Algorithm L"), so for the same `max_rows` and `seed`
+`sample_stream(range(n))` equals `sample_row_numbers(n)`.
 """
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 """Text corpora as chunked, resumable sources: `TextCorpus` (txt, jsonl, csv, parquet), and the
 whole-corpus helpers `read_texts` (the good rows) and `sample_texts` (a reproducible sample).
 
-txt and jsonl are read through `flowcore._lines.iter_lines`, so they follow its one policy
-(lines end at "\\n", the ending and a leading UTF-8 byte-order mark are dropped, a UTF-16 or
-UTF-32 file is refused, a line that is not UTF-8 or holds a NUL byte is handed over, here as an
-`INVALID_UTF8` or `NUL_CHARACTER` reject with its line). csv decodes its own raw lines, since the
-csv module must see their line endings (quoted fields span lines), under the same policy.
-
-CSV is parsed strictly (`csv.reader(strict=True)`): a quoted field may span lines, but a record
-the csv module cannot close (a quote never closed before the end of the file, a closing quote
-followed by more text) or whose quoted field runs on past `CSV_SPAN_BYTES` is rejected as
-`BROKEN_CSV` at its first line, and the lines after that one are read again as rows of their
-own: an unclosed quote never swallows the rows after it.
-
-Ids (`id_field`) follow `flowcore.batch.rows.id_reject`: strings, integers and finite numbers;
-an object, array, boolean, NaN or Infinity is an `INVALID_ID` reject. A rejected row keeps its id
-wherever it could be read. Text files are read line by line from a byte offset and parquet by
-record batch, so memory stays flat however large the corpus is.
+txt and jsonl follow `flowcore._lines`' line policy; csv decodes its own raw lines under the same
+policy (the csv module must see their endings) and is parsed strictly: a record it cannot close is
+rejected at its first line and the lines after it are read again, so an unclosed quote never
+swallows the rows after it. Ids follow `flowcore.batch.rows.id_reject`.
 """
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""`auto`: the calibration chosen from the fit corpus alone, without labels — whitening where the
-vectors need it, the raw vectors where they do not.
-
-Whitening lifts vectors from encoders never trained for similarity (raw BERT, static-avg pooling)
-by several points of STS Spearman, and lowers those of similarity-trained encoders (mean pooling
-of all-MiniLM-L6-v2, all-mpnet-base-v2) by as many. What tells them apart is hubness
-(`flowcore.calibration.hubness`): in anisotropic vectors a few rows are the nearest neighbours of
-very many others. The rule:
-
-    μ, Σ   mean and covariance of every fit row (streamed moments)
-    S      a seeded sample of 4000 distinct fit rows (all of them if fewer)
-    RH     Robin Hood index of the 10-NN graph of S by cosine around μ
-    RH < 0.265:  none — neighbourhoods are balanced, keep the metric
-    otherwise:   whitening (power ½) of the k leading directions of Σ, the fewest holding 90 %
-                 of the variance
-
-docs/calibration.md explains the rule; docs/lab-notes.md ("Calibration study") shows where it is
-right and where it falls short, per dataset.
+"""`auto`: the calibration chosen from the fit corpus alone, without labels: whitening (power ½ of
+the fewest leading directions holding 90 % of the variance) when the hubness of the corpus's
+10-NN graph (`flowcore.calibration.hubness`, Robin Hood index on a seeded sample of 4000 distinct
+rows) reaches 0.265, the raw vectors otherwise. docs/calibration.md explains the rule;
+docs/lab-notes.md shows where it is right and where it falls short.
 """
 from __future__ import annotations
 

@@ -134,18 +134,13 @@ class FlowCalibrator(Calibrator):
     def fit(self, X, show_progress_bar: bool | None = None, encoder=None, checkpoint=None,
             checkpoint_every: int = defaults.CHECKPOINT_EVERY, rows=None,
             threads: int | None = None) -> "FlowCalibrator":
-        """Train on the rows of `X` (numpy array, memory map or tensor, at least 2 rows).
-
-        Memory stays O(d² + batch·d) whatever the number of rows: X is never copied, the input
-        statistics and the whitening start are float64 sums over blocks of rows, training reads
-        one batch at a time and standardises it there, and held-out rows are scored in blocks.
-        With a held-out share (the default recipe's), training stops early once the held-out
-        score has not improved for the recipe's `patience` evaluations, and the best weights
-        scored are kept (`outcome` says which, and why).
+        """Train on the rows of `X` (numpy array, memory map or tensor, at least 2 rows) in
+        O(d² + batch·d) memory: X is never copied. With a held-out share (the default recipe's),
+        the best weights scored are kept (`outcome` says which, and why).
 
         Args:
             X: (n, d) sentence vectors, e.g. `np.load("corpus.npy", mmap_mode="r")`.
-            progress: show a progress bar.
+            show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
             encoder: the `Encoder` (or an `EncoderProvenance`) that produced X, recorded as
                 `provenance`; None keeps the current one.
             checkpoint: a training checkpoint file (`flowcore.flows.train.fit`): written every

@@ -1,17 +1,8 @@
-"""Hubness of sentence vectors: how unevenly the rows share the places in each other's k nearest
-neighbours, the signal `auto` calibrates by.
-
-Vectors from an encoder never trained for similarity (raw BERT, static word-vector averages) sit in
-a narrow cone, where a few "hub" rows are near neighbours of very many others and most rows of
-none: whitening spreads them out. Vectors of a similarity-trained encoder have balanced
-neighbourhoods, and whitening mostly amplifies noise there. The Robin Hood index of the k-NN graph
-measures the imbalance: with N(j) how many rows have row j among their k nearest neighbours (by
-cosine after centring on the corpus mean, the row itself excluded), RH = Σ_j |N(j) − k| / (2·k·n),
-the share of neighbour places that would have to move for every row to have k; 0 when
-neighbourhoods are perfectly balanced.
-
-The index is measured on a seeded sample of distinct rows (`DistinctRowSample`, one pass over a
-stream in O(size·d) memory) with an exact k-NN search in blocks (O(block·size) memory).
+"""Hubness of sentence vectors, the signal `auto` calibrates by: the Robin Hood index of the k-NN
+graph (cosine after centring on the corpus mean), RH = Σ_j |N(j) − k| / (2·k·n) with N(j) how many
+rows have row j among their k nearest neighbours: 0 when neighbourhoods are balanced, high when a
+few "hub" rows are near neighbours of very many others (docs/calibration.md). It is measured on a
+seeded sample of distinct rows (`DistinctRowSample`) with an exact k-NN search in blocks.
 """
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""`flowcore fit`: fit a calibration on embeddings (.npy) or on a text corpus, save it as one file.
-
-The default, `auto`, chooses whitening or the raw vectors from the corpus's hubness
-(`flowcore.calibration.auto`) and says which and why in one line; `--calibration` fits any other
-registered one: whitening (tempered and truncated with `--whitening-power`/`--whitening-dim`),
-zca, center, abtt (`--abtt-k`) and none in one streamed pass over the vectors, in O(d²) memory,
-or a flow.
-
-A whole text corpus is encoded once into a memory-mapped cache (`OUT.cache.npy`, written by the
-resumable batch job). A flow trains on it with a checkpoint (`OUT.checkpoint`) every
-`--checkpoint-every` steps: killed at any moment, the same command finishes the cache, resumes
-training from the last checkpoint and writes the same model as an uninterrupted run; with the
-default recipe it stops early when held-out rows show no gain over its whitening start, and says
-so. `--max-rows` fits on a reproducible in-memory sample instead."""
+"""`flowcore fit`: fit a calibration on embeddings (.npy) or on a text corpus and save it as one
+file: `auto` by default (whitening or the raw vectors, chosen from the corpus's hubness), any
+other registered one with `--calibration`. A text corpus is encoded once into a resumable cache
+and a flow trains with checkpoints, so a killed run resumes to the same model (docs/batch.md).
+"""
 from __future__ import annotations
 
 import hashlib

@@ -1,28 +1,10 @@
-"""Your own labelled sentence pairs (`flowcore sts --pairs`), as `STSPairs` named after the file.
+"""Your own labelled sentence pairs (`flowcore sts --pairs`), as `STSPairs` named after the file:
+.tsv (no quoting), .csv (csv quoting, one pair per line), .jsonl (objects by key, arrays by
+position) and SentEval `STS.input.<name>.txt` files or folders (docs/sts.md has the formats).
 
-Formats, by name:
-
-- `.tsv`: tab-separated, no quoting (a `"` is text, as in STS-B); `.csv`: comma-separated with
-  the csv module's quoting (a quoted field may hold commas and doubled quotes `""`); `.jsonl`: one
-  JSON object (columns by key) or array (columns by position) per line.
-- One pair per line, in every format: a .csv record spanning several lines (a quoted field holding
-  a line break, or more often a quote never closed, which would swallow the lines after it) is a
-  bad record, named by its first line ("quoted field spans lines N-M; unbalanced quote?"); skipped,
-  all its lines count as skipped.
-- SentEval: an `STS.input.<name>.txt` file (a tab-separated sentence pair per line) with its
-  `STS.gs.<name>.txt` beside it (a gold score per line; an empty one is an unscored pair, skipped),
-  or a folder of such files (each file a subset, named `<name>`).
-
-Columns (`PairColumns`): two sentence columns and a score column, all given by name (then the first
-line of a .tsv/.csv is its header) or all by 0-based position (then there is no header line).
-Without any, a header with recognised names is used (`sentence1`/`sentence2`/`score`,
-`s1`/`s2`/`label`, ... see `SENTENCE1_NAMES`, `SENTENCE2_NAMES`, `SCORE_NAMES`; any case),
-else positions 0, 1, 2 of a headerless file. Blank lines are ignored.
-
-A bad line (missing column, a score that is not a finite number, an empty sentence, broken JSON
-or CSV, invalid UTF-8, a NUL byte) raises `STSDataError` naming `file:line`, or with `skip_bad=True` is
-skipped and counted (`STSPairs.skipped_lines`, and one warning on the `flowcore.sts` logger).
-Lines are read with `flowcore._lines` (its line-ending, BOM and UTF-8 policy).
+Columns (`PairColumns`) are given by name (the first line is a header) or 0-based position (no
+header); without any, a header with recognised names is used, else positions 0, 1, 2. A bad line
+raises `STSDataError` naming `file:line`, or with `skip_bad=True` is skipped and counted.
 """
 from __future__ import annotations
 
