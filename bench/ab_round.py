@@ -1,0 +1,91 @@
+"""One round of an A/B comparison between two checkouts of flowcore: run it with each checkout's own
+Python, alternating, so that both sides see the same machine load. Prints one JSON line of seconds.
+
+Workloads (the goals of bench/ that a change of the library's Python code can move): the
+paper-setting fit (d = 384, batch 32, Adam, one epoch over 8,000 rows, 2 threads), inference of
+65,536 rows of d = 768 (min of 3), `calibrate_file` on 24,000 stored vectors of d = 384 into .npy
+(min of 3) and on 384 sentences with the default encoder (min of 2, loading included).
+
+    for round in 1 2 3 4; do
+        for tree in ../after ../before; do $tree/.venv/bin/python bench/ab_round.py; done
+    done
+
+Only arguments that every flowcore 0.x takes are used (`progress` became `show_progress_bar`).
+"""
+import inspect
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+torch.optim.Adam([torch.zeros(1, requires_grad=True)], fused=True)  # torch's one-time import, outside timings
+
+import flowcore  # noqa: E402
+from flowcore.batch.job import calibrate_file  # noqa: E402
+
+
+def quiet(function) -> dict:
+    """The keyword that turns `function`'s progress bar off, in this checkout's spelling."""
+    names = inspect.signature(function).parameters
+    return {"show_progress_bar": False} if "show_progress_bar" in names else {"progress": False}
+
+
+def corpus(rows: int, dim: int) -> np.ndarray:
+    rng = np.random.default_rng(dim)
+    mixing = rng.normal(size=(dim, dim)) / dim**0.5 * np.linspace(0.2, 2.0, dim)
+    return (rng.normal(size=(rows, dim)) @ mixing + 0.5).astype(np.float32)
+
+
+def fitted(data: np.ndarray, path: str, encoder=None) -> None:
+    calibrator = flowcore.FlowCalibrator(batch_size=256, seed=0)
+    calibrator.fit(data, encoder=encoder, **quiet(calibrator.fit))
+    calibrator.save(path)
+
+
+def best_of(runs: int, work) -> float:
+    times = []
+    for run in range(runs):
+        began = time.perf_counter()
+        work(run)
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    seconds = {"tree": os.path.dirname(os.path.dirname(os.path.abspath(flowcore.__file__)))}
+    torch.manual_seed(0)
+    glow = flowcore.Glow.from_config("l2_d3_w32", 384)
+    X = torch.from_numpy(corpus(8000, 384))
+    seconds["fit d384 8000 rows"] = best_of(1, lambda _: flowcore.fit(glow, X, batch_size=32, lr=1e-3, seed=0,
+                                                                      **quiet(flowcore.fit)))
+    flow = flowcore.Glow.from_config("l2_d3_w32", 768).eval()
+    Y = torch.from_numpy(corpus(65536, 768))
+    with torch.no_grad():
+        flow(Y[:256])
+        seconds["inference 65536x768"] = best_of(3, lambda _: flow(Y))
+    with tempfile.TemporaryDirectory() as folder:
+        vectors = corpus(24000, 384)
+        np.save(f"{folder}/in.npy", vectors)
+        fitted(vectors[:512], f"{folder}/vectors.flow")
+        options = quiet(calibrate_file)
+        seconds["calibrate npy d384 24000 rows"] = best_of(3, lambda run: calibrate_file(
+            f"{folder}/vectors.flow", f"{folder}/out{run}.npy", embeddings=f"{folder}/in.npy", **options))
+        words = "the a one two people man woman dog cat car house city road is are walks runs big small".split()
+        rng = np.random.default_rng(0)
+        sentences = [" ".join(rng.choice(words, size=rng.integers(5, 25))) for _ in range(384)]
+        with open(f"{folder}/corpus.txt", "w", encoding="utf-8") as handle:
+            handle.write("\n".join(sentences) + "\n")
+        encoder = flowcore.Encoder()
+        fitted(encoder.encode(sentences), f"{folder}/text.flow", encoder)
+        seconds["calibrate text 384 sentences"] = best_of(2, lambda run: calibrate_file(
+            f"{folder}/text.flow", f"{folder}/text{run}.npy", input=f"{folder}/corpus.txt", **options))
+    print(json.dumps({key: round(value, 3) if isinstance(value, float) else value for key, value in seconds.items()}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
