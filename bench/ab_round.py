@@ -7,14 +7,17 @@ paper-setting fit (d = 384, batch 32, Adam, one epoch over 8,000 rows, 2 threads
 (min of 3) and on 384 sentences with the default encoder (min of 2, loading included).
 
     for round in 1 2 3 4; do
-        for tree in ../after ../before; do $tree/.venv/bin/python bench/ab_round.py; done
+        for tree in ../after ../before; do (cd $tree && .venv/bin/python ../after/bench/ab_round.py); done
     done
 
-Only arguments that every flowcore 0.x takes are used (`progress` became `show_progress_bar`).
+`--only inference,npy --repeats 7 --npy-rows 96000` times just those workloads, more often (min and
+median). Only arguments that every flowcore 0.x takes are used (`progress` became `show_progress_bar`).
 """
+import argparse
 import inspect
 import json
 import os
+import statistics
 import tempfile
 import time
 
@@ -45,44 +48,61 @@ def fitted(data: np.ndarray, path: str, encoder=None) -> None:
     calibrator.save(path)
 
 
-def best_of(runs: int, work) -> float:
+def timed(runs: int, work) -> list[float]:
     times = []
     for run in range(runs):
         began = time.perf_counter()
         work(run)
         times.append(time.perf_counter() - began)
-    return min(times)
+    return times
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="fit,inference,npy,text", help="workloads, comma-separated")
+    parser.add_argument("--repeats", type=int, help="runs per workload (default: 1 fit, 3 inference, 3 npy, 2 text)")
+    parser.add_argument("--npy-rows", type=int, default=24000, help="rows of the .npy job")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
     torch.set_num_threads(2)
     seconds = {"tree": os.path.dirname(os.path.dirname(os.path.abspath(flowcore.__file__)))}
-    torch.manual_seed(0)
-    glow = flowcore.Glow.from_config("l2_d3_w32", 384)
-    X = torch.from_numpy(corpus(8000, 384))
-    seconds["fit d384 8000 rows"] = best_of(1, lambda _: flowcore.fit(glow, X, batch_size=32, lr=1e-3, seed=0,
-                                                                      **quiet(flowcore.fit)))
-    flow = flowcore.Glow.from_config("l2_d3_w32", 768).eval()
-    Y = torch.from_numpy(corpus(65536, 768))
-    with torch.no_grad():
-        flow(Y[:256])
-        seconds["inference 65536x768"] = best_of(3, lambda _: flow(Y))
+
+    def record(name: str, default_runs: int, work) -> None:
+        times = timed(args.repeats or default_runs, work)
+        seconds[f"{name} min"] = min(times)
+        if len(times) > 1:
+            seconds[f"{name} median"] = statistics.median(times)
+
+    if "fit" in only:
+        torch.manual_seed(0)
+        glow = flowcore.Glow.from_config("l2_d3_w32", 384)
+        X = torch.from_numpy(corpus(8000, 384))
+        record("fit d384 8000 rows", 1, lambda _: flowcore.fit(glow, X, batch_size=32, lr=1e-3, seed=0,
+                                                               **quiet(flowcore.fit)))
+    if "inference" in only:
+        flow = flowcore.Glow.from_config("l2_d3_w32", 768).eval()
+        Y = torch.from_numpy(corpus(65536, 768))
+        with torch.no_grad():
+            flow(Y[:256])
+            record("inference 65536x768", 3, lambda _: flow(Y))
+    options = quiet(calibrate_file)
     with tempfile.TemporaryDirectory() as folder:
-        vectors = corpus(24000, 384)
-        np.save(f"{folder}/in.npy", vectors)
-        fitted(vectors[:512], f"{folder}/vectors.flow")
-        options = quiet(calibrate_file)
-        seconds["calibrate npy d384 24000 rows"] = best_of(3, lambda run: calibrate_file(
-            f"{folder}/vectors.flow", f"{folder}/out{run}.npy", embeddings=f"{folder}/in.npy", **options))
-        words = "the a one two people man woman dog cat car house city road is are walks runs big small".split()
-        rng = np.random.default_rng(0)
-        sentences = [" ".join(rng.choice(words, size=rng.integers(5, 25))) for _ in range(384)]
-        with open(f"{folder}/corpus.txt", "w", encoding="utf-8") as handle:
-            handle.write("\n".join(sentences) + "\n")
-        encoder = flowcore.Encoder()
-        fitted(encoder.encode(sentences), f"{folder}/text.flow", encoder)
-        seconds["calibrate text 384 sentences"] = best_of(2, lambda run: calibrate_file(
-            f"{folder}/text.flow", f"{folder}/text{run}.npy", input=f"{folder}/corpus.txt", **options))
+        if "npy" in only:
+            vectors = corpus(args.npy_rows, 384)
+            np.save(f"{folder}/in.npy", vectors)
+            fitted(vectors[:512], f"{folder}/vectors.flow")
+            record(f"calibrate npy d384 {args.npy_rows} rows", 3, lambda run: calibrate_file(
+                f"{folder}/vectors.flow", f"{folder}/out{run}.npy", embeddings=f"{folder}/in.npy", **options))
+        if "text" in only:
+            words = "the a one two people man woman dog cat car house city road is are walks runs big small".split()
+            rng = np.random.default_rng(0)
+            sentences = [" ".join(rng.choice(words, size=rng.integers(5, 25))) for _ in range(384)]
+            with open(f"{folder}/corpus.txt", "w", encoding="utf-8") as handle:
+                handle.write("\n".join(sentences) + "\n")
+            encoder = flowcore.Encoder()
+            fitted(encoder.encode(sentences), f"{folder}/text.flow", encoder)
+            record("calibrate text 384 sentences", 2, lambda run: calibrate_file(
+                f"{folder}/text.flow", f"{folder}/text{run}.npy", input=f"{folder}/corpus.txt", **options))
     print(json.dumps({key: round(value, 3) if isinstance(value, float) else value for key, value in seconds.items()}),
           flush=True)
 
