@@ -65,11 +65,15 @@ def step_path(x: torch.Tensor, dim: int, conditioners, training: bool) -> str:
 
 def mlp_layers(conditioner) -> list[torch.Tensor] | None:
     """[W1, b1, W2, b2, ...] when `conditioner` is a plain, hook-free nn.Sequential of Linear (-> ReLU ->
-    Linear)*, else None."""
-    if type(conditioner) is not nn.Sequential or len(conditioner) % 2 == 0 or has_forward_hooks(conditioner):
+    Linear)*, else None. Called at every step: Linear and ReLU have no children, so each layer's
+    own hooks are read directly instead of walking `modules()`."""
+    if (type(conditioner) is not nn.Sequential or len(conditioner) % 2 == 0
+            or has_forward_hooks(conditioner, recurse=False)):
         return None
     layers = []
     for index, module in enumerate(conditioner):
+        if module._forward_hooks or module._forward_pre_hooks:
+            return None
         if index % 2:
             if type(module) is not nn.ReLU:
                 return None
