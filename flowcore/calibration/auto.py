@@ -1,8 +1,6 @@
-"""`auto`: the calibration chosen from the fit corpus alone, without labels: whitening (power ½ of
-the fewest leading directions holding 90 % of the variance) when the hubness of the corpus's
-10-NN graph (`flowcore.calibration.hubness`, Robin Hood index on a seeded sample of 4000 distinct
-rows) reaches 0.265, the raw vectors otherwise. docs/calibration.md explains the rule;
-docs/lab-notes.md shows where it is right and where it falls short.
+"""`auto`: the calibration chosen from the fit corpus alone, without labels: whitening of the fewest
+leading directions holding 90 % of the variance when the corpus's hubness (`flowcore.calibration.hubness`)
+reaches a threshold, the raw vectors otherwise (docs/calibration.md explains the rule).
 """
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import numpy as np
 from flowcore import defaults
 from flowcore.calibration.hubness import DistinctRowSample, robin_hood_index
 from flowcore.calibration.linear import LinearCalibrator, _rows, principal_axes
-from flowcore.calibration.moments import Moments, MomentsAccumulator
+from flowcore.calibration.moments import Moments, MomentsAccumulator, row_blocks
 from flowcore.calibration.whitening import Whitening
 
 __all__ = ["AutoCalibration"]
@@ -24,11 +22,8 @@ _NEEDS_ROWS = ("auto measures the hubness of a sample of the fit rows, which mom
 
 
 class AutoCalibration(LinearCalibrator):
-    """Whitening or the raw vectors, chosen by the hubness of the fit corpus (see the module).
-
-    Once fitted it is the chosen linear map, x → (x − μ)·W (μ = 0 and W = I for none), and it
-    saves, loads and calibrates like any other calibrator; `choice` and `signals` record what was
-    chosen and on what evidence, and are saved with it.
+    """Whitening or the raw vectors, chosen by the hubness of the fit corpus (see the module); once
+    fitted, the chosen linear map x → (x − μ)·W (μ = 0 and W = I for none).
 
     Args:
         seed: chooses the sample of fit rows the hubness is measured on (same seed, same choice).
@@ -39,11 +34,8 @@ class AutoCalibration(LinearCalibrator):
 
     Attributes:
         choice: "none" or "whitening".
-        signals: {"hubness": the Robin Hood index, "threshold", "neighbours", "sampled_rows": the
-            distinct rows it was measured on, "dim": the directions whitening keeps (or would keep),
-            "variance_share", "rank": directions with variance}.
-        reason: one line saying what was chosen and why.
-        mean, matrix, rows: as every `LinearCalibrator`'s.
+        signals: the evidence: {"hubness": the Robin Hood index, "sampled_rows", "dim": the directions
+            whitening keeps (or would keep), "rank": directions with variance, and the settings used}.
 
     Example:
         >>> auto = AutoCalibration().fit(X)
@@ -94,18 +86,15 @@ class AutoCalibration(LinearCalibrator):
         """Choose and fit on the rows of X (at least 2, finite), read `defaults.STAT_BLOCK_ROWS` at a time.
 
         Args:
-            X: (n, d) sentence vectors (a memory map is read a block at a time).
+            X: (n, d) sentence vectors, e.g. a memory map.
             encoder: the `Encoder` (or `EncoderProvenance`) that produced X, saved as `provenance`.
         """
         if np.ndim(X) != 2:
             _rows(np.asarray(X), None, self.name)  # the shape error
-        return self.fit_chunks((X[start:start + defaults.STAT_BLOCK_ROWS]
-                                for start in range(0, len(X), defaults.STAT_BLOCK_ROWS)), encoder=encoder)
+        return self.fit_chunks(row_blocks(X), encoder=encoder)
 
     def fit_chunks(self, chunks: Iterable, encoder=None) -> AutoCalibration:
-        """`fit` over a stream of (rows, d) chunks in one pass: their merged float64 moments and the
-        seeded sample of distinct rows, so memory is O(d² + sample_rows·d) however many rows there
-        are, and the choice equals `fit`'s on all the rows.
+        """`fit` over a stream of (rows, d) chunks in one pass, in O(d² + sample_rows·d) memory: the same choice.
 
         Args:
             chunks: arrays of the same width; a row with NaN/Inf is refused by number.
@@ -146,18 +135,11 @@ class AutoCalibration(LinearCalibrator):
             self.mean, self.matrix, self.choice = np.zeros(moments.dim), np.eye(moments.dim), "none"
         self.rows, self.signals = moments.count, signals
 
-    def transform(self, X) -> np.ndarray:
-        """Calibrated rows of X, float32 (n, output_dim): whitened, or a checked float32 copy for none."""
-        self._fitted()
-        if self.choice != "none":
-            return super().transform(X)
-        if np.ndim(X) != 2:
-            _rows(np.asarray(X), self.dim, self.name)  # the shape error
-        out = np.empty((len(X), self.dim), dtype=np.float32)
-        for start in range(0, len(X), defaults.TRANSFORM_CHUNK_ROWS):
-            chunk = _rows(X[start:start + defaults.TRANSFORM_CHUNK_ROWS], self.dim, self.name, start)
-            out[start:start + len(chunk)] = chunk
-        return out
+    def _map_chunk(self, rows, row_offset: int) -> np.ndarray:
+        """Whitened rows, or for none the checked rows themselves."""
+        if self.choice == "none":
+            return _rows(rows, self.dim, self.name, row_offset)
+        return super()._map_chunk(rows, row_offset)
 
     @classmethod
     def _from_file(cls, path, tensors: dict, info: dict, device) -> AutoCalibration:

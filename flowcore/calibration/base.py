@@ -1,11 +1,8 @@
-"""The `Calibrator` protocol every calibration method follows, the one registry of methods, and
-`load` / `create`.
+"""The `Calibrator` protocol every calibration method follows, the one registry of methods (each
+with one name, used everywhere), and `load` / `create`.
 
-Each method has one class and one name, the only spelling used anywhere (CLI, the `kind` in its file,
-results, docs). The batch engines and integrations rely on `name`, `dim`, `output_dim`, `provenance`,
-`transform(X)` and a loaded calibrator's `source` file.
-
-This module imports neither torch nor numpy, so that the command line can list the names at start-up.
+The batch engines and integrations rely on `name`, `dim`, `output_dim`, `provenance`, `transform(X)` and
+`source`. No torch or numpy at import, so that the command line can list the names at start-up.
 """
 from __future__ import annotations
 
@@ -33,8 +30,6 @@ _CLASSES = {
 }
 NAMES = tuple(_CLASSES)
 """Every calibration method, by the one name it has everywhere (CLI, files, results, docs)."""
-_UNKINDED = "flow"
-"""The kind of a file that records none: flow files from before kinds were recorded."""
 _RENAMED = {"pca-whitening": "whitening", "zca-whitening": "zca"}
 """Kinds that earlier versions wrote, and the method's name now (such files are refused)."""
 
@@ -55,6 +50,8 @@ class Calibrator(ABC):
     """
 
     name: ClassVar[str] = ""
+    _file_mismatch: ClassVar[str] = "{kind} calibrator file does not match its recorded settings: {error}"
+    """`load`'s message for a file whose contents do not fit its header."""
 
     def __init__(self):
         self.provenance: EncoderProvenance | None = None
@@ -75,9 +72,9 @@ class Calibrator(ABC):
         """Width of the vectors taken."""
 
     @property
-    @abstractmethod
     def output_dim(self) -> int:
-        """Width of the vectors returned."""
+        """Width of the vectors returned (that of the vectors taken, unless a method changes it)."""
+        return self.dim
 
     @abstractmethod
     def save(self, path) -> None:
@@ -91,6 +88,22 @@ class Calibrator(ABC):
     def settings(self) -> dict:
         """The constructor's settings, as saved in the file and accepted by `create`."""
         return {}
+
+    def _map_chunks(self, X, map_chunk, chunk_rows: int, name: str = "X") -> np.ndarray:
+        """`map_chunk(rows, row_offset)`, which checks the rows, over X `chunk_rows` rows at a time, into
+        float32 (n, output_dim); a finite row mapped to NaN/Inf is refused by number."""
+        import numpy as np
+
+        from flowcore.validation import check_output
+
+        if np.ndim(X) != 2:
+            map_chunk(np.asarray(X), 0)  # the shape error
+        out = np.empty((len(X), self.output_dim), dtype=np.float32)
+        for start in range(0, len(X), chunk_rows):
+            with np.errstate(over="ignore"):  # a result beyond float32 is Inf, refused below
+                mapped = map_chunk(X[start:start + chunk_rows], start)
+                out[start:start + len(mapped)] = mapped
+        return check_output(out, name)
 
     def fit_transform(self, X, encoder=None) -> np.ndarray:
         """`fit(X)`, then `transform(X)`."""
@@ -174,22 +187,23 @@ def load(path, device=None) -> Calibrator:
     from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow
 
     tensors, info = load_flow(path)
-    kind = info.get("kind", _UNKINDED)
+    kind = info.get("kind", "flow")  # flow files from before kinds were recorded have none
     if kind in _RENAMED:
         raise FlowFileError(f"{path}: a {kind!r} calibrator from an earlier flowcore, which this one does not "
                             f"read; the method is now {_RENAMED[kind]!r}: refit it "
                             f"(`flowcore fit --method {_RENAMED[kind]}`)")
     if kind not in _CLASSES:
         raise FlowFileError(f"{path}: unknown calibrator kind {kind!r}; this flowcore reads {', '.join(NAMES)}")
+    cls = calibrator_class(kind)
     try:
-        calibrator = calibrator_class(kind)._from_file(path, tensors, info, device)
+        calibrator = cls._from_file(path, tensors, info, device)
         encoder = info.get("encoder")
         calibrator.provenance = EncoderProvenance(**encoder) if encoder is not None else None
         calibrator.metadata = info.get("metadata", {})
     except FlowFileError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
-        raise FlowFileError(f"{path}: {kind} calibrator file does not match its recorded settings: {error}") from None
+        raise FlowFileError(f"{path}: " + cls._file_mismatch.format(kind=kind, error=error)) from None
     calibrator.source = Path(path)
     return calibrator
 

@@ -1,9 +1,10 @@
-"""`FlowCalibrator` (the `flow` calibration): fit a Glow on sentence vectors, then map any number
-of vectors to the calibrated (isotropic Gaussian) space, scikit-learn style."""
+"""`FlowCalibrator` (the `flow` calibration): fit a Glow on sentence vectors, then map vectors to the
+calibrated (isotropic Gaussian) space."""
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import asdict
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -13,30 +14,27 @@ from flowcore import defaults
 from flowcore.calibration.base import Calibrator
 from flowcore.calibration.cuda_streaming import map_on_cuda
 from flowcore.calibration.flow_file import FlowFileError, save_flow
-from flowcore.calibration.moments import MomentsAccumulator
+from flowcore.calibration.moments import Moments, row_blocks
 from flowcore.calibration.recipes import DEFAULT_RECIPE, FlowRecipe, recipe_named
-from flowcore.calibration.standardize import STAT_BLOCK_ROWS, Standardizer
+from flowcore.calibration.standardize import Standardizer
 from flowcore.calibration.whitening import Whitening
 from flowcore.flows.glow import CONFIGS, Glow
 from flowcore.flows.train import fit, row_index, training_matrix
 from flowcore.validation import NonFiniteOutputError, check_matrix, check_output
 
-__all__ = ["CHUNK_ROWS", "FlowCalibrator"]
+__all__ = ["FlowCalibrator"]
 
-CHUNK_ROWS = defaults.TRANSFORM_CHUNK_ROWS
+_RECORD = ("losses", "heldout_bits_per_dim", "heldout_epochs", "selected_epoch", "stopped_early")
+"""What a flow file records of the fit besides the settings (its header's "training")."""
 
 
 class FlowCalibrator(Calibrator):
     r"""Unsupervised BERT-flow calibration of embeddings.
 
-    `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood following a fit
-    recipe (`flowcore.calibration.recipes`); `transform(X)` returns the latent z as float32 numpy.
-    Unless the recipe's input is "raw", each coordinate is first standardised over the whole of X
-    and coordinates that never vary bypass the flow (see `flowcore.calibration.standardize`). The
-    default recipe, "whitened", starts the flow at BERT-whitening, scores held-out rows 4 times an
-    epoch and keeps the best weights, stopping after 2 evaluations in a row without a better score
-    (at most 3 epochs): a flow that cannot beat whitening's held-out likelihood stops early and
-    stays whitening, and `outcome` says so. "paper" is the paper's code.
+    `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood following a fit recipe
+    (`flowcore.calibration.recipes`); `transform(X)` returns the latent z as float32 numpy. Unless the
+    recipe's input is "raw", coordinates are first standardised over all of X, and those that never
+    vary bypass the flow (`flowcore.calibration.standardize`).
 
     Args:
         config: a Glow configuration name from `flowcore.CONFIGS`, e.g. "l2_d3_w32".
@@ -46,24 +44,19 @@ class FlowCalibrator(Calibrator):
         lr: Adam's learning rate; None: the recipe's.
         seed: seeds the flow's initialisation, the held-out rows and the batch order (same seed, same model).
         device: torch device to train and calibrate on (default: where the flow is built, CPU).
-        standardize: False feeds the raw vectors (input "raw"), True the standardised ones with
-            ActNorm's data-dependent start (input "standardize"); None: the recipe's input.
+        standardize: False feeds the raw vectors (input "raw"), True the standardised ones (input
+            "standardize"); None: the recipe's input.
         holdout: the share of X held out to choose the weights kept; None: the recipe's.
-        patience: stop after this many held-out evaluations in a row without a better score; None:
-            the recipe's.
+        patience: stop after this many held-out evaluations in a row without a better score; None: the recipe's.
 
     Attributes:
         recipe: the `FlowRecipe` followed (saved in the flow file).
-        provenance, metadata, source: as every `Calibrator`'s.
         losses: the per-epoch training losses (bits per dimension).
-        heldout_bits_per_dim: held-out bits/dim at the start (None unless the start is linear) and
-            at each evaluation during training; empty without a held-out share.
+        heldout_bits_per_dim: held-out bits/dim at the start (None unless it is linear) and at each evaluation.
         heldout_epochs: the epochs trained (fractions within an epoch) at each of those scores.
-        selected_epoch: the epochs trained when the kept weights were scored (0: the start, e.g.
-            the whitening start; 0.25: a quarter into the first epoch); None without a held-out share.
+        selected_epoch: the epochs trained when the kept weights were scored (0: the start; None: no held-out).
         stopped_early: whether held-out evaluations stopped training before its last epoch.
-        fit_seconds: how long `fit` took (not saved: a file's bytes depend on its inputs only).
-        outcome: one line saying what was kept and why (see the property).
+        fit_seconds: how long `fit` took (not saved, so that a file's bytes depend on its inputs only).
 
     Example:
         >>> calibrator = FlowCalibrator("l2_d3_w32").fit(X, encoder=encoder)
@@ -73,6 +66,7 @@ class FlowCalibrator(Calibrator):
     """
 
     name = "flow"
+    _file_mismatch = "flow file does not match its recorded configuration: {error}; refit it with `flowcore fit`"
 
     def __init__(self, config: str = defaults.CONFIG, recipe: str = DEFAULT_RECIPE, epochs: int | None = None,
                  batch_size: int | None = None, lr: float | None = None, seed: int = 0, device=None,
@@ -121,11 +115,6 @@ class FlowCalibrator(Calibrator):
         self._fitted()
         return self.standardizer.dim if self.standardizer is not None else self.flow.dim
 
-    @property
-    def output_dim(self) -> int:
-        """Width of the calibrated vectors: the flow keeps the width."""
-        return self.dim
-
     def _fitted(self) -> Glow:
         if self.flow is None:
             raise RuntimeError("this FlowCalibrator is not fitted yet; call .fit(X) or FlowCalibrator.load(path)")
@@ -134,24 +123,18 @@ class FlowCalibrator(Calibrator):
     def fit(self, X, show_progress_bar: bool | None = None, encoder=None, checkpoint=None,
             checkpoint_every: int = defaults.CHECKPOINT_EVERY, rows=None,
             threads: int | None = None) -> "FlowCalibrator":
-        """Train on the rows of `X` (numpy array, memory map or tensor, at least 2 rows) in
-        O(d² + batch·d) memory: X is never copied. With a held-out share (the default recipe's),
-        the best weights scored are kept (`outcome` says which, and why).
+        """Train on the rows of `X` (at least 2) in O(d² + batch·d) memory, never copying X; with a
+        held-out share, the best weights scored are kept (`outcome` says which, and why).
 
         Args:
             X: (n, d) sentence vectors, e.g. `np.load("corpus.npy", mmap_mode="r")`.
             show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
-            encoder: the `Encoder` (or an `EncoderProvenance`) that produced X, recorded as
-                `provenance`; None keeps the current one.
-            checkpoint: a training checkpoint file (`flowcore.flows.train.fit`): written every
-                `checkpoint_every` steps, and resumed from when it exists, to the same model.
+            encoder: the `Encoder` (or `EncoderProvenance`) that produced X, recorded as `provenance`.
+            checkpoint: a training checkpoint file, written every `checkpoint_every` steps and resumed
+                from when it exists, to the same model (`flowcore.flows.train.fit`).
             checkpoint_every: optimizer steps between checkpoints.
             rows: the row numbers of X to fit on (e.g. those that are not rejects); None: all rows.
-            threads: torch CPU threads for training; None: `flowcore.runtime.training_threads`
-                (one for batches under 256 rows).
-
-        Returns:
-            self, fitted.
+            threads: torch CPU threads for training; None: `flowcore.runtime.training_threads`.
 
         Example:
             >>> FlowCalibrator().fit(np.load("corpus.npy", mmap_mode="r"), rows=np.flatnonzero(good))
@@ -172,11 +155,7 @@ class FlowCalibrator(Calibrator):
                 flow.start_linear(*_whitening_start(data, selected, prepare))
         if self.device is not None:
             flow.to(self.device)
-        train, heldout = _split_holdout(data.shape[0] if selected is None else len(selected), recipe.holdout,
-                                        self.seed)
-        if selected is not None:  # positions among the selected rows -> row numbers of X
-            train = selected if train is None else selected[train]
-            heldout = None if heldout is None else selected[heldout]
+        train, heldout = _split_holdout(data.shape[0], selected, recipe.holdout, self.seed)
         selection = _HeldoutSelection(flow, data, heldout, prepare, linear_start=recipe.input == "whiten",
                                       patience=recipe.patience)
         training_rows = data.shape[0] if train is None else len(train)
@@ -186,22 +165,20 @@ class FlowCalibrator(Calibrator):
                           on_epoch=selection if heldout is not None else None,
                           checkpoint=checkpoint, checkpoint_every=checkpoint_every, rows=train, prepare=prepare,
                           threads=threads, evaluate_every=evaluate_every if heldout is not None else None)
-        if heldout is not None:
-            selection.restore_best()
+        if selection.best_state is not None:  # None without held-out rows or a finite score: keep the last
+            flow.load_state_dict(selection.best_state)
         if self.device is not None and standardizer is not None:
             standardizer.to(self.device)  # only now: training standardised its CPU batches
         self.heldout_bits_per_dim, self.heldout_epochs = selection.scores, selection.epochs
         self.selected_epoch = selection.best_epoch
-        self.stopped_early = selection.stopped and bool(selection.epochs) and selection.epochs[-1] < recipe.epochs
+        self.stopped_early = selection.stopped and selection.epochs[-1] < recipe.epochs
         self.flow, self.standardizer, self.provenance = flow.eval(), standardizer, provenance
         self.fit_seconds = time.perf_counter() - started
         return self
 
     @property
     def outcome(self) -> str:
-        """One line: which weights were kept and why, and how long the fit took, e.g. "kept the
-        whitening start: no trained state was better on held-out data (stopped after 0.5 of at most
-        3 epochs); 12 s"."""
+        """One line: which weights were kept and why, and how long the fit took."""
         self._fitted()
         took = "" if self.fit_seconds is None else f"; {self.fit_seconds:.0f} s"
         epochs = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
@@ -219,58 +196,51 @@ class FlowCalibrator(Calibrator):
         return (f"kept the flow trained {self.selected_epoch:.3g} epochs: held-out {kept:.4f} bits/dim{against} "
                 f"({ran}){took}")
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.standardizer is None:
-            return self.flow(x)[0]
-        y = self.standardizer(x)
-        if self.standardizer.all_varying:  # the usual case: no gather/scatter on the hot path
-            return self.flow(y)[0]
-        varying = self.standardizer.varying
-        y[:, varying] = self.flow(y[:, varying])[0]
+    def _on_varying(self, y: torch.Tensor, function) -> torch.Tensor:
+        """y with `function` applied to the coordinates that go through the flow."""
+        varying = None if self.standardizer is None else self.standardizer.varying
+        if varying is None or bool(varying.all()):  # the usual case: no gather/scatter on the hot path
+            return function(y)
+        y = y.clone()
+        y[:, varying] = function(y[:, varying])
         return y
 
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x if self.standardizer is None else self.standardizer(x)
+        return self._on_varying(y, lambda varying: self.flow(varying)[0])
+
     def _inverse(self, z: torch.Tensor) -> torch.Tensor:
-        if self.standardizer is None:
-            return self.flow.inverse(z)
-        if self.standardizer.all_varying:
-            return self.standardizer.inverse(self.flow.inverse(z))
-        varying = self.standardizer.varying
-        y = z.clone()
-        y[:, varying] = self.flow.inverse(z[:, varying])
-        return self.standardizer.inverse(y)
+        y = self._on_varying(z, self.flow.inverse)
+        return y if self.standardizer is None else self.standardizer.inverse(y)
 
     def _map(self, X, inverse: bool, chunk_rows: int) -> np.ndarray:
         """X mapped through the flow (or back), `chunk_rows` rows at a time: rows with NaN/Inf are
         refused, and so are finite rows mapped to NaN/Inf (`NonFiniteOutputError`), by number."""
-        name = "Z" if inverse else "X"
+        name, function = ("Z", self._inverse) if inverse else ("X", self._forward)
         if np.ndim(X) != 2:
             check_matrix(np.asarray(X), name=name)  # the shape error
-        flow, dim = self._fitted(), self.dim
-        parameter = next(flow.parameters())
+        parameter, dim = next(self._fitted().parameters()), self.dim
         if parameter.device.type == "cuda":  # transfers overlapped with the compute
             with torch.inference_mode():
-                out = map_on_cuda(X, self._inverse if inverse else self._forward, dim=dim, device=parameter.device,
-                                  dtype=parameter.dtype, chunk_rows=chunk_rows, name=name)
+                out = map_on_cuda(X, function, dim=dim, device=parameter.device, dtype=parameter.dtype,
+                                  chunk_rows=chunk_rows, name=name)
             return check_output(out, name)
-        rows = len(X)
-        out = np.empty((rows, dim), dtype=np.float32)
-        for start in range(0, rows, chunk_rows):
-            chunk = check_matrix(X[start : start + chunk_rows], dim=dim, row_offset=start, name=name)
-            chunk = chunk.to(device=parameter.device, dtype=parameter.dtype)
-            with torch.inference_mode():
-                mapped = self._inverse(chunk) if inverse else self._forward(chunk)
-            out[start : start + len(chunk)] = mapped.float().cpu().numpy()
-        return check_output(out, name)
 
-    def transform(self, X, chunk_rows: int = CHUNK_ROWS) -> np.ndarray:
-        """Calibrated vectors z (float32 numpy), computed `chunk_rows` rows at a time. A row with
-        NaN/Inf is refused by number (ValueError), and so is a finite row the flow maps to NaN/Inf
-        (`flowcore.validation.NonFiniteOutputError`, e.g. values near 3.4e38)."""
+        def map_chunk(rows, row_offset: int) -> np.ndarray:
+            chunk = check_matrix(rows, dim=dim, row_offset=row_offset, name=name)
+            with torch.inference_mode():
+                return function(chunk.to(device=parameter.device, dtype=parameter.dtype)).float().cpu().numpy()
+
+        return self._map_chunks(X, map_chunk, chunk_rows, name)
+
+    def transform(self, X, chunk_rows: int = defaults.TRANSFORM_CHUNK_ROWS) -> np.ndarray:
+        """Calibrated vectors z, float32, `chunk_rows` rows at a time; a row with NaN/Inf is refused by
+        number, and so is a finite row the flow maps to NaN/Inf (`NonFiniteOutputError`)."""
         return self._map(X, inverse=False, chunk_rows=chunk_rows)
 
     def transform_iter(self, chunks: Iterable) -> Iterator[np.ndarray]:
-        """Calibrate a stream of (rows, dim) arrays, yielding one float32 array per input chunk;
-        errors name the chunk's first row, and `NonFiniteOutputError.rows` count across the stream."""
+        """`transform` of each of a stream of (rows, dim) arrays; errors name the chunk's first row, and
+        `NonFiniteOutputError.rows` count across the stream."""
         offset = 0
         for chunk in chunks:
             try:
@@ -282,7 +252,7 @@ class FlowCalibrator(Calibrator):
                 raise ValueError(f"in the chunk starting at row {offset}: {error}") from None
             offset += len(chunk)
 
-    def inverse_transform(self, Z, chunk_rows: int = CHUNK_ROWS) -> np.ndarray:
+    def inverse_transform(self, Z, chunk_rows: int = defaults.TRANSFORM_CHUNK_ROWS) -> np.ndarray:
         """Map calibrated vectors back to the embedding space (refused as `transform` refuses)."""
         return self._map(Z, inverse=True, chunk_rows=chunk_rows)
 
@@ -295,10 +265,8 @@ class FlowCalibrator(Calibrator):
             "config": self.config,
             "standardize": self.standardizer is not None,
             "dtype": str(next(flow.parameters()).dtype).removeprefix("torch."),
-            "training": {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
-                         "seed": self.seed, "losses": self.losses, "recipe": self.recipe.to_json(),
-                         "heldout_bits_per_dim": self.heldout_bits_per_dim, "heldout_epochs": self.heldout_epochs,
-                         "selected_epoch": self.selected_epoch, "stopped_early": self.stopped_early},
+            "training": {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed,
+                         "recipe": asdict(self.recipe), **{name: getattr(self, name) for name in _RECORD}},
         }
         tensors = {f"flow.{name}": value for name, value in flow.state_dict().items()}
         if self.standardizer is not None:
@@ -307,55 +275,45 @@ class FlowCalibrator(Calibrator):
 
     @classmethod
     def _from_file(cls, path, tensors: dict, info: dict, device) -> "FlowCalibrator":
-        try:
-            training = info["training"]
-            recipe = training.get("recipe")
-            if recipe is None:
-                raise FlowFileError(f"{path}: a flow file from an earlier flowcore (before fit recipes), which this "
-                                    "one does not read; refit the flow with `flowcore fit`")
-            calibrator = cls(config=info["config"], seed=training["seed"], device=device)
-            calibrator.recipe = FlowRecipe(**recipe)
-            if calibrator.standardize != info["standardize"]:
-                raise ValueError(f"recipe input {calibrator.recipe.input!r} with standardize={info['standardize']}")
-            # fresh (aligned) copies: results must not depend on where the file put the bytes
-            parts = {"flow": {}, "input": {}}
-            for name, value in tensors.items():
-                part, _, key = name.partition(".")
-                parts[part][key] = value.clone()
-            with torch.device("meta"):  # shapes only: skip the random LU initialisation
-                flow = Glow(**info["glow"])
-            _check_state(flow, parts["flow"], "flow.")
-            flow.load_state_dict(parts["flow"], strict=True, assign=True)
-            if calibrator.standardize:
-                standardizer = Standardizer(parts["input"]["mean"].shape[0])
-                _check_state(standardizer, parts["input"], "input.")
-                standardizer.load_state_dict(parts["input"], strict=True)
-                if standardizer.flow_dim != flow.dim:
-                    raise ValueError(f"the input standardizer passes {standardizer.flow_dim} coordinates "
-                                     f"to a flow of width {flow.dim}")
-                calibrator.standardizer = standardizer
-        except FlowFileError:
-            raise
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
-            raise FlowFileError(f"{path}: flow file does not match its recorded configuration: {error}; refit it "
-                                "with `flowcore fit`") from None
+        training = info["training"]
+        recipe = training.get("recipe")
+        if recipe is None:
+            raise FlowFileError(f"{path}: a flow file from an earlier flowcore (before fit recipes), which this "
+                                "one does not read; refit the flow with `flowcore fit`")
+        calibrator = cls(config=info["config"], seed=training["seed"], device=device)
+        calibrator.recipe = FlowRecipe(**recipe)
+        if calibrator.standardize != info["standardize"]:
+            raise ValueError(f"recipe input {calibrator.recipe.input!r} with standardize={info['standardize']}")
+        # fresh (aligned) copies: results must not depend on where the file put the bytes
+        parts = {"flow": {}, "input": {}}
+        for name, value in tensors.items():
+            part, _, key = name.partition(".")
+            parts[part][key] = value.clone()
+        with torch.device("meta"):  # shapes only: skip the random LU initialisation
+            flow = Glow(**info["glow"])
+        _load_state(flow, parts["flow"], "flow.", assign=True)
+        if calibrator.standardize:
+            standardizer = Standardizer(parts["input"]["mean"].shape[0])
+            _load_state(standardizer, parts["input"], "input.")
+            if standardizer.flow_dim != flow.dim:
+                raise ValueError(f"the input standardizer passes {standardizer.flow_dim} coordinates "
+                                 f"to a flow of width {flow.dim}")
+            calibrator.standardizer = standardizer
         if device is not None:
             flow.to(device)
             if calibrator.standardizer is not None:
                 calibrator.standardizer.to(device)
         calibrator.flow = flow.eval()
-        calibrator.losses = training.get("losses", [])
-        calibrator.heldout_bits_per_dim = training.get("heldout_bits_per_dim", [])
-        calibrator.selected_epoch = training.get("selected_epoch")
-        # files from before evaluations within epochs: one score per epoch, from the start (0)
-        calibrator.heldout_epochs = training.get("heldout_epochs", list(range(len(calibrator.heldout_bits_per_dim))))
-        calibrator.stopped_early = training.get("stopped_early", False)
+        for name in _RECORD:  # what a file lacks keeps the unfitted value
+            setattr(calibrator, name, training.get(name, getattr(calibrator, name)))
+        if "heldout_epochs" not in training:  # from before evaluations within epochs: one score an epoch, from 0
+            calibrator.heldout_epochs = list(range(len(calibrator.heldout_bits_per_dim)))
         return calibrator
 
 
-def _check_state(module: torch.nn.Module, state: dict, prefix: str) -> None:
-    """A ValueError naming the first tensor of a saved `state` that `module` (built from the
-    file's recorded configuration) lacks, does not have, or has in another shape."""
+def _load_state(module: torch.nn.Module, state: dict, prefix: str, assign: bool = False) -> None:
+    """Load a saved `state` into `module` (built from the file's recorded configuration), after a ValueError
+    naming the first tensor that `module` lacks, does not have, or has in another shape."""
     expected = module.state_dict()
     for name, value in expected.items():
         if name not in state:
@@ -366,22 +324,15 @@ def _check_state(module: torch.nn.Module, state: dict, prefix: str) -> None:
     for name in state:
         if name not in expected:
             raise ValueError(f"tensor {prefix}{name} is not part of the recorded configuration")
+    module.load_state_dict(state, strict=True, assign=assign)
 
 
 def _whitening_start(data: torch.Tensor, rows: torch.Tensor | None, prepare) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight, loc) of `Glow.start_linear` that whiten the flow's input (the `rows` of `data`, all
-    if None, through `prepare`): float64 BERT-whitening from moments summed over blocks of rows
-    (`Whitening.fit_moments`, O(d²) memory); directions without variance, which whitening drops,
-    pass unscaled (they stay near zero), so that the map stays invertible and cosines equal whitening's."""
-    accumulator = MomentsAccumulator()
-    count = data.shape[0] if rows is None else len(rows)
-    for start in range(0, count, STAT_BLOCK_ROWS):
-        stop = start + STAT_BLOCK_ROWS
-        block = data[start:stop] if rows is None else data[rows[start:stop]]
-        if prepare is not None:
-            block = prepare(block)
-        accumulator.add(block.detach().cpu().double().numpy())
-    whitening = Whitening().fit_moments(accumulator.total())
+    """(weight, loc) of `Glow.start_linear` that whiten the flow's input (the `rows` of `data`, all if
+    None, through `prepare`), in O(d²) memory; directions without variance, which whitening drops,
+    pass unscaled, so that the map stays invertible and cosines equal whitening's."""
+    blocks = row_blocks(data, rows, prepare)
+    whitening = Whitening().fit_moments(Moments.of_chunks(block.detach().cpu().double().numpy() for block in blocks))
     kept = whitening.axes  # orthonormal directions U_k
     rows = [whitening.matrix.T]
     if kept.shape[1] < kept.shape[0]:
@@ -390,22 +341,26 @@ def _whitening_start(data: torch.Tensor, rows: torch.Tensor | None, prepare) -> 
     return torch.from_numpy(np.concatenate(rows)), -torch.from_numpy(whitening.mean)
 
 
-def _split_holdout(rows: int, share: float, seed: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(training positions, held-out positions), int64 indices into the `rows` rows fitted on: a
-    seeded random `share` of them held out, at least 1 and at least 2 rows left to train on;
-    (None, None) without a held-out share (train on every row)."""
-    count = min(rows - 2, max(1, round(share * rows))) if share > 0 else 0
-    if count < 1:
-        return None, None
-    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))
-    return order[count:], order[:count]
+def _split_holdout(rows: int, selected: torch.Tensor | None, share: float,
+                   seed: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(training, held-out) row numbers among the `selected` of X's `rows` rows (None: all): a seeded random
+    `share` held out, at least 1, leaving at least 2 to train on; (selected, None) without a held-out share."""
+    count = rows if selected is None else len(selected)
+    held = min(count - 2, max(1, round(share * count))) if share > 0 else 0
+    if held < 1:
+        return selected, None
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    order = order if selected is None else selected[order]
+    return order[held:], order[:held]
+
+
+_CHECKPOINTED = ("scores", "epochs", "best_epoch", "best_score", "stopped")
+"""What a training checkpoint keeps of a `_HeldoutSelection` besides the best weights."""
 
 
 class _HeldoutSelection:
-    """`fit`'s `on_epoch`: scores the held-out rows (bits/dim, through `prepare`, `STAT_BLOCK_ROWS`
-    at a time, so memory stays bounded) at each evaluation, keeps a copy of the best weights, and
-    stops training once `patience` evaluations in a row have not beaten them; with a linear start
-    the start is scored too and can be the one kept (epoch 0)."""
+    """`fit`'s `on_epoch`: scores the held-out rows (bits/dim) at each evaluation, keeps a copy of the
+    best weights, and stops training once `patience` evaluations in a row have not beaten them."""
 
     def __init__(self, flow: Glow, data: torch.Tensor, heldout: torch.Tensor | None, prepare, linear_start: bool,
                  patience: int = 1):
@@ -415,34 +370,29 @@ class _HeldoutSelection:
         self.best_epoch: float | None = None
         self.best_score, self.best_state = float("inf"), None
         self.stopped = False
-        if heldout is not None:
-            if linear_start:
-                self._keep(0, self._score())
-            else:
-                self.scores.append(None)
-                self.epochs.append(0)
+        if heldout is not None and linear_start:
+            self(0, None)  # the start is scored, and can be the one kept
+        elif heldout is not None:
+            self.scores.append(None)
+            self.epochs.append(0)
 
     @torch.no_grad()
     def _score(self) -> float:
         self.flow.eval()
         parameter = next(self.flow.parameters())
         total = 0.0
-        for rows in self.heldout.split(STAT_BLOCK_ROWS):
-            chunk = self.data[rows]
-            if self.prepare is not None:
-                chunk = self.prepare(chunk)
-            total += float(self.flow.bits_per_dim(chunk.to(device=parameter.device, dtype=parameter.dtype))) * len(rows)
+        for chunk in row_blocks(self.data, self.heldout, self.prepare):
+            chunk = chunk.to(device=parameter.device, dtype=parameter.dtype)
+            total += float(self.flow.bits_per_dim(chunk)) * len(chunk)
         return total / len(self.heldout)
 
-    def _keep(self, epoch: float, score: float) -> None:
+    def __call__(self, epoch: float, _loss: float | None) -> bool:
+        score = self._score()
         self.scores.append(score)
         self.epochs.append(epoch)
         if score < self.best_score:
             self.best_epoch, self.best_score = epoch, score
             self.best_state = {name: value.clone() for name, value in self.flow.state_dict().items()}
-
-    def __call__(self, epoch: float, loss: float) -> bool:
-        self._keep(epoch, self._score())
         since_best = len(self.epochs) - 1 - self.epochs.index(self.best_epoch) if self.best_epoch is not None \
             else len(self.epochs)
         self.stopped = since_best >= self.patience
@@ -450,18 +400,10 @@ class _HeldoutSelection:
 
     def checkpoint_state(self) -> tuple[dict, dict]:
         """What a training checkpoint keeps of the selection, so that a resumed fit keeps the same weights."""
-        return dict(self.best_state or {}), {"scores": self.scores, "epochs": self.epochs,
-                                             "best_epoch": self.best_epoch, "best_score": self.best_score,
-                                             "stopped": self.stopped}
+        return dict(self.best_state or {}), {name: getattr(self, name) for name in _CHECKPOINTED}
 
     def restore_checkpoint_state(self, tensors: dict, info: dict) -> None:
         """Undo `checkpoint_state`."""
-        self.scores, self.epochs = list(info["scores"]), list(info["epochs"])
-        self.best_epoch, self.best_score, self.stopped = info["best_epoch"], info["best_score"], info["stopped"]
+        for name in _CHECKPOINTED:
+            setattr(self, name, info[name])
         self.best_state = tensors or None
-
-    def restore_best(self) -> None:
-        """Load the best weights kept (those of the last epoch if no score was finite)."""
-        if self.best_state is not None:
-            self.flow.load_state_dict(self.best_state)
-            self.flow.train(False)

@@ -1,8 +1,5 @@
-"""Mapping a host array through a flow on a CUDA device, chunk by chunk, the transfers overlapped
-with the compute: the CUDA path of `FlowCalibrator.transform` / `inverse_transform`.
-
-Host copies, uploads, `fn` and downloads of neighbouring chunks run at once through two pinned
-buffers of each kind; the device holds two chunks. Non-finite rows are reported by row number.
+"""The CUDA path of `FlowCalibrator.transform` / `inverse_transform`: host copies, uploads, compute and
+downloads of neighbouring chunks overlap, through two pinned buffers of each kind.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Flow files, the one file format of every calibrator: one safetensors file, tensors plus JSON
-metadata; never pickle.
-
-The metadata holds the format and version, the calibrator's `info` (its `kind`, encoder, user
-metadata and settings) and a SHA-256 of the tensor bytes, so a corrupted file is caught. A flow file
-may come from anyone, so `load_flow` checks the header before safetensors reads a byte of tensor data
-(`check_layout`), then refuses NaN/Inf weights. Nothing here can run code from the file.
+"""Flow files, the one file format of every calibrator: safetensors, never pickle, with JSON metadata
+(format, version, the calibrator's `info` and a SHA-256 of the tensor bytes). A flow file may come from
+anyone, so `load_flow` checks the header before safetensors reads any tensor data, then the checksum
+and that the weights are finite. Nothing here can run code from the file.
 """
 from __future__ import annotations
 
@@ -52,9 +49,9 @@ class EncoderProvenance:
 
 def check_encoder_fits(provenance: EncoderProvenance | None, dim: int, encoder, requested_model: str | None = None,
                        what: str = "the flow") -> None:
-    """The one check that vectors from `encoder` fit a calibration of `dim`-wide vectors from
-    `provenance` (None: only the width is checked); `requested_model`, the name the encoder was asked
-    for, also matches. Raises ValueError saying how to fix it."""
+    """Raise a ValueError saying how to fix it unless vectors from `encoder` fit a calibration of
+    `dim`-wide vectors from `provenance` (None: only the width is checked); `requested_model`, the
+    name the encoder was asked for, also matches."""
     if provenance is not None and provenance.model not in (str(encoder.model_id), requested_model):
         raise ValueError(f"{what} was fitted on embeddings from encoder {provenance.model!r}, not "
                          f"{encoder.model_id!r}; use the same encoder (--model {provenance.model}) or refit it")

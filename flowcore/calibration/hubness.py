@@ -1,8 +1,6 @@
 """Hubness of sentence vectors, the signal `auto` calibrates by: the Robin Hood index of the k-NN
-graph (cosine after centring on the corpus mean), RH = Σ_j |N(j) − k| / (2·k·n) with N(j) how many
-rows have row j among their k nearest neighbours: 0 when neighbourhoods are balanced, high when a
-few "hub" rows are near neighbours of very many others (docs/calibration.md). It is measured on a
-seeded sample of distinct rows (`DistinctRowSample`) with an exact k-NN search in blocks.
+graph, measured on a seeded sample of distinct rows (`DistinctRowSample`) with an exact k-NN search
+in blocks (docs/calibration.md).
 """
 from __future__ import annotations
 
@@ -19,15 +17,14 @@ _MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
 def robin_hood_index(rows: np.ndarray, center: np.ndarray, neighbours: int = defaults.AUTO_NEIGHBOURS) -> float:
-    """The Robin Hood index of the k-NN graph of `rows` by cosine after subtracting `center`.
+    """The Robin Hood index of the k-NN graph of `rows` by cosine after subtracting `center`:
+    RH = Σ_j |N(j) − k| / (2·k·n), N(j) the rows that have row j among their k nearest neighbours;
+    in [0, 1), 0 when neighbourhoods are balanced, high when a few "hub" rows neighbour very many others.
 
     Args:
         rows: (n, d) distinct vectors (duplicates would be each other's nearest neighbours).
         center: (d,) the corpus mean the cosines are taken around.
         neighbours: k; fewer when there are not k other rows (then every row neighbours all the others).
-
-    Returns:
-        A number in [0, 1): 0 when every row is among exactly k rows' nearest neighbours.
 
     Example:
         >>> robin_hood_index(sample.rows, moments.mean)     # e.g. about 0.31 for static-avg vectors
@@ -48,13 +45,9 @@ def robin_hood_index(rows: np.ndarray, center: np.ndarray, neighbours: int = def
 
 
 class DistinctRowSample:
-    """A seeded sample of at most `size` distinct rows of a stream, in one pass.
-
-    Each row gets a pseudo-random 64-bit key, a seeded hash of its float64 values, and the sample
-    holds the distinct rows with the `size` smallest keys (a bottom-k sample). Equal rows get
-    equal keys, so repeated sentences count once; the result depends on the rows and the seed
-    only, not on their order or on how the stream is chunked, so a streamed fit equals an
-    in-memory one.
+    """A seeded sample of at most `size` distinct rows of a stream, in one pass: the rows with the
+    `size` smallest keys, a seeded hash of their values (bottom-k). Equal rows get equal keys, so they
+    count once, and the sample depends on the rows and the seed only, not on order or chunking.
 
     Args:
         size: the most rows kept.
@@ -88,7 +81,7 @@ class DistinctRowSample:
         if len(block) == 0:
             return
         keys = self._hash(block)
-        if self._rows is not None and len(self._keys) == self.size:  # full: only smaller keys can enter
+        if len(self._keys) == self.size:  # full: only smaller keys can enter
             smaller = keys < self._keys[-1]
             keys, block = keys[smaller], block[smaller]
         keys = np.concatenate([self._keys, keys])

@@ -1,11 +1,7 @@
-"""The linear calibrators, x → (x − μ)·W with W chosen from the corpus's covariance, and the
-covariance eigen-decomposition they all share (`principal_axes`, the one home of that math):
-the identity (`none`), mean-centring (`center`) and all-but-the-top (`abtt`, Mu & Viswanath
-2018) here; whitening and ZCA in `flowcore.calibration.whitening`.
-
-Each fits in memory (`fit`) or from mergeable float64 moments (`fit_chunks`, `fit_moments`,
-`from_moments`; `flowcore.calibration.moments`) in O(d²) memory however many rows the corpus
-has, and saves μ and W in a calibrator file (`flowcore.calibration.flow_file`).
+"""The linear calibrators, x → (x − μ)·W with W chosen from the corpus's covariance, and the one
+home of the covariance eigen-decomposition (`principal_axes`): the identity (`none`), mean-centring
+(`center`) and all-but-the-top (`abtt`, Mu & Viswanath 2018) here; whitening and ZCA in `whitening`.
+Each fits in memory or from mergeable float64 moments (`flowcore.calibration.moments`) in O(d²) memory.
 """
 from __future__ import annotations
 
@@ -21,14 +17,12 @@ from flowcore.calibration.moments import Moments
 __all__ = ["TOLERANCE", "AllButTheTop", "Identity", "LinearCalibrator", "MeanCentering", "principal_axes"]
 
 TOLERANCE = 1e-8
-"""Directions whose variance is at most this × the largest carry no information (e.g. the constant
-coordinates of a LayerNorm output) and are dropped."""
+"""Directions with variance at most this × the largest carry no information and are dropped."""
 
 
 def principal_axes(covariance: np.ndarray, tolerance: float = TOLERANCE) -> tuple[np.ndarray, np.ndarray]:
-    """(Λ, U): the eigenvalues of a covariance, largest first, and their unit eigenvectors as
-    columns, from a float64 `eigh`; directions at or below the floor (tolerance × the largest,
-    which also catches rounding's tiny negatives) are dropped.
+    """(Λ, U): the eigenvalues of a covariance, largest first, and their unit eigenvectors as columns
+    (float64 `eigh`); directions at or below tolerance × the largest (rounding's negatives too) are dropped.
 
     Example:
         >>> eigenvalues, axes = principal_axes(np.cov(X, rowvar=False))
@@ -43,8 +37,7 @@ def principal_axes(covariance: np.ndarray, tolerance: float = TOLERANCE) -> tupl
 
 
 def _rows(X, width: int | None, name: str, row_offset: int = 0) -> np.ndarray:
-    """X as float64 numpy after the shared checks (2-D, numeric, finite rows: bad rows named), and
-    of `width` columns when given."""
+    """X as float64 numpy, checked (2-D, numeric, finite rows: bad rows named; `width` columns if given)."""
     from flowcore.validation import check_matrix
 
     rows = check_matrix(X, name="X", row_offset=row_offset)
@@ -89,8 +82,7 @@ class LinearCalibrator(Calibrator):
         return self._fit(mean, lambda: np.cov(X - mean, rowvar=False), len(X), encoder)
 
     def fit_moments(self, moments: Moments, encoder=None) -> LinearCalibrator:
-        """Fit from the count, mean and co-moment of the corpus, e.g. merged from shards computed
-        elsewhere (`flowcore.ray.moments`).
+        """Fit from the corpus's moments, e.g. merged from shards computed elsewhere (`flowcore.ray.moments`).
 
         Args:
             moments: the corpus's `Moments`.
@@ -101,9 +93,7 @@ class LinearCalibrator(Calibrator):
         return self._fit(moments.mean, lambda: moments.covariance(ddof=1), moments.count, encoder)
 
     def fit_chunks(self, chunks: Iterable, encoder=None) -> LinearCalibrator:
-        """`fit` over a stream of (rows, d) chunks (e.g. blocks of a memory-mapped file), from their
-        pairwise-merged float64 moments: equal to `fit` on all the rows to about 1e-10 relative,
-        in O(d²) memory.
+        """`fit` over a stream of (rows, d) chunks, from their merged float64 moments in O(d²) memory.
 
         Args:
             chunks: arrays of the same width; a row with NaN/Inf is refused by number.
@@ -142,20 +132,13 @@ class LinearCalibrator(Calibrator):
         return self._fitted().shape[1]
 
     def transform(self, X) -> np.ndarray:
-        """Calibrated rows of X, float32 (n, output_dim), computed `defaults.TRANSFORM_CHUNK_ROWS` at a time.
-        A row with NaN/Inf is refused by number, and so is a finite row whose result does not fit
-        float32 (`flowcore.validation.NonFiniteOutputError`)."""
-        from flowcore.validation import check_output
+        """Calibrated rows of X, float32 (n, output_dim), `defaults.TRANSFORM_CHUNK_ROWS` at a time; a row
+        with NaN/Inf is refused by number, and so is one whose result does not fit float32."""
+        self._fitted()
+        return self._map_chunks(X, self._map_chunk, defaults.TRANSFORM_CHUNK_ROWS)
 
-        matrix = self._fitted()
-        if np.ndim(X) != 2:
-            _rows(np.asarray(X), matrix.shape[0], self.name)  # the shape error
-        out = np.empty((len(X), matrix.shape[1]), dtype=np.float32)
-        for start in range(0, len(X), defaults.TRANSFORM_CHUNK_ROWS):
-            chunk = _rows(X[start:start + defaults.TRANSFORM_CHUNK_ROWS], matrix.shape[0], self.name, start)
-            with np.errstate(over="ignore"):  # a result beyond float32 is Inf, refused below
-                out[start:start + len(chunk)] = (chunk - self.mean) @ matrix
-        return check_output(out)
+    def _map_chunk(self, rows, row_offset: int) -> np.ndarray:
+        return (_rows(rows, self.dim, self.name, row_offset) - self.mean) @ self.matrix
 
     def save(self, path) -> None:
         """Write μ, W and the settings to one calibrator file (safetensors + JSON header, atomically)."""
@@ -184,8 +167,8 @@ class LinearCalibrator(Calibrator):
 
 
 class Identity(Calibrator):
-    """x → x: the raw vectors, as a calibrator (the `none` row of `flowcore sts`). It needs no fit;
-    fitting records the width and provenance, and then other widths are refused.
+    """x → x: the raw vectors, as a calibrator. It needs no fit; fitting records the width and
+    provenance, and then other widths are refused.
 
     Example:
         >>> Identity().transform(X)      # float32 copy of X
@@ -219,13 +202,8 @@ class Identity(Calibrator):
             raise ValueError("this Identity has no width until fitted: call fit(X) or flowcore.load(path) first")
         return self._dim
 
-    @property
-    def output_dim(self) -> int:
-        return self.dim
-
     def transform(self, X) -> np.ndarray:
-        """A float32 copy of the rows of X; a finite row beyond float32 (from float64 input) is
-        refused as the other calibrators refuse it (`flowcore.validation.NonFiniteOutputError`)."""
+        """A float32 copy of the rows of X; a finite row beyond float32 is refused (`NonFiniteOutputError`)."""
         from flowcore.validation import check_output
 
         with np.errstate(over="ignore"):
@@ -257,8 +235,7 @@ class MeanCentering(LinearCalibrator):
 
 
 class AllButTheTop(LinearCalibrator):
-    """Mu & Viswanath's all-but-the-top: centre, then remove the `k` top principal directions,
-    x → (x − μ)(I − U_k U_kᵀ); the width is kept.
+    """Mu & Viswanath's all-but-the-top: x → (x − μ)(I − U_k U_kᵀ), removing the `k` top principal directions.
 
     Args:
         k: directions removed; None uses the authors' rule, round(d / 100), at least 1.

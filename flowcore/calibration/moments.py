@@ -1,8 +1,5 @@
-"""Mergeable first and second moments of a stream of vectors, in float64.
-
-Two sets of moments combine exactly (Chan, Golub & LeVeque 1979), each chunk's computed around its
-own mean (no E[x²] − E[x]² cancellation), in O(d²) memory whatever the number of rows: the covariance
-of a corpus that never fits in memory, from shards computed anywhere and merged.
+"""Mergeable float64 first and second moments of a stream of vectors (Chan, Golub & LeVeque 1979),
+each chunk's taken around its own mean: the covariance of a corpus that never fits in memory, in O(d²).
 """
 from __future__ import annotations
 
@@ -11,7 +8,18 @@ from typing import Iterable
 
 import numpy as np
 
-__all__ = ["Moments", "MomentsAccumulator"]
+from flowcore import defaults
+
+__all__ = ["Moments", "MomentsAccumulator", "row_blocks"]
+
+
+def row_blocks(X, rows=None, prepare=None):
+    """The rows of X numbered in `rows` (all if None), `defaults.STAT_BLOCK_ROWS` at a time, through `prepare`."""
+    count = len(X) if rows is None else len(rows)
+    for start in range(0, count, defaults.STAT_BLOCK_ROWS):
+        stop = start + defaults.STAT_BLOCK_ROWS
+        block = X[start:stop] if rows is None else X[rows[start:stop]]
+        yield block if prepare is None else prepare(block)
 
 
 @dataclass
@@ -77,10 +85,6 @@ class Moments:
             raise ValueError(f"a covariance needs more than {ddof} row(s), got {self.count}")
         return self.comoment / (self.count - ddof)
 
-    def variance(self, ddof: int = 1) -> np.ndarray:
-        """The diagonal of `covariance`."""
-        return np.diag(self.covariance(ddof)).copy()
-
     @classmethod
     def of_chunks(cls, chunks: Iterable, dim: int | None = None) -> "Moments":
         """The moments of a stream of (rows, d) chunks, combined pairwise (`MomentsAccumulator`)."""
@@ -91,8 +95,8 @@ class Moments:
 
 
 class MomentsAccumulator:
-    """Combines a stream of chunk moments pairwise, as a binary counter does, so rounding grows with
-    log(chunks) and at most about log2(chunks) partial moments are alive at once.
+    """Combines a stream of chunk moments pairwise, as a binary counter does: rounding grows with
+    log(chunks), and about log2(chunks) partial moments are alive at once.
 
     Args:
         dim: the vectors' width, when known in advance (needed for `total` of an empty stream).

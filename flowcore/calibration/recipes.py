@@ -1,14 +1,11 @@
 """Fit recipes of `FlowCalibrator` by name: what the flow is fitted on, how long and how fast.
-
-- `whitened` (the default): starts at BERT-whitening, trains on 90 % of the fit corpus and keeps
-  the weights (the start included) with the best held-out bits/dim, stopping after 2 evaluations
-  without gain, so a flow that does not beat whitening's likelihood stays whitening.
-- `standardized`: standardised coordinates, ActNorm's data-dependent start.
-- `paper`: the BERT-flow code exactly: raw vectors, lr 1e-3, batch 32, one epoch.
+`whitened` (the default) starts at BERT-whitening and keeps the weights, the start included, that
+score best on held-out rows, so a flow that does not beat whitening's likelihood stays whitening;
+`standardized` fits standardised coordinates from ActNorm's data-dependent start; `paper` is the BERT-flow code.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from flowcore import defaults
 
@@ -56,10 +53,6 @@ class FlowRecipe:
         if not 0.0 <= self.holdout < 1.0:
             raise ValueError(f"recipe {self.name!r}: holdout must be in [0, 1), got {self.holdout}")
 
-    def to_json(self) -> dict:
-        """The recipe as a JSON-able dict (saved in flow files)."""
-        return asdict(self)
-
 
 RECIPES = {
     "whitened": FlowRecipe("whitened", input="whiten", lr=1e-3, batch_size=32, epochs=3, holdout=0.1,
@@ -75,8 +68,7 @@ def recipe_named(name: str, **overrides) -> FlowRecipe:
 
     Args:
         name: a key of `RECIPES`.
-        overrides: `input`, `lr`, `batch_size`, `epochs`, `holdout`, `evaluations_per_epoch` or
-            `patience`; None keeps the recipe's.
+        overrides: other `FlowRecipe` fields (`lr`, `epochs`, ...); None keeps the recipe's.
 
     Example:
         >>> recipe_named("paper", epochs=2)

@@ -8,13 +8,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flowcore import defaults
+from flowcore.calibration.moments import row_blocks
 
 __all__ = ["CONSTANT_TOLERANCE", "Standardizer"]
 
 CONSTANT_TOLERANCE = 1e-4  # a coordinate whose std is below this fraction of the largest is constant
-STAT_BLOCK_ROWS = defaults.STAT_BLOCK_ROWS
-"""Rows read at a time for the statistics (bounds the float64 working block)."""
 
 
 class Standardizer(nn.Module):
@@ -33,11 +31,6 @@ class Standardizer(nn.Module):
         return self.mean.shape[0]
 
     @property
-    def all_varying(self) -> bool:
-        """True when every coordinate goes through the flow (no gather/scatter needed)."""
-        return self.flow_dim == self.dim
-
-    @property
     def flow_dim(self) -> int:
         """How many coordinates go through the flow."""
         return int(self.varying.sum())
@@ -54,20 +47,10 @@ class Standardizer(nn.Module):
             >>> standardizer = Standardizer(384).fit(torch.from_numpy(np.load("big.npy", mmap_mode="r")))
         """
         count = X.shape[0] if rows is None else len(rows)
-
-        def blocks():
-            for start in range(0, count, STAT_BLOCK_ROWS):
-                stop = start + STAT_BLOCK_ROWS
-                yield (X[start:stop] if rows is None else X[rows[start:stop]]).double()
-
         self.to(X.device)
-        total = torch.zeros(X.shape[1], dtype=torch.float64, device=X.device)
-        for block in blocks():
-            total += block.sum(0)
-        mean = total / count
-        squares = torch.zeros_like(mean)
-        for block in blocks():
-            squares += ((block - mean) ** 2).sum(0)
+        zero = torch.zeros(X.shape[1], dtype=torch.float64, device=X.device)
+        mean = sum((block.double().sum(0) for block in row_blocks(X, rows)), zero) / count
+        squares = sum((((block.double() - mean) ** 2).sum(0) for block in row_blocks(X, rows)), zero)
         std = torch.sqrt(squares / count)
         varying = std > CONSTANT_TOLERANCE * std.max()
         if not bool(varying.any()):

@@ -10,10 +10,8 @@ __all__ = ["Whitening", "ZCAWhitening"]
 
 
 class Whitening(LinearCalibrator):
-    """Whitening fitted on a corpus of embeddings: x → (x − μ)·U_k·Λ_k^(−γ), Σ = U·Λ·Uᵀ.
-
-    γ = ½ is BERT-whitening (Su et al. 2021); a smaller γ tempers it where full whitening would
-    amplify noise. Directions of (near) zero variance would be blown up, so they are dropped.
+    """Whitening, x → (x − μ)·U_k·Λ_k^(−γ) with Σ = U·Λ·Uᵀ: γ = ½ is BERT-whitening (Su et al. 2021), a
+    smaller γ tempers it where it would amplify noise. Directions of (near) zero variance are dropped.
 
     Args:
         dim: keep only the `dim` directions of largest variance (BERT-whitening-k); None keeps all.
@@ -21,8 +19,7 @@ class Whitening(LinearCalibrator):
         tolerance: directions with variance <= tolerance × the largest are dropped.
 
     Attributes:
-        mean: μ; matrix: W = U_k·Λ_k^(−γ); eigenvalues, axes: the kept Λ_k, U_k; rank: the directions
-        above the floor; rows: the rows the fit saw.
+        eigenvalues, axes: the kept Λ_k, U_k; rank: the directions above the floor.
 
     Example:
         >>> Z = Whitening(dim=256).fit(X).transform(X)   # float32 (n, 256), identity covariance
@@ -58,11 +55,7 @@ class Whitening(LinearCalibrator):
         eigenvalues, axes = principal_axes(covariance(), self.tolerance)
         keep = min(self.dim_kept or width, len(eigenvalues))
         self.rank, self.eigenvalues, self.axes = len(eigenvalues), eigenvalues[:keep], axes[:, :keep]
-        return self._whitened(self.eigenvalues, self.axes)
-
-    def _whitened(self, eigenvalues: np.ndarray, axes: np.ndarray) -> np.ndarray:
-        """W from the kept eigenvalues and axes."""
-        return axes / eigenvalues ** self.power
+        return self.axes / self.eigenvalues ** self.power
 
 
 class ZCAWhitening(Whitening):
@@ -83,6 +76,6 @@ class ZCAWhitening(Whitening):
     def settings(self) -> dict:
         return {"tolerance": self.tolerance}
 
-    def _whitened(self, eigenvalues, axes):
-        return super()._whitened(eigenvalues, axes) @ axes.T
+    def _fitted_matrix(self, mean, covariance):
+        return super()._fitted_matrix(mean, covariance) @ self.axes.T
 

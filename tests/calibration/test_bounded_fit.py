@@ -10,8 +10,9 @@ import torch
 
 import flowcore
 from flowcore.calibration.calibrator import _whitening_start
-from flowcore.calibration.standardize import STAT_BLOCK_ROWS, Standardizer
+from flowcore.calibration.standardize import Standardizer
 from flowcore.calibration.whitening import Whitening
+from flowcore.defaults import STAT_BLOCK_ROWS
 
 
 def corpus(rows=17000, dim=8, seed=0):
