@@ -1,8 +1,5 @@
-"""ActNorm: per-feature affine y = (x + loc) * exp(logs) with data-dependent initialisation.
-
-The first training batch leaves with zero mean and unit variance per feature. The `initialized` flag
-is a buffer, saved with the weights, so a loaded model is never re-initialised.
-"""
+"""ActNorm: per-feature affine y = (x + loc) * exp(logs), initialised so that the first training batch
+leaves with zero mean and unit variance. `initialized` is a saved buffer: a loaded model is never re-initialised."""
 from __future__ import annotations
 
 import torch
@@ -33,8 +30,7 @@ class ActNorm(nn.Module):
             )
         mean = x.mean(dim=0)
         std = x.std(dim=0, unbiased=False)
-        floor = 16 * torch.finfo(x.dtype).eps * mean.abs()
-        constant = (std <= floor) | (std == 0)
+        constant = std <= 16 * torch.finfo(x.dtype).eps * mean.abs()  # zero, or rounding noise around the mean
         if bool(constant.any()):
             features = torch.nonzero(constant).flatten().tolist()
             shown = ", ".join(map(str, features[:10])) + (" ..." if len(features) > 10 else "")

@@ -56,19 +56,18 @@ class Coupling(nn.Module):
 
     def forward(self, x: torch.Tensor):
         """(z, logdet per row): the conditioner on x1, then the coupling op of `kernels`."""
+        return self._couple(x, kernels.affine_coupling, kernels.additive_coupling)
+
+    def inverse(self, z: torch.Tensor):
+        x, logdet = self._couple(z, kernels.affine_coupling_inverse, kernels.additive_coupling_inverse)
+        return x, -logdet
+
+    def _couple(self, x: torch.Tensor, affine, additive):
+        """x1 unchanged and x2 through `affine` or `additive` (the op or its inverse), conditioned on x1."""
         x1, x2 = x.split([self.split, x.shape[1] - self.split], dim=1)
         h = self.net(x1)
         if self.kind == "affine":
-            z2, logdet = kernels.affine_coupling(x2, h)
+            y2, logdet = affine(x2, h)
         else:
-            z2, logdet = kernels.additive_coupling(x2, h), x.new_zeros(x.shape[0])
-        return torch.cat([x1, z2], dim=1), logdet
-
-    def inverse(self, z: torch.Tensor):
-        z1, z2 = z.split([self.split, z.shape[1] - self.split], dim=1)
-        h = self.net(z1)
-        if self.kind == "affine":
-            x2, logdet = kernels.affine_coupling_inverse(z2, h)
-        else:
-            x2, logdet = kernels.additive_coupling_inverse(z2, h), z.new_zeros(z.shape[0])
-        return torch.cat([z1, x2], dim=1), -logdet
+            y2, logdet = additive(x2, h), x.new_zeros(x.shape[0])
+        return torch.cat([x1, y2], dim=1), logdet

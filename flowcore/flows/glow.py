@@ -1,8 +1,5 @@
-"""The multi-scale Glow of BERT-flow for sentence vectors (a 1x1 image with D channels).
-
-After each level but the last, the second half of the features leaves as latent under a standard
-normal prior; latents keep their features' positions, so z has the layout of x.
-"""
+"""The multi-scale Glow of BERT-flow for sentence vectors (a 1x1 image with D channels). After each level but
+the last, half the features leave as latent under a standard normal prior, in place: z has the layout of x."""
 from __future__ import annotations
 
 import math
@@ -89,18 +86,16 @@ class Glow(nn.Module):
             raise ValueError(f"Glow({self.dim}).start_linear expects a ({self.dim}, {self.dim}) weight, "
                              f"got {tuple(weight.shape)}")
         for index, steps in enumerate(self.levels):
-            previous = None
             for position, step in enumerate(steps):
                 if position + 1 == len(steps) and step.coupling.kind == "affine":
                     step.coupling.start_scale(LINEAR_START_SCALE)
                 scale = None
-                if previous is not None:
-                    dim = self.level_dims[index]
-                    scale = torch.ones(dim, dtype=step.actnorm.logs.dtype)
+                if position > 0:  # undo the previous coupling's initial scale
+                    previous = steps[position - 1].coupling
+                    scale = torch.ones(self.level_dims[index], dtype=step.actnorm.logs.dtype)
                     scale[previous.split:] = 1.0 / previous.initial_scale()
                 first = index == 0 and position == 0
                 step.start_linear(weight if first else None, loc if first else None, scale)
-                previous = step.coupling
         return self
 
     def _check(self, x: torch.Tensor, what: str) -> None:

@@ -27,11 +27,6 @@ class LULinear(nn.Module):
         self.lu = nn.Parameter(torch.zeros(dim, dim, dtype=dtype))
         self.log_s = nn.Parameter(torch.zeros(dim, dtype=dtype))
 
-    @torch.no_grad()
-    def set_factors(self, lower: torch.Tensor, upper: torch.Tensor) -> None:
-        """Store tril(lower, -1) as L's and triu(upper, 1) as U's strict triangles."""
-        self.lu.copy_(torch.tril(lower, -1) + torch.triu(upper, 1))
-
     def diagonal(self) -> torch.Tensor:
         """U's diagonal, sign * exp(log_s)."""
         return self.sign * torch.exp(self.log_s)
@@ -71,5 +66,4 @@ class ReversePermutation(nn.Module):
     def forward(self, x: torch.Tensor):
         return x.flip(1), x.new_zeros(x.shape[0])
 
-    def inverse(self, z: torch.Tensor):
-        return z.flip(1), z.new_zeros(z.shape[0])
+    inverse = forward  # the reversal is its own inverse

@@ -1,10 +1,8 @@
 """One Glow step, data -> latent: ActNorm -> invertible linear -> coupling.
 
-The default step (LU mixing, affine coupling) runs in one call, `kernels.affine_step`; the variants
-are composed from the layer modules, with ActNorm folded into the LU weight when there is one.
-
-In inference the folded weight is cached until a parameter changes (version counters). Writes through
-`.data` bypass those: after such surgery call `train()` (or `eval()`) to drop the cache.
+The default step (LU mixing, affine coupling) runs in one call, `kernels.affine_step`; the variants compose
+the layers, with ActNorm folded into an LU weight. In inference the folded weight is cached until a parameter's
+version changes; writes through `.data` bypass versions, so call `train()` or `eval()` after them.
 """
 from __future__ import annotations
 
@@ -59,7 +57,7 @@ class FlowStep(nn.Module):
         mixing = self.mixing
         mixing.perm.copy_(permutation.argmax(dim=1))
         mixing.sign.copy_(torch.sign(diagonal))
-        mixing.set_factors(lower, upper)
+        mixing.lu.copy_(torch.tril(lower, -1) + torch.triu(upper, 1))  # L's and U's strict triangles
         mixing.log_s.copy_(torch.log(diagonal.abs()))
 
     @property

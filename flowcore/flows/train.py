@@ -43,12 +43,10 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         evaluate_every: int | None = None) -> list[float]:
     """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
-    ActNorm is initialised from the first `max(batch_size, init_rows)` shuffled rows, so a small batch
-    gives no noisy statistics; the same `seed` gives the same result. A non-finite loss or gradient
-    raises `TrainingDivergedError` before any weight is touched. `X` is read a batch at a time, so a
-    memory-mapped .npy of any size trains in bounded memory. Resumed from `checkpoint` with the same
-    arguments, `fit` ends with the same weights, bit for bit, as an uninterrupted run (same machine and
-    torch thread count). The flow is left in eval mode.
+    The same `seed` gives the same result; resumed from `checkpoint` with the same arguments, `fit` ends with
+    the weights of an uninterrupted run, bit for bit (same machine and thread count). `X` is read a batch at a
+    time (bounded memory). A non-finite loss or gradient raises `TrainingDivergedError` before any weight
+    changes. The flow is left in eval mode.
 
     Args:
         flow: a `Glow` (anything with `bits_per_dim(x)`, `dim` and parameters).
@@ -59,7 +57,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         seed: seeds the batch order.
         device: move the flow there first (the data follows the flow).
         show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
-        init_rows: rows used for ActNorm's data-dependent initialisation.
+        init_rows: ActNorm is initialised from the first max(batch_size, init_rows) shuffled rows.
         on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch; a true result stops training.
             Its `checkpoint_state`/`restore_checkpoint_state`, if any, are checkpointed too.
         evaluate_every: also call `on_epoch` every this many steps, `epochs_done` fractional (e.g. 1.25)

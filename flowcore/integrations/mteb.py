@@ -5,6 +5,7 @@ text only and takes no prompts (queries and documents are encoded alike).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Any
@@ -56,7 +57,6 @@ class FlowcoreMTEBModel:
         self.embed_dim = _check_calibrator(calibrator, encoder)
         self._name, self._revision = name, revision
         self._meta_overrides = dict(meta_overrides or {})
-        self._meta = None
 
     @classmethod
     def from_flow_file(cls, path, encoder=None, normalize: bool = False, device=None,
@@ -133,42 +133,25 @@ class FlowcoreMTEBModel:
 
         return pairwise_cos_sim(embeddings1, embeddings2)
 
-    @property
+    @functools.cached_property
     def mteb_model_meta(self):
         """The `mteb.ModelMeta` of this model (built once, on first use)."""
-        if self._meta is None:
-            self._meta = self._build_meta()
-        return self._meta
-
-    def __repr__(self) -> str:
-        return (f"FlowcoreMTEBModel(encoder={self.encoder!r}, calibration={self.calibration!r}, "
-                f"normalize={self.normalize}, dtype={self.dtype.name!r}, embed_dim={self.embed_dim})")
-
-    def _build_meta(self):
         from mteb.models import ModelMeta
 
         model_id = str(self.encoder.model_id)
         hub_name = DEFAULT_MODEL_NAME if model_id == DEFAULT_MODEL else _hub_name(model_id)
-        fields: dict[str, Any] = {
-            "loader": None,
+        unknown = ("loader", "release_date", "languages", "memory_usage_mb", "license", "open_weights",
+                   "public_training_code", "public_training_data", "training_datasets")
+        fields: dict[str, Any] = dict.fromkeys(unknown) | {
             "name": self._name or self._default_name(),
             "revision": self._revision or self._fingerprint()[:16],
-            "release_date": None,
-            "languages": None,
             "n_parameters": _n_parameters(self.encoder, self.calibrator),
             "n_embedding_parameters": _n_embedding_parameters(self.encoder),
-            "memory_usage_mb": None,
             "max_tokens": getattr(self.encoder, "max_length", None),
             "embed_dim": self.embed_dim,
-            "license": None,
-            "open_weights": None,
-            "public_training_code": None,
-            "public_training_data": None,
             "framework": ["PyTorch", "Transformers"],
-            "reference": None,
             "similarity_fn_name": "cosine",
             "use_instructions": False,
-            "training_datasets": None,
             "adapted_from": hub_name,
             "modalities": ["text"],
             "model_type": ["dense"],
@@ -178,9 +161,14 @@ class FlowcoreMTEBModel:
         fields.update(self._meta_overrides)
         return ModelMeta(**fields)
 
+    def __repr__(self) -> str:
+        return (f"FlowcoreMTEBModel(encoder={self.encoder!r}, calibration={self.calibration!r}, "
+                f"normalize={self.normalize}, dtype={self.dtype.name!r}, embed_dim={self.embed_dim})")
+
     def _default_name(self) -> str:
         model_id = str(self.encoder.model_id)
-        base = DEFAULT_MODEL_NAME.rpartition("/")[2] if model_id == DEFAULT_MODEL else _last_part(model_id)
+        base = DEFAULT_MODEL_NAME if model_id == DEFAULT_MODEL else model_id.rstrip("/\\").replace("\\", "/")
+        base = base.rpartition("/")[2] or "model"
         name = f"flowcore/{base}-{self.encoder.pooling}"
         return name if self.calibrator is None else f"{name}-{self.calibration}"
 
@@ -222,13 +210,7 @@ def _check_calibrator(calibrator, encoder) -> int:
 
 def _hub_name(model_id: str) -> str | None:
     """`model_id` when it is a Hugging Face name ("org/name"), not a local folder."""
-    if os.path.isabs(model_id) or model_id.count("/") != 1:
-        return None
-    return model_id
-
-
-def _last_part(model_id: str) -> str:
-    return model_id.rstrip("/\\").replace("\\", "/").rpartition("/")[2] or "model"
+    return None if os.path.isabs(model_id) or model_id.count("/") != 1 else model_id
 
 
 def _registered_fields(hub_name: str) -> dict[str, Any]:
@@ -244,8 +226,7 @@ def _registered_fields(hub_name: str) -> dict[str, Any]:
 
 
 def _loaded_model(encoder):
-    loaded = getattr(encoder, "_loaded", None)
-    return getattr(loaded, "model", None)
+    return getattr(getattr(encoder, "_loaded", None), "model", None)
 
 
 def _model_version(encoder) -> str | None:
@@ -282,32 +263,24 @@ def _hash_state(sha, value, depth: int = 0) -> None:
         return
     if isinstance(value, np.ndarray):
         sha.update(repr((value.dtype.str, value.shape)).encode() + np.ascontiguousarray(value).tobytes())
-        return
-    if isinstance(value, (str, int, float, bool, type(None))):
+    elif isinstance(value, (str, int, float, bool, type(None))):
         sha.update(repr(value).encode("utf-8") + b"\0")
-        return
-    if isinstance(value, (list, tuple)):
+    elif isinstance(value, (list, tuple)):
         for item in value:
             _hash_state(sha, item, depth + 1)
-        return
-    if isinstance(value, dict):
+    elif isinstance(value, dict):
         for key in sorted(value, key=str):
             sha.update(repr(key).encode("utf-8"))
             _hash_state(sha, value[key], depth + 1)
-        return
-    state_dict = getattr(value, "state_dict", None)
-    if callable(state_dict):  # a torch module
-        for key, tensor in state_dict().items():
+    elif callable(getattr(value, "state_dict", None)):  # a torch module
+        for key, tensor in value.state_dict().items():
             sha.update(key.encode("utf-8"))
             _hash_state(sha, tensor.detach().cpu().numpy(), depth + 1)
-        return
-    if hasattr(value, "detach"):  # a torch tensor
+    elif hasattr(value, "detach"):  # a torch tensor
         _hash_state(sha, value.detach().cpu().numpy(), depth + 1)
-        return
-    attributes = getattr(value, "__dict__", None)
-    if attributes is not None:
-        for key in sorted(attributes):
+    elif hasattr(value, "__dict__"):
+        for key, item in sorted(vars(value).items()):  # attribute names are unique: items never compared
             if key in ("losses", "device", "metadata", "source") or key.startswith("_"):
                 continue  # training history, placement and the file it came from do not change the vectors
             sha.update(key.encode("utf-8"))
-            _hash_state(sha, attributes[key], depth + 1)
+            _hash_state(sha, item, depth + 1)

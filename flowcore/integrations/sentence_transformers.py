@@ -1,13 +1,10 @@
 """sentence-transformers model folders with flowcore's calibrations and poolings inside.
 
-`export(out, calibrator, model=..., pooling=..., normalize=...)` (CLI: `flowcore export`) writes a
-`SentenceTransformer` folder (transformer, tokenizer, pooling, calibration, optional `Normalize`) whose
-`encode` matches `Encoder(model, pooling).encode` + the calibrator's `transform` to float32 rounding.
-
-A linear calibration with `mean`/`cls` pooling uses stock modules only and loads without flowcore. The
-flow (`FlowModule`) and the other poolings (`LayerPooling`) need `load_model(out)`, which checks the
-folder before setting `trust_remote_code`. flowcore never runs remote code: no code is copied into the
-folder, and `export` refuses an encoder whose configuration has an `auto_map`.
+`export` (CLI: `flowcore export`) writes a `SentenceTransformer` folder (transformer, tokenizer, pooling,
+calibration, optional `Normalize`) whose `encode` matches `Encoder.encode` + the calibrator's `transform` to
+float32 rounding. A linear calibration with `mean`/`cls` pooling uses stock modules only; the flow (`FlowModule`)
+and the other poolings (`LayerPooling`) need `load_model(out)`, which checks the folder before setting
+`trust_remote_code`. No code is copied into the folder, and an encoder with an `auto_map` is refused.
 """
 from __future__ import annotations
 
@@ -119,12 +116,6 @@ class LayerPooling(Module):
         self.first_token = bool(first_token)
         self._pool = Pooling(name=self.pooling, hidden_states=tuple(self.hidden_states), first_token=self.first_token)
 
-    @classmethod
-    def for_model(cls, pooling: str, num_layers: int, embedding_dimension: int, layers=None) -> "LayerPooling":
-        """The module for a pooling request ("first-last-avg", "layers=1,6", ...) on an encoder of `num_layers`."""
-        bound = bind_pooling(*parse_pooling(pooling, layers), num_layers)
-        return cls(bound.name, list(bound.hidden_states), embedding_dimension, bound.first_token)
-
     def forward(self, features: dict, **kwargs) -> dict:
         states = features.get("all_layer_embeddings")
         if states is None:
@@ -141,14 +132,7 @@ class LayerPooling(Module):
         return self.embedding_dimension
 
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        self.save_config(output_path)
-
-    @classmethod
-    def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None,
-             local_files_only: bool = False, **kwargs) -> "LayerPooling":
-        config = cls.load_config(model_name_or_path, subfolder=subfolder, token=token, cache_folder=cache_folder,
-                                 revision=revision, local_files_only=local_files_only)
-        return cls(**{key: config[key] for key in cls.config_keys if key in config})
+        self.save_config(output_path)  # Module.load rebuilds it from this config
 
 
 def linear_dense(calibrator) -> Dense:
@@ -164,15 +148,6 @@ def linear_dense(calibrator) -> Dense:
     return Dense(dim, output_dim, bias=True, activation_function=torch.nn.Identity(),
                  init_weight=torch.tensor(matrix.T, dtype=torch.float32),
                  init_bias=torch.tensor(bias, dtype=torch.float32))
-
-
-def _calibration_module(calibrator: Calibrator):
-    """`FlowModule` for the flow, a stock `Dense` for the linear methods, None for `none`."""
-    if calibrator.name == "flow":
-        return FlowModule(calibrator)
-    if calibrator.name == "none":
-        return None
-    return linear_dense(calibrator)
 
 
 def build_model(calibrator=None, *, model: str | None = None, pooling: str | None = None, layers=None,
@@ -201,10 +176,8 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
             raise ValueError(f"the {calibrator.name} calibrator records no encoder (it was fitted on raw "
                              "embeddings); pass the model and pooling of the encoder that produced them")
         model = recorded.model if recorded is not None else defaults.MODEL
-    if pooling is None and layers is None:
-        pooling = recorded.pooling if recorded is not None else defaults.POOLING
-    elif pooling is None:
-        pooling = defaults.POOLING
+    if pooling is None:
+        pooling = recorded.pooling if recorded is not None and layers is None else defaults.POOLING
     kind, requested = parse_pooling(pooling, layers)  # checked before any model is loaded
     model_id, source = resolve_model(model)
     needs_layers = kind not in _STOCK_POOLINGS
@@ -218,11 +191,14 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
                              "export such a model")
     dim = int(config.hidden_size)
     bound = bind_pooling(kind, requested, int(config.num_hidden_layers))
-    calibration = None
+    calibration = []  # FlowModule for the flow, a stock Dense for the linear methods, nothing for "none"
     if calibrator is not None:  # the encoder as described by its config: no weights loaded yet
         check_encoder_fits(recorded, calibrator.dim, SimpleNamespace(model_id=model_id, pooling=bound.name, dim=dim),
                            requested_model, what=f"the {calibrator.name} calibrator")
-        calibration = _calibration_module(calibrator)
+        if calibrator.name == "flow":
+            calibration.append(FlowModule(calibrator))
+        elif calibrator.name != "none":
+            calibration.append(linear_dense(calibrator))
     local = {"local_files_only": True}
     with quiet_transformers():
         transformer = Transformer(source, model_kwargs=dict(local), processor_kwargs=dict(local),
@@ -234,8 +210,7 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
         modules.append(LayerPooling(bound.name, list(bound.hidden_states), dim, bound.first_token))
     else:
         modules.append(STPooling(dim, pooling_mode=_STOCK_POOLINGS[kind]))
-    if calibration is not None:
-        modules.append(calibration)
+    modules += calibration
     if normalize:
         modules.append(Normalize())
     return SentenceTransformer(modules=modules, device=device)
@@ -314,13 +289,11 @@ def _find_key(value, key: str, where: str = "") -> str | None:
             here = f"{where}.{name}" if where else str(name)
             if name == key:
                 return here
-            found = _find_key(item, key, here)
-            if found is not None:
+            if (found := _find_key(item, key, here)) is not None:
                 return found
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            found = _find_key(item, key, f"{where}[{index}]")
-            if found is not None:
+            if (found := _find_key(item, key, f"{where}[{index}]")) is not None:
                 return found
     return None
 
@@ -334,8 +307,7 @@ def _read_json(path: Path, what: str):
 
 
 def _refuse_auto_map(path: Path, what: str, consequence: str) -> None:
-    found = _find_key(_read_json(path, what), "auto_map")
-    if found is not None:
+    if (found := _find_key(_read_json(path, what), "auto_map")) is not None:
         raise ValueError(f"{what}: {path} has an 'auto_map' key ({found}), which makes transformers run code from "
                          f"the folder{consequence}")
 

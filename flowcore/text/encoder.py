@@ -1,9 +1,6 @@
-"""The frozen encoder: text -> pooled sentence vectors from any Hugging Face encoder, fast.
-
-Encoding dominates the cost of calibrating text, so `Encoder.encode` computes only what changes the
-result: repeats are encoded once, sentences are batched by token count (almost no padding), and the
-forward stops after the deepest hidden state the pooling needs.
-"""
+"""The frozen encoder: text -> pooled sentence vectors from any Hugging Face encoder, fast: repeats are
+encoded once, sentences are batched by token count (little padding), and the forward stops after the deepest
+hidden state the pooling needs."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +9,7 @@ import os
 import re
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -76,14 +74,12 @@ class Encoder:
             raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
         self.device = resolve_device(device)
         self.quantize: str | None = check_quantize(quantize, self.device, resolve_dtype(dtype))
-        self.model_id, source = resolve_model(model)
-        self._source = source
-        self._loaded = load(source, self.model_id, self.device, resolve_dtype(dtype))
+        self.model_id, self._source = resolve_model(model)
+        self._loaded = load(self._source, self.model_id, self.device, resolve_dtype(dtype))
         self._pooling: Pooling = bind_pooling(kind, requested, self._loaded.num_layers)
         self.pooling: str = self._pooling.name
-        self._quantized = None
-        if self.quantize is not None:
-            self._quantized = load_quantized(source, self._loaded.input_names, self._loaded.num_layers, self.quantize)
+        self._quantized = None if self.quantize is None else load_quantized(
+            self._source, self._loaded.input_names, self._loaded.num_layers, self.quantize)
         self.dim: int = self._loaded.dim
         self.max_length: int = min(max_length, self._loaded.max_positions)
         self._autocast_dtype = _autocast_dtype(self.device, dtype)
@@ -96,11 +92,8 @@ class Encoder:
 
         folder, name, revision = _model_folder(self.model_id, self._source)
         config = os.path.join(folder, "config.json") if folder else None
-        weights = {}
-        if folder:
-            for file in sorted(os.listdir(folder)):
-                if file.endswith(_WEIGHT_SUFFIXES) and os.path.isfile(os.path.join(folder, file)):
-                    weights[file] = file_sha256(os.path.join(folder, file))
+        weights = {path.name: file_sha256(path) for path in sorted(Path(folder).iterdir())
+                   if path.name.endswith(_WEIGHT_SUFFIXES) and path.is_file()} if folder else {}
         dtype = next(self._loaded.model.parameters()).dtype
         return {"model": self.model_id, "name": name, "path": folder, "revision": revision,
                 "config_sha256": file_sha256(config) if config and os.path.isfile(config) else None,
@@ -129,15 +122,13 @@ class Encoder:
             float32 numpy array (len(sentences), dim). Texts longer than `max_length` tokens are
             truncated, with one warning counting them.
 
-        The same call on the same machine and thread count gives the same bits. Across batch
-        compositions a CPU vector stays within a few 1e-6 (float32 rounding of blocked sums); with
-        `quantize="int8"` (one activation scale per batch) within the int8 step.
+        The same call on the same machine and thread count gives the same bits; other batch compositions
+        differ by float32 rounding (by the int8 step with `quantize="int8"`, one activation scale per batch).
         """
         texts = _check_sentences(sentences)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         position_of = {}
         inverse = np.fromiter((position_of.setdefault(text, len(position_of)) for text in texts),
                               dtype=np.int64, count=len(texts))
@@ -167,7 +158,10 @@ class Encoder:
                 tokens, lengths, truncated[start:start + len(window)] = self._tokenize(window)
                 side_by_side(workers, lambda rows: encode_batch(tokens, lengths, start, rows),
                              _length_sorted_batches(lengths, batch_size, max_tokens))
-        _warn_truncated(int(truncated[inverse].sum()), len(texts), self.max_length)
+        cut = int(truncated[inverse].sum())
+        if cut:
+            warnings.warn(f"{cut} of {len(texts)} texts were longer than {self.max_length} tokens and were "
+                          f"truncated to {self.max_length} tokens", UserWarning, stacklevel=2)
         embeddings = vectors[inverse]
         return unit_rows(embeddings) if normalize else embeddings
 
@@ -272,8 +266,7 @@ def _check_sentences(sentences) -> list[str]:
         if not isinstance(text, str):
             raise TypeError(f"sentences[{index}] is {type(text).__name__} ({text!r:.60}), not str; "
                             "every item must be a string")
-        surrogate = lone_surrogate(text)
-        if surrogate is not None:
+        if (surrogate := lone_surrogate(text)) is not None:
             raise ValueError(f"sentences[{index}] holds a lone surrogate {text[surrogate]!r} at character "
                              f"{surrogate}, which is not Unicode text (decode its bytes as UTF-8 first)")
     return texts
@@ -284,12 +277,6 @@ def _cut(text: str, budget: int) -> str:
     head = text[:budget]
     space = _LAST_SPACE.search(head)
     return head[:space.start()] if space and space.start() > 0 else head
-
-
-def _warn_truncated(count: int, total: int, max_length: int) -> None:
-    if count:
-        warnings.warn(f"{count} of {total} texts were longer than {max_length} tokens and were truncated "
-                      f"to {max_length} tokens", UserWarning, stacklevel=3)
 
 
 def _autocast_dtype(device: torch.device, dtype):

@@ -1,8 +1,5 @@
-"""Finding and loading frozen Hugging Face encoders, shared by every `Encoder` built on them.
-
-Nothing is ever downloaded. A loaded model is kept per (source, device, dtype) while any Encoder
-uses it (plus the most recent one); its pooler head is dropped.
-"""
+"""Finding and loading frozen Hugging Face encoders, never downloading: a loaded model (pooler head dropped) is
+shared per (source, device, dtype) by the Encoders using it, and the most recent one is kept."""
 from __future__ import annotations
 
 import contextlib
@@ -77,9 +74,8 @@ class LayerTaps:
         caught: dict[int, torch.Tensor] = {}
         self._request.value = (set(wanted), max(wanted), caught)
         try:
-            caught[self.num_layers] = model(**inputs)[0]
-        except _ForwardStopped:
-            pass
+            with contextlib.suppress(_ForwardStopped):
+                caught[self.num_layers] = model(**inputs)[0]
         finally:
             self._request.value = None
         return [caught[index] for index in wanted]
@@ -141,8 +137,7 @@ def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel
     key = (source, str(device), str(dtype))
     loaded = _loaded_models.get(key)
     if loaded is None:
-        loaded = _load_uncached(source, model_id, device, dtype)
-        _loaded_models[key] = loaded
+        loaded = _loaded_models[key] = _load_uncached(source, model_id, device, dtype)
     _most_recent[:] = [loaded]
     return loaded
 

@@ -37,9 +37,7 @@ class Pooling:
         """Pool `states` (one (B, T, D) tensor per index in `hidden_states`) into float32 (B, D)."""
         if self.first_token:
             return states[0][:, 0].float()
-        averaged = states[0].float()
-        for state in states[1:]:
-            averaged = averaged + state.float()
+        averaged = sum((state.float() for state in states[1:]), states[0].float())
         mask = attention_mask.unsqueeze(-1).to(averaged.dtype)
         summed = (averaged * mask).sum(dim=1)
         return summed / (mask.sum(dim=1).clamp(min=1.0) * len(states))
@@ -96,12 +94,9 @@ def _check_layer_list(layers) -> tuple[int, ...]:
         raise TypeError(f"layers must be a list of integers, not {type(layers).__name__}")
     indices = []
     for index in layers:
-        if isinstance(index, bool):
+        if isinstance(index, bool) or not hasattr(type(index), "__index__"):
             raise TypeError(f"layers must hold integers; got {index!r}")
-        try:
-            indices.append(operator.index(index))
-        except TypeError:
-            raise TypeError(f"layers must hold integers; got {index!r}") from None
+        indices.append(operator.index(index))
     if not indices:
         raise ValueError("layers is empty; give at least one hidden-state index")
     return tuple(indices)

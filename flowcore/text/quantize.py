@@ -1,12 +1,10 @@
-"""The opt-in fast CPU mode of `Encoder` (`quantize="int8"`): the encoder exported to ONNX, its
-MatMuls dynamically quantised to int8 (per channel), run by ONNX Runtime.
-
-ONNX Runtime, not torch's `quantize_dynamic`, whose AVX2 int8 (7-bit activations, per-tensor weights)
-costs far more accuracy; the feed-forward up-projections stay float32 for the same reason. One graph
-per model returns every hidden state, so all poolings share it.
-"""
+"""The opt-in fast CPU mode of `Encoder` (`quantize="int8"`): the encoder exported to ONNX, one graph
+returning every hidden state (for all poolings), its MatMuls dynamically quantised to int8 per channel and
+run by ONNX Runtime, more accurate than torch's `quantize_dynamic` (7-bit activations, per-tensor weights on
+AVX2). The feed-forward up-projections stay float32 for the same reason."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -40,13 +38,10 @@ def check_quantize(quantize, device: torch.device, dtype) -> str | None:
 
 def cpu_flags() -> set[str]:
     """The CPU feature flags Linux reports (/proc/cpuinfo); empty where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
+        for line in handle:
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
     return set()
 
 
@@ -100,8 +95,7 @@ def load_quantized(source: str, input_names: tuple[str, ...], num_layers: int, m
     key = (source, input_names, mode)
     model = _quantized.get(key)
     if model is None:
-        model = _build(source, input_names, num_layers)
-        _quantized[key] = model
+        model = _quantized[key] = _build(source, input_names, num_layers)
     _most_recent[:] = [model]
     return model
 
@@ -121,10 +115,9 @@ class _HiddenStates(torch.nn.Module):
 
 
 def _build(source: str, input_names: tuple[str, ...], num_layers: int) -> QuantizedModel:
-    onnx = require("onnx", _FEATURE, "onnx")
-    require("onnxscript", _FEATURE, "onnx")
-    quantization = require("onnxruntime.quantization", _FEATURE, "onnx")
-    QuantType, quantize_dynamic = quantization.QuantType, quantization.quantize_dynamic
+    onnx = require("onnx", _FEATURE, "onnx")  # check_quantize has required onnxscript too
+    require("onnxruntime.quantization", _FEATURE, "onnx")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True).eval()
@@ -147,7 +140,6 @@ def _build(source: str, input_names: tuple[str, ...], num_layers: int) -> Quanti
         with open(int8, "rb") as handle:
             onnx_model = handle.read()
     return QuantizedModel(onnx_model, input_names, weights)
-
 
 
 def _widening_matmuls(graph_model) -> list[str]:
