@@ -1,7 +1,5 @@
-""""Does calibration help here?": with labelled pairs, the calibration to use and why; without,
-`auto`'s choice from the corpus's hubness, with a warning when the neighbourhoods are already
-balanced (calibration then usually lowers STS Spearman).
-"""
+""""Does calibration help here?": with labelled pairs, the calibration to use and why; without, `auto`'s
+choice, with a warning when the neighbourhoods are already balanced (calibration then usually lowers STS Spearman)."""
 from __future__ import annotations
 
 import math
@@ -101,14 +99,7 @@ def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None
 
 def _isotropy_change(isotropy: dict[str, Isotropy], lead: str) -> str:
     raw = isotropy.get("none")
-    parts = []
-    for name, after in isotropy.items():
-        if name == "none":
-            continue
-        before = f"{raw.mean_cosine:.3f} -> " if raw is not None else ""
-        iso = f"{raw.isoscore:.3f} -> " if raw is not None else ""
-        parts.append(f"{name}: mean random-pair cosine {before}{after.mean_cosine:.3f}, IsoScore {iso}"
-                     f"{after.isoscore:.3f}")
-    if not parts:
-        return f"{lead}."
-    return f"{lead}; isotropy " + "; ".join(parts) + "."
+    cosine, iso = (f"{raw.mean_cosine:.3f} -> ", f"{raw.isoscore:.3f} -> ") if raw is not None else ("", "")
+    parts = [f"{name}: mean random-pair cosine {cosine}{after.mean_cosine:.3f}, IsoScore {iso}{after.isoscore:.3f}"
+             for name, after in isotropy.items() if name != "none"]
+    return f"{lead}; isotropy " + "; ".join(parts) + "." if parts else f"{lead}."

@@ -105,9 +105,8 @@ def lexical_figure(bias: dict[str, float], path, title: str) -> Path:
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(6.4, 3.4))
     names = list(bias)
-    values = [bias[name] for name in names]
     colors = ["0.6" if name == "gold" else f"C{index}" for index, name in enumerate(names)]
-    bars = axes.bar(names, values, color=colors)
+    bars = axes.bar(names, [bias[name] for name in names], color=colors)
     axes.bar_label(bars, fmt="%.1f", fontsize="small")
     axes.axhline(0, color="black", linewidth=0.6)
     axes.set_ylabel("Spearman x100 with edit distance")

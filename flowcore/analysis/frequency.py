@@ -1,7 +1,5 @@
-"""The BERT-flow paper's word-frequency analyses of token embeddings: mean ℓ2 norm and mean k-NN
-distance by frequency-rank bucket (in BERT, rare words lie far from the origin and sparse).
-
-Ranks come from `wordfreq` (whole words only) or are counted on a corpus with the encoder's tokenizer.
+"""The BERT-flow paper's word-frequency analyses of token embeddings (in BERT, rare words lie far from the
+origin and sparse): mean ℓ2 norm and k-NN distance by frequency-rank bucket, ranked by `wordfreq` or a corpus.
 """
 from __future__ import annotations
 

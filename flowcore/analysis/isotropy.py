@@ -1,9 +1,7 @@
 """How isotropic a set of sentence vectors is: mean random-pair cosine (Ethayarajh 2019), IsoScore
 (Rudman et al. 2022), effective rank (Roy & Vetterli 2007), top-PC variance shares, and the random-pair
 cosine distribution with the thresholds it suggests. Isotropy is not quality (docs/analysis.md).
-
-IsoScore is computed on the min(d, n − 1) directions n vectors can span, so a small sample's zero
-eigenvalues do not read as anisotropy; it still falls when n is not well above d: compare at equal n.
+IsoScore falls when n is not well above d, even on the min(d, n − 1) directions n vectors span: compare at equal n.
 """
 from __future__ import annotations
 
@@ -11,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from flowcore.sts.metrics import cosine_similarity
 from flowcore.validation import check_matrix
 
 __all__ = ["HISTOGRAM_BINS", "THRESHOLD_PERCENTILES", "TOP_COMPONENTS", "Isotropy", "effective_rank", "isoscore",
@@ -39,9 +38,7 @@ def random_pair_cosines(X, pairs: int = 10_000, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     first = rng.integers(0, len(X), size=pairs)
     second = (first + rng.integers(1, len(X), size=pairs)) % len(X)  # never the same row
-    a, b = X[first], X[second]
-    norms = np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), np.finfo(np.float64).tiny)
-    return (a * b).sum(axis=1) / norms
+    return cosine_similarity(X[first], X[second])
 
 
 def _spectrum(X: np.ndarray) -> np.ndarray:
@@ -143,14 +140,9 @@ def isotropy(X, pairs: int = 10_000, seed: int = 0, max_rows: int = 20_000) -> I
         rows=len(X), dim=X.shape[1], mean_cosine=float(cosines.mean()), std_cosine=float(cosines.std()),
         isoscore=isoscore(spectrum, rank=min(X.shape[1], len(sample) - 1)), effective_rank=effective_rank(spectrum),
         top_variance_share=shares,
-        thresholds={_percentile_name(p): float(np.percentile(cosines, p)) for p in THRESHOLD_PERCENTILES},
+        thresholds={f"p{p:g}": float(np.percentile(cosines, p)) for p in THRESHOLD_PERCENTILES},
         histogram=[int(c) for c in counts])
 
 
-def _percentile_name(percentile: float) -> str:
-    return f"p{percentile:g}"
-
-
 def _rows(X) -> np.ndarray:
-    rows = check_matrix(X, min_rows=2, name="vectors")
-    return rows.double().numpy()
+    return check_matrix(X, min_rows=2, name="vectors").double().numpy()

@@ -1,7 +1,5 @@
-"""Lexical-overlap bias: how much a similarity follows a pair's edit distance rather than its meaning.
-
-A similarity near the gold scores' value leans on surface overlap as much as people do, no more.
-"""
+"""Lexical-overlap bias: how much a similarity follows a pair's edit distance rather than its meaning
+(a similarity near the gold scores' value leans on surface overlap as much as people do, no more)."""
 from __future__ import annotations
 
 import re

@@ -66,9 +66,8 @@ def summary_markdown(analysis: dict) -> str:
                      f"{thresholds['p99']:.3f} | {thresholds['p99.9']:.3f} |")
     lines += ["", "p95/p99/p99.9: percentiles of the random-pair cosines, suggested similarity thresholds (a pair "
               "above p99 is more similar than 99 % of random pairs of the corpus)."]
-    failed = {name: entry["error"] for name, entry in analysis["calibrations"].items() if "error" in entry}
-    for name, error in failed.items():
-        lines.append(f"- {name} failed: {error}")
+    lines += [f"- {name} failed: {entry['error']}" for name, entry in analysis["calibrations"].items()
+              if "error" in entry]
     for entry in analysis["pairs"]:
         lines += ["", f"## {entry['dataset']} ({entry['n_pairs']} labelled pairs)", "",
                   f"| similarity | Spearman x100 with gold | Spearman x100 with {entry['edit_unit']} edit distance |",

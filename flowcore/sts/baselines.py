@@ -16,6 +16,8 @@ FLOW_INPUTS = ("standardize", "prewhiten", "raw")
 _RECORDED = {"whitening": {"whitening_dim": "dim", "whitening_power": "power"}, "abtt": {"abtt_k": "k"},
              "auto": {"seed": "seed"}}
 """{method: {`CalibrationSettings` field and result key: the method's setting}}."""
+_FLOW_RECORD = ("losses", "heldout_bits_per_dim", "heldout_epochs", "selected_epoch", "stopped_early")
+"""The flow's training record, read through a `FlowBaseline`."""
 
 
 class FlowBaseline:
@@ -28,25 +30,10 @@ class FlowBaseline:
         self.flow, self.input, self.show_progress_bar = flow, input, show_progress_bar
         self.whitening = None
 
-    @property
-    def losses(self) -> list[float]:
-        return self.flow.losses
-
-    @property
-    def heldout_bits_per_dim(self) -> list[float | None]:
-        return self.flow.heldout_bits_per_dim
-
-    @property
-    def heldout_epochs(self) -> list[float]:
-        return self.flow.heldout_epochs
-
-    @property
-    def selected_epoch(self) -> float | None:
-        return self.flow.selected_epoch
-
-    @property
-    def stopped_early(self) -> bool:
-        return self.flow.stopped_early
+    def __getattr__(self, name: str):
+        if name in _FLOW_RECORD:
+            return getattr(self.flow, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _prepared(self, X):
         return self.whitening.transform(X) if self.whitening is not None else X

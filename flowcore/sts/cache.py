@@ -21,23 +21,15 @@ CACHE_ENV = "FLOWCORE_CACHE"
 logger = logging.getLogger(__name__)
 
 
-def _model_key(model_id: str) -> str:
-    """A local model folder is identified by its absolute path, a hub or alias name as given."""
-    return os.path.abspath(model_id) if os.path.isdir(model_id) else model_id
-
-
 def default_cache_dir() -> Path:
     """The cache folder from $FLOWCORE_CACHE, else ~/.cache/flowcore/embeddings."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowcore" / "embeddings")
 
 
 class EmbeddingCache:
-    """Sentence vectors stored per (model, pooling, sentence), so nothing is encoded twice.
-
-    The key also carries the encoder's `max_length` and `quantize` mode, which change the vectors. On
-    disk, shards (`.npy` + the `.json` of its sentences) are written atomically and never modified, so
-    concurrent runs are safe.
-    """
+    """Sentence vectors stored per (model, pooling, sentence), so nothing is encoded twice; the key also
+    carries the encoder's `max_length` and `quantize` mode. On disk, shards (`.npy` + the `.json` of its
+    sentences) are written atomically and never modified, so concurrent runs are safe."""
 
     def __init__(self, directory: str | os.PathLike | None):
         self.directory = Path(directory) if directory is not None else None
@@ -52,7 +44,7 @@ class EmbeddingCache:
         if key in self._memory:
             return self._memory[key]
         known: dict[str, np.ndarray] = {}
-        if self.directory is not None and self._folder(model, pooling).is_dir():
+        if self.directory is not None:
             for meta_path in sorted(self._folder(model, pooling).glob("*.json")):
                 try:
                     meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -92,7 +84,8 @@ class EmbeddingCache:
         Returns:
             float32 (len(sentences), encoder.dim), row i the vector of sentences[i].
         """
-        model, pooling = _model_key(str(encoder.model_id)), str(encoder.pooling)
+        model, pooling = str(encoder.model_id), str(encoder.pooling)
+        model = os.path.abspath(model) if os.path.isdir(model) else model  # a local folder: by its absolute path
         if getattr(encoder, "max_length", None) is not None:
             pooling = f"{pooling}@max_length={encoder.max_length}"
         if getattr(encoder, "quantize", None) is not None:

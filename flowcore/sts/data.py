@@ -1,8 +1,5 @@
-"""Loaders for the seven STS benchmarks in their original distribution layout.
-
-A missing or malformed file raises an error naming the file and the line. Also the unlabeled fit
-corpora of the calibrations (`fit_corpus_sentences`).
-"""
+"""Loaders for the seven STS benchmarks in their original layout (a bad file raises an error naming
+file and line), and the unlabeled fit corpora of the calibrations (`fit_corpus_sentences`)."""
 from __future__ import annotations
 
 import json
@@ -53,6 +50,13 @@ class STSPairs:
     source: str | None = None
     skipped_lines: int = 0
 
+    @classmethod
+    def from_rows(cls, dataset: str, split: str, rows, **extra) -> "STSPairs":
+        """Pairs from (sentence1, sentence2, score, subset) rows; `extra`: `source`, `skipped_lines`."""
+        rows = list(rows)
+        return cls(dataset, split, [row[0] for row in rows], [row[1] for row in rows],
+                   np.asarray([row[2] for row in rows], dtype=np.float64), [row[3] for row in rows], **extra)
+
     def __len__(self) -> int:
         return len(self.scores)
 
@@ -71,12 +75,9 @@ def default_data_dir() -> Path:
 
 def splits(dataset: str) -> tuple[str, ...]:
     """The splits a dataset is distributed with (STS12–16 have only a test split)."""
-    _check_name(dataset)
-    if dataset == "STS-B":
-        return tuple(_STSB_FILES)
-    if dataset == "SICK-R":
-        return tuple(_SICK_FILES)
-    return ("test",)
+    if dataset not in DATASETS:
+        raise STSDataError(f"unknown dataset {dataset!r}: choose from {', '.join(DATASETS)}")
+    return tuple({"STS-B": _STSB_FILES, "SICK-R": _SICK_FILES}.get(dataset, ("test",)))
 
 
 def load_split(data_dir: str | os.PathLike, dataset: str, split: str = "test") -> STSPairs:
@@ -105,34 +106,23 @@ def load_test(data_dir: str | os.PathLike, dataset: str, sick_split: str = "test
 
 def concat(parts: list[STSPairs], split: str) -> STSPairs:
     """Several splits of one dataset as one."""
-    return STSPairs(
-        dataset=parts[0].dataset,
-        split=split,
-        sentences1=[s for p in parts for s in p.sentences1],
-        sentences2=[s for p in parts for s in p.sentences2],
-        scores=np.concatenate([p.scores for p in parts]),
-        subsets=[s for p in parts for s in p.subsets],
-    )
+    rows = (row for part in parts for row in zip(part.sentences1, part.sentences2, part.scores, part.subsets))
+    return STSPairs.from_rows(parts[0].dataset, split, rows)
 
 
 def read_sentence_file(path: str | os.PathLike) -> list[str]:
     """One sentence per line (blank lines skipped), e.g. an NLI corpus used as fit corpus."""
-    sentences = [line.strip() for line in read_lines(path, error=STSDataError)]
-    sentences = [s for s in sentences if s]
+    sentences = [line.strip() for line in read_lines(path, error=STSDataError) if line.strip()]
     if not sentences:
         raise STSDataError(f"{path}: no sentences (expected one sentence per line)")
     return sentences
 
 
 def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, list[str]]:
-    """The unlabeled sentences a calibration is fitted on, and a label saying what they are.
-
-    `target`: every sentence of the dataset (the paper's); `train`: the train split (else target, as the
-    label says); anything else: a file of one sentence per line.
-    """
+    """The unlabeled sentences a calibration is fitted on, and a label saying what they are: `target`,
+    every sentence of the dataset (the paper's); `train`, its train split (else target); else a sentence file."""
     if fit_corpus == "target":
-        sentences = [s for split in splits(dataset) for s in load_split(data_dir, dataset, split).sentences()]
-        return "target", sentences
+        return "target", [s for split in splits(dataset) for s in load_split(data_dir, dataset, split).sentences()]
     if fit_corpus == "train":
         if "train" in splits(dataset):
             return "train", load_split(data_dir, dataset, "train").sentences()
@@ -141,17 +131,13 @@ def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, 
     return str(fit_corpus), read_sentence_file(fit_corpus)
 
 
-def _check_name(dataset: str) -> None:
-    if dataset not in DATASETS:
-        raise STSDataError(f"unknown dataset {dataset!r}: choose from {', '.join(DATASETS)}")
-
-
 class BadRecord(ValueError):
-    """One bad line's problem; the loaders add the location (`path`: its file, if not the one read)."""
+    """One bad record's problem; the loaders add the location (`path`: its file, if not the one read;
+    `lines`: the physical lines it spans)."""
 
-    def __init__(self, message: str, path: Path | None = None):
+    def __init__(self, message: str, path: Path | None = None, lines: int = 1):
         super().__init__(message)
-        self.path = path
+        self.path, self.lines = path, lines
 
 
 def checked_score(value, label: str = "score", column: str = "") -> float:
@@ -174,14 +160,6 @@ def checked_sentence(value, column: str) -> str:
     if not value.strip():
         raise BadRecord(f"sentence in {column} is empty")
     return value
-
-
-def _at(path: Path, line_number: int, check: Callable, *args):
-    """`check(*args)`, its `BadRecord` raised as an `STSDataError` naming the file and line."""
-    try:
-        return check(*args)
-    except BadRecord as bad:
-        raise STSDataError(f"{path}:{line_number}: {bad}") from None
 
 
 def _raise_bad(path: Path, line_number: int, message: str) -> None:
@@ -224,31 +202,26 @@ def semeval_pairs(input_path: Path, gold_path: Path,
 
 def _load_semeval(folder: Path, dataset: str) -> STSPairs:
     """STS12–16: each subset's `semeval_pairs`."""
-    sentences1, sentences2, scores, subsets = [], [], [], []
-    for subset in _SEMEVAL_SUBSETS[dataset]:
-        for first, second, score in semeval_pairs(folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"):
-            sentences1.append(first)
-            sentences2.append(second)
-            scores.append(score)
-            subsets.append(subset)
-    return STSPairs(dataset, "test", sentences1, sentences2, np.asarray(scores), subsets)
+    rows = [(*pair, subset) for subset in _SEMEVAL_SUBSETS[dataset]
+            for pair in semeval_pairs(folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt")]
+    return STSPairs.from_rows(dataset, "test", rows)
 
 
 def _load_stsb(path: Path, split: str) -> STSPairs:
     """STS-B: `genre, file, year, id, score, s1, s2[, extra...]`, tab-separated, no quoting."""
-    sentences1, sentences2, scores, subsets = [], [], [], []
+    rows = []
     for number, line in enumerate(read_lines(path, error=STSDataError), start=1):
         columns = line.split("\t")
-        if len(columns) < 7:
-            raise STSDataError(
-                f"{path}:{number}: expected at least 7 tab-separated columns "
-                f"(genre, file, year, id, score, sentence1, sentence2), found {len(columns)}"
-            )
-        scores.append(_at(path, number, checked_score, columns[4], "gold score"))
-        sentences1.append(_at(path, number, checked_sentence, columns[5], "column 6"))
-        sentences2.append(_at(path, number, checked_sentence, columns[6], "column 7"))
-        subsets.append(columns[0])
-    return STSPairs("STS-B", split, sentences1, sentences2, np.asarray(scores), subsets)
+        try:
+            if len(columns) < 7:
+                raise BadRecord("expected at least 7 tab-separated columns "
+                                f"(genre, file, year, id, score, sentence1, sentence2), found {len(columns)}")
+            score = checked_score(columns[4], "gold score")
+            rows.append((checked_sentence(columns[5], "column 6"), checked_sentence(columns[6], "column 7"), score,
+                         columns[0]))
+        except BadRecord as bad:
+            raise STSDataError(f"{path}:{number}: {bad}") from None
+    return STSPairs.from_rows("STS-B", split, rows)
 
 
 def _load_sick(path: Path, split: str) -> STSPairs:
@@ -257,12 +230,14 @@ def _load_sick(path: Path, split: str) -> STSPairs:
     if not lines or not lines[0].startswith("pair_ID\tsentence_A\tsentence_B\trelatedness_score"):
         raise STSDataError(f"{path}:1: expected the SICK header "
                            "'pair_ID<TAB>sentence_A<TAB>sentence_B<TAB>relatedness_score...'")
-    sentences1, sentences2, scores = [], [], []
+    rows = []
     for number, line in enumerate(lines[1:], start=2):
         columns = line.split("\t")
-        if len(columns) < 4:
-            raise STSDataError(f"{path}:{number}: expected at least 4 tab-separated columns, found {len(columns)}")
-        sentences1.append(_at(path, number, checked_sentence, columns[1], "column 2"))
-        sentences2.append(_at(path, number, checked_sentence, columns[2], "column 3"))
-        scores.append(_at(path, number, checked_score, columns[3], "gold score"))
-    return STSPairs("SICK-R", split, sentences1, sentences2, np.asarray(scores), [split] * len(scores))
+        try:
+            if len(columns) < 4:
+                raise BadRecord(f"expected at least 4 tab-separated columns, found {len(columns)}")
+            rows.append((checked_sentence(columns[1], "column 2"), checked_sentence(columns[2], "column 3"),
+                         checked_score(columns[3], "gold score"), split))
+        except BadRecord as bad:
+            raise STSDataError(f"{path}:{number}: {bad}") from None
+    return STSPairs.from_rows("SICK-R", split, rows)

@@ -40,19 +40,17 @@ def score_pairs(similarities: np.ndarray, pairs: STSPairs) -> dict:
     if pairs.dataset not in MULTI_SUBSET and not own_subsets:
         result["aggregation"] = "single"
         return result
-    names = list(dict.fromkeys(pairs.subsets))
     labels = np.asarray(pairs.subsets)
     subsets = {}
-    for name in names:
+    for name in dict.fromkeys(pairs.subsets):
         mask = labels == name
         subsets[name] = {**correlations(similarities[mask], pairs.scores[mask]), "n_pairs": int(mask.sum())}
-    sizes = np.array([subsets[n]["n_pairs"] for n in names], dtype=np.float64)
+    sizes = [subset["n_pairs"] for subset in subsets.values()]
     for metric in ("spearman", "pearson"):
-        values = np.array([subsets[n][metric] for n in names])
-        result[f"{metric}_wmean"] = float((values * sizes).sum() / sizes.sum())
+        values = np.array([subset[metric] for subset in subsets.values()])
+        result[f"{metric}_wmean"] = float(np.average(values, weights=sizes))
         result[f"{metric}_mean"] = float(values.mean())
-    result["aggregation"] = "all"
-    result["subsets"] = subsets
+    result.update(aggregation="all", subsets=subsets)
     return result
 
 

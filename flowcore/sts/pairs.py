@@ -1,10 +1,6 @@
 """Your own labelled sentence pairs (`flowcore sts --pairs`), as `STSPairs` named after the file:
-.tsv (no quoting), .csv (csv quoting, one pair per line), .jsonl (objects by key, arrays by
-position) and SentEval `STS.input.<name>.txt` files or folders (docs/sts.md has the formats).
-
-Columns (`PairColumns`) are given by name (the first line is a header) or 0-based position (no
-header); without any, a header with recognised names is used, else positions 0, 1, 2. A bad line
-raises `STSDataError` naming `file:line`, or with `skip_bad=True` is skipped and counted.
+.tsv, .csv, .jsonl and SentEval `STS.input.<name>.txt` files or folders; docs/sts.md has the formats
+and columns. A bad line raises `STSDataError` naming `file:line`, or (`skip_bad`) is skipped and counted.
 """
 from __future__ import annotations
 
@@ -15,8 +11,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
-
-import numpy as np
 
 from flowcore._lines import UnsupportedEncodingError, check_encoding, iter_lines, require_file
 from flowcore.sts.data import BadRecord, STSDataError, STSPairs, checked_score, checked_sentence, semeval_pairs
@@ -54,35 +48,22 @@ class PairColumns:
         digits = [part.isdigit() for part in parts]
         if any(digits) and not all(digits):
             raise ValueError(f"pairs columns {text!r}: give three names or three 0-based positions, not a mix")
-        if all(digits):
-            positions = [int(part) for part in parts]
-            if len(set(positions)) != 3:
-                raise ValueError(f"pairs columns {text!r}: the three positions must differ")
-            return cls(*positions)
-        if len(set(parts)) != 3:
-            raise ValueError(f"pairs columns {text!r}: the three names must differ")
-        return cls(*parts)
+        columns = [int(part) for part in parts] if all(digits) else parts
+        if len(set(columns)) != 3:
+            raise ValueError(f"pairs columns {text!r}: the three {'positions' if all(digits) else 'names'} must differ")
+        return cls(*columns)
 
     @property
     def by_position(self) -> bool:
         return isinstance(self.sentence1, int)
 
+    @property
+    def keys(self) -> tuple:
+        """(sentence1, sentence2, score)."""
+        return self.sentence1, self.sentence2, self.score
+
     def __str__(self) -> str:
-        return f"{self.sentence1},{self.sentence2},{self.score}"
-
-
-POSITIONS = PairColumns(0, 1, 2)
-
-
-_Bad = BadRecord  # one bad line: its message, without the file and line
-
-
-class _SpanningRecord(BadRecord):
-    """A .csv record over `lines` physical lines (all of them count as skipped)."""
-
-    def __init__(self, message: str, lines: int):
-        super().__init__(message)
-        self.lines = lines
+        return ",".join(map(str, self.keys))
 
 
 class _Collector:
@@ -121,34 +102,27 @@ def load_pairs(path: str | os.PathLike, columns: PairColumns | str | None = None
     if isinstance(columns, str):
         columns = PairColumns.parse(columns)
     name = name or pairs_name(path)
-    collector = _Collector(path, skip_bad)
+    collector, suffix = _Collector(path, skip_bad), path.suffix.lower()
     if path.is_dir() or (path.name.startswith(_INPUT_PREFIX) and path.name.endswith(_SENTEVAL_SUFFIX)):
         if columns is not None:
             raise STSDataError(f"{path}: SentEval pairs have fixed columns; --pairs-columns does not apply")
         rows = _senteval_rows(path, collector)
-    elif path.suffix.lower() not in (".tsv", ".csv", ".jsonl") and path.exists():
+    elif suffix not in (".tsv", ".csv", ".jsonl") and path.exists():
         raise STSDataError(f"{path}: unknown pairs format: expected a .tsv, .csv or .jsonl file, "
                            f"a SentEval {_INPUT_PREFIX}<name>{_SENTEVAL_SUFFIX} file or a folder of them")
     else:
         _check_file(path)
-        if path.suffix.lower() == ".tsv":
-            rows = _delimited_rows(path, columns, collector, _tsv_records(path, collector))
-        elif path.suffix.lower() == ".csv":
-            rows = _delimited_rows(path, columns, collector, _csv_records(path, collector))
-        else:
+        if suffix == ".jsonl":
             rows = _jsonl_rows(path, columns, collector)
-    sentences1, sentences2, scores, subsets = [], [], [], []
-    for first, second, score, subset in rows:
-        sentences1.append(first)
-        sentences2.append(second)
-        scores.append(score)
-        subsets.append(subset or name)
+        else:
+            records = _tsv_records if suffix == ".tsv" else _csv_records
+            rows = _delimited_rows(path, columns, collector, records(path, collector))
+    rows = [(first, second, score, subset or name) for first, second, score, subset in rows]
     if collector.skipped:
         logger.warning(f"{path}: skipped {collector.skipped} bad line(s); the first: {collector.first}")
-    if len(scores) < 2:
-        raise STSDataError(f"{path}: {len(scores)} scored pair(s); at least 2 are needed for a correlation")
-    return STSPairs(name, PAIRS_SPLIT, sentences1, sentences2, np.asarray(scores, dtype=np.float64), subsets,
-                    source=str(path), skipped_lines=collector.skipped)
+    if len(rows) < 2:
+        raise STSDataError(f"{path}: {len(rows)} scored pair(s); at least 2 are needed for a correlation")
+    return STSPairs.from_rows(name, PAIRS_SPLIT, rows, source=str(path), skipped_lines=collector.skipped)
 
 
 def load_pairs_files(paths, columns: PairColumns | str | None = None, skip_bad: bool = False) -> list[STSPairs]:
@@ -167,17 +141,14 @@ def _column(key) -> str:
     return f"column {key!r}" if isinstance(key, str) else f"column {key} (0-based)"
 
 
-def _checked_sentence(value, key) -> str:
-    return checked_sentence(value, _column(key))
-
-
-def _checked_score(value, key) -> float:
-    return checked_score(value, "score", f" in {_column(key)}")
+def _checked_row(values, keys: tuple) -> tuple[str, str, float, None]:
+    """The two sentences and the score of a record, read from the columns `keys`, checked."""
+    return (checked_sentence(values[0], _column(keys[0])), checked_sentence(values[1], _column(keys[1])),
+            checked_score(values[2], "score", f" in {_column(keys[2])}"), None)
 
 
 def _check_file(path: Path) -> None:
-    """`STSDataError` unless `path` is a regular file (missing, a pipe, a device) that is not UTF-16
-    or UTF-32 text."""
+    """`STSDataError` unless `path` is a regular file that is not UTF-16 or UTF-32 text."""
     if not path.exists():
         raise STSDataError(f"missing file: {path}")
     require_file(path, STSDataError)
@@ -204,7 +175,7 @@ def _tsv_records(path: Path, collector: _Collector):
 
 
 def _csv_records(path: Path, collector: _Collector):
-    """(number of its first line, fields) of each non-blank CSV record, or (number, _Bad) when broken
+    """(number of its first line, fields) of each non-blank CSV record, or (number, BadRecord) when broken
     or spanning several lines (one pair per line: a quote left open would swallow the next lines)."""
     lines = _text_lines(path, collector)
     state = {"start": None, "last": 0}
@@ -220,38 +191,38 @@ def _csv_records(path: Path, collector: _Collector):
     while True:
         state["start"] = None
         try:
-            fields = next(reader)
+            fields, problem = next(reader), None
         except StopIteration:
             return
         except csv.Error as error:
-            start = state["start"] or state["last"]
-            if state["last"] > start:
-                yield start, _spanning(start, state["last"], f" ({error})")
-            else:
-                yield start, _Bad(f"broken CSV: {error}")
-            continue
-        start = state["start"] or state["last"]
-        if state["last"] > start:
-            yield start, _spanning(start, state["last"])
+            fields, problem = None, str(error)
+        start, last = state["start"] or state["last"], state["last"]
+        if last > start:
+            detail = f" ({problem})" if problem is not None else ""
+            yield start, BadRecord(f"quoted field spans lines {start}-{last}{detail}; unbalanced quote? "
+                                   "(pairs files hold one pair per line)", lines=last - start + 1)
+        elif problem is not None:
+            yield start, BadRecord(f"broken CSV: {problem}")
         elif any(field.strip() for field in fields):
             yield start, fields
 
 
-def _spanning(start: int, last: int, detail: str = "") -> _SpanningRecord:
-    return _SpanningRecord(f"quoted field spans lines {start}-{last}{detail}; unbalanced quote? "
-                           "(pairs files hold one pair per line)", last - start + 1)
-
-
-def _header_columns(header: list[str], path: Path, number: int) -> PairColumns:
-    """The recognised sentence and score columns of a header line."""
-    lowered = [field.strip().lower() for field in header]
-    found = [next((header[i].strip() for i, field in enumerate(lowered) if field in names), None)
-             for names in (SENTENCE1_NAMES, SENTENCE2_NAMES, SCORE_NAMES)]
-    if None in found:
-        raise STSDataError(f"{path}:{number}: neither a header naming both sentences and the score (e.g. "
-                           "sentence1,sentence2,score or s1,s2,label) nor a headerless pair with a numeric score "
-                           "in column 2 (0-based); pass --pairs-columns NAME1,NAME2,SCORE or positions I,J,K")
-    return PairColumns(*found)
+def _header(fields: list[str], columns: PairColumns | None, path: Path, number: int) -> tuple[tuple, tuple]:
+    """The names of the sentence and score columns (`columns`, else recognised) and their positions in a header."""
+    stripped = [field.strip() for field in fields]
+    if columns is None:
+        found = [next((field for field in stripped if field.lower() in names), None)
+                 for names in (SENTENCE1_NAMES, SENTENCE2_NAMES, SCORE_NAMES)]
+        if None in found:
+            raise STSDataError(f"{path}:{number}: neither a header naming both sentences and the score (e.g. "
+                               "sentence1,sentence2,score or s1,s2,label) nor a headerless pair with a numeric "
+                               "score in column 2 (0-based); pass --pairs-columns NAME1,NAME2,SCORE or positions I,J,K")
+        columns = PairColumns(*found)
+    missing = [key for key in columns.keys if key not in stripped]
+    if missing:
+        raise STSDataError(f"{path}:{number}: the header has no column {', '.join(map(repr, missing))} "
+                           f"(it has: {', '.join(stripped)})")
+    return columns.keys, tuple(stripped.index(key) for key in columns.keys)
 
 
 def _is_number(text: str) -> bool:
@@ -266,31 +237,23 @@ def _delimited_rows(path: Path, columns: PairColumns | None, collector: _Collect
     """Pairs of a .tsv/.csv: a header line first when the columns are names (given or recognised)."""
     keys = indices = None
     if columns is not None and columns.by_position:
-        keys = indices = (columns.sentence1, columns.sentence2, columns.score)
+        keys = indices = columns.keys
     for number, fields in records:
-        if isinstance(fields, _Bad):
-            collector.bad(number, str(fields), lines=getattr(fields, "lines", 1))
+        if isinstance(fields, BadRecord):
+            collector.bad(number, str(fields), lines=fields.lines)
             continue
         if indices is None:  # the first record: a header, or the first pair of a headerless file
             lowered = {field.strip().lower() for field in fields}
             if columns is None and len(fields) >= 3 and _is_number(fields[2]) and not lowered & set(SCORE_NAMES):
                 keys = indices = (0, 1, 2)
             else:
-                names = columns or _header_columns(fields, path, number)
-                keys = (names.sentence1, names.sentence2, names.score)
-                stripped = [field.strip() for field in fields]
-                missing = [key for key in keys if key not in stripped]
-                if missing:
-                    raise STSDataError(f"{path}:{number}: the header has no column {', '.join(map(repr, missing))} "
-                                       f"(it has: {', '.join(stripped)})")
-                indices = tuple(stripped.index(key) for key in keys)
+                keys, indices = _header(fields, columns, path, number)
                 continue
         try:
             if len(fields) <= max(indices):
-                raise _Bad(f"expected at least {max(indices) + 1} columns, found {len(fields)}")
-            yield (_checked_sentence(fields[indices[0]], keys[0]), _checked_sentence(fields[indices[1]], keys[1]),
-                   _checked_score(fields[indices[2]], keys[2]), None)
-        except _Bad as bad:
+                raise BadRecord(f"expected at least {max(indices) + 1} columns, found {len(fields)}")
+            yield _checked_row([fields[index] for index in indices], keys)
+        except BadRecord as bad:
             collector.bad(number, str(bad))
 
 
@@ -301,7 +264,7 @@ def _jsonl_rows(path: Path, columns: PairColumns | None, collector: _Collector):
             continue
         try:
             yield _json_pair(text, columns)
-        except _Bad as bad:
+        except BadRecord as bad:
             collector.bad(number, str(bad))
 
 
@@ -309,32 +272,31 @@ def _json_pair(text: str, columns: PairColumns | None):
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise _Bad(f"broken JSON: {error}") from None
+        raise BadRecord(f"broken JSON: {error}") from None
     if isinstance(value, dict):
         if columns is not None and columns.by_position:
-            raise _Bad("a JSON object, but the pairs columns are positions (they pick items of JSON arrays)")
+            raise BadRecord("a JSON object, but the pairs columns are positions (they pick items of JSON arrays)")
         if columns is None:
             lowered = {key.lower(): key for key in value}
             found = [next((lowered[n] for n in names if n in lowered), None)
                      for names in (SENTENCE1_NAMES, SENTENCE2_NAMES, SCORE_NAMES)]
             if None in found:
-                raise _Bad(f"no recognised keys for both sentences and the score (e.g. sentence1, sentence2, score) "
-                           f"among: {', '.join(value) or 'none'}; pass --pairs-columns")
+                raise BadRecord("no recognised keys for both sentences and the score (e.g. sentence1, sentence2, "
+                                f"score) among: {', '.join(value) or 'none'}; pass --pairs-columns")
             columns = PairColumns(*found)
-        keys = (columns.sentence1, columns.sentence2, columns.score)
+        keys = columns.keys
         missing = [key for key in keys if key not in value]
         if missing:
-            raise _Bad(f"missing key {', '.join(map(repr, missing))}")
+            raise BadRecord(f"missing key {', '.join(map(repr, missing))}")
     elif isinstance(value, list):
         if columns is not None and not columns.by_position:
-            raise _Bad("a JSON array, but the pairs columns are names (they pick keys of JSON objects)")
-        keys = (columns.sentence1, columns.sentence2, columns.score) if columns is not None else (0, 1, 2)
+            raise BadRecord("a JSON array, but the pairs columns are names (they pick keys of JSON objects)")
+        keys = columns.keys if columns is not None else (0, 1, 2)
         if len(value) <= max(keys):
-            raise _Bad(f"expected at least {max(keys) + 1} items, found {len(value)}")
+            raise BadRecord(f"expected at least {max(keys) + 1} items, found {len(value)}")
     else:
-        raise _Bad(f"expected a JSON object or array, found {type(value).__name__}")
-    return (_checked_sentence(value[keys[0]], keys[0]), _checked_sentence(value[keys[1]], keys[1]),
-            _checked_score(value[keys[2]], keys[2]), None)
+        raise BadRecord(f"expected a JSON object or array, found {type(value).__name__}")
+    return _checked_row([value[key] for key in keys], keys)
 
 
 def _senteval_rows(path: Path, collector: _Collector):

@@ -90,7 +90,16 @@ def evaluate(
     fitted = dict(fitted or {})
     cache = cache if cache is not None else EmbeddingCache(None)
     needs_fit = any(name != "none" and name not in fitted for name in calibrations)
-    file_corpus: tuple[str, np.ndarray, int, str | None] | None = None  # fitted once, reused: warned once
+
+    def embedded_corpus(label: str, sentences: list[str], name: str) -> tuple[str, np.ndarray, int, str | None]:
+        """(label, vectors, distinct sentences, small-corpus warning) of a fit corpus; the warning logged."""
+        vectors, distinct = cache.embed(encoder, sentences, batch_size, progress), len(set(sentences))
+        warning = small_corpus_warning(distinct, vectors.shape[1])
+        if warning is not None:
+            logger.warning(f"{name}: {warning}")
+        return label, vectors, distinct, warning
+
+    file_corpus = None  # fitted once, reused: warned once
     prepared = []
     for dataset, given in items:
         pairs_ = given if given is not None else load_test(data_dir, dataset, sick_split)
@@ -99,43 +108,28 @@ def evaluate(
         left = cache.embed(encoder, pairs_.sentences1, batch_size, progress)
         right = cache.embed(encoder, pairs_.sentences2, batch_size, progress)
         corpus = (None, None, 0, None)
-        if needs_fit:
-            if fit_corpus in ("target", "train"):
-                if given is not None:
-                    corpus_label, sentences = "target", given.sentences()
-                else:
-                    corpus_label, sentences = fit_corpus_sentences(data_dir, dataset, fit_corpus)
-                corpus_vectors = cache.embed(encoder, sentences, batch_size, progress)
-                distinct = len(set(sentences))
-                warning = small_corpus_warning(distinct, corpus_vectors.shape[1])
-                if warning is not None:
-                    logger.warning(f"{dataset}: {warning}")
-                corpus = (corpus_label, corpus_vectors, distinct, warning)
+        if needs_fit and fit_corpus in ("target", "train"):
+            if given is not None:
+                corpus = embedded_corpus("target", given.sentences(), dataset)
             else:
-                if file_corpus is None:
-                    label, sentences = fit_corpus_sentences(data_dir, dataset, fit_corpus)
-                    vectors, count = cache.embed(encoder, sentences, batch_size, progress), len(set(sentences))
-                    file_corpus = (label, vectors, count, small_corpus_warning(count, vectors.shape[1]))
-                    if file_corpus[3] is not None:
-                        logger.warning(f"{label}: {file_corpus[3]}")
-                corpus = file_corpus
-        prepared.append(_Dataset(dataset, given, pairs_, left, right, *corpus))
+                corpus = embedded_corpus(*fit_corpus_sentences(data_dir, dataset, fit_corpus), dataset)
+        elif needs_fit:
+            if file_corpus is None:
+                label, sentences = fit_corpus_sentences(data_dir, dataset, fit_corpus)
+                file_corpus = embedded_corpus(label, sentences, label)
+            corpus = file_corpus
+        prepared.append(_Dataset(given, pairs_, left, right, *corpus))
     scorer = _Scorer(calibrations, settings, factories, fitted, fit_corpus, progress, str(encoder.pooling),
                      str(encoder.model_id))
-    workers = 1
-    if jobs > 1 and len(prepared) > 1 and fit_corpus in ("target", "train") and _flow_fits_in_parallel(
-            calibrations, settings, scorer):
-        workers = min(jobs, len(prepared))
-    if workers == 1:
-        return [record for item in prepared for record in scorer(item)]
-    return _score_in_processes(scorer, prepared, workers)
+    if jobs > 1 and len(prepared) > 1 and fit_corpus in ("target", "train") and _flow_fits_in_parallel(scorer):
+        return _score_in_processes(scorer, prepared, min(jobs, len(prepared)))
+    return [record for item in prepared for record in scorer(item)]
 
 
 @dataclass
 class _Dataset:
     """One dataset's pairs, their vectors and its fit corpus, ready for its calibrations."""
 
-    name: str
     given: STSPairs | None
     pairs: STSPairs
     left: np.ndarray
@@ -163,7 +157,7 @@ class _Scorer:
 
     def __call__(self, item: _Dataset) -> list[dict]:
         records = []
-        dataset, pairs_, given = item.name, item.pairs, item.given
+        dataset, pairs_, given = item.pairs.dataset, item.pairs, item.given
         for name in self.calibrations:
             record = {"dataset": dataset, "calibration": name, "pooling": self.pooling, "model": self.model,
                       "split": pairs_.split}
@@ -187,8 +181,8 @@ class _Scorer:
                             logger.info(f"{dataset}: fitting {name} on {len(item.corpus_vectors)} "
                                         f"{item.corpus_label} sentences")
                         calibrator.fit(item.corpus_vectors)
-                    if name != "none" and self.fit_corpus not in ("target", "train"):
-                        self.fitted_on_file[name] = calibrator
+                        if self.fit_corpus not in ("target", "train"):
+                            self.fitted_on_file[name] = calibrator
                 if getattr(calibrator, "losses", None):
                     record["flow_losses"] = [float(loss) for loss in calibrator.losses]
                 if getattr(calibrator, "heldout_bits_per_dim", None):  # the recipe's unsupervised choice of weights
@@ -212,10 +206,11 @@ class _Scorer:
         return records
 
 
-def _flow_fits_in_parallel(calibrations, settings: CalibrationSettings, scorer: "_Scorer") -> bool:
+def _flow_fits_in_parallel(scorer: _Scorer) -> bool:
     """Worth and safe to fit the flows in forked one-thread processes: the built-in flow, on CPU, where
     fork exists (a forked child can use neither CUDA nor multi-threaded OpenMP)."""
-    if "flow" not in calibrations or "flow" in scorer.fitted or "flow" in scorer.factories:
+    settings = scorer.settings
+    if "flow" not in scorer.calibrations or "flow" in scorer.fitted or "flow" in scorer.factories:
         return False
     if "fork" not in multiprocessing.get_all_start_methods() or settings.device not in (None, "cpu"):
         return False

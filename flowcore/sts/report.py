@@ -1,7 +1,5 @@
-"""The report of `flowcore sts`: the paper-style markdown table (one row per encoder +
-calibration, named by its row label) under an STS12–16 aggregation, the published figures of the
-same protocol beside it (`PUBLISHED`, `published_table`), what `auto` chose (`auto_lines`), and
-the JSON records."""
+"""The report of `flowcore sts`: the paper-style markdown table under an STS12–16 aggregation, the
+published figures of the same protocol (`published_table`), what `auto` chose (`auto_lines`), the JSON."""
 from __future__ import annotations
 
 import json
@@ -85,15 +83,14 @@ def row_label(record: dict) -> str:
         return label
     corpus = record.get("fit_corpus", "")
     corpus = corpus.split(" ")[0] if corpus.startswith(("target", "train")) else os.path.basename(corpus)
-    detail = record["calibration"]
-    if record["calibration"] == "whitening" and record.get("whitening_dim"):
+    detail = name = record["calibration"]
+    if name == "whitening" and record.get("whitening_dim"):
         detail += f"-{record['whitening_dim']}"
-    if record["calibration"] == "whitening" and record.get("whitening_power", defaults.WHITENING_POWER) != \
-            defaults.WHITENING_POWER:
+    if name == "whitening" and record.get("whitening_power", defaults.WHITENING_POWER) != defaults.WHITENING_POWER:
         detail += f" power {record['whitening_power']:g}"
-    if record["calibration"] == "abtt" and record.get("abtt_k"):
+    if name == "abtt" and record.get("abtt_k"):
         detail += f"-{record['abtt_k']}"
-    if record["calibration"] == "flow" and record.get("flow_input", "standardize") != "standardize":
+    if name == "flow" and record.get("flow_input", "standardize") != "standardize":
         detail += f" on {record['flow_input']} input"
     return f"{label} + {detail} ({corpus})"
 
@@ -199,6 +196,4 @@ def auto_lines(records: list[dict]) -> list[str]:
 
 
 def _choice(record: dict) -> str:
-    if record["auto_choice"] == "none":
-        return "none"
-    return f"whitening-{record['auto_signals']['dim']}"
+    return "none" if record["auto_choice"] == "none" else f"whitening-{record['auto_signals']['dim']}"
