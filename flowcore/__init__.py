@@ -14,17 +14,12 @@ import sys
 
 __version__ = "0.1.0"
 
-
-def _keep_checkout_kernels_private() -> None:
-    """Python started in a flowcore checkout has the checkout on `sys.path`, where `kernels/` would
-    pass for Hugging Face's `kernels` package, which transformers imports: drop that entry (only
-    `flowcore.kernels` may load the folder)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.isfile(os.path.join(root, "setup.py")) and os.path.isdir(os.path.join(root, "kernels", "triton")):
-        sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != root]
-
-
-_keep_checkout_kernels_private()
+# Python started in a flowcore checkout has the checkout on `sys.path`, where `kernels/` would pass for
+# Hugging Face's `kernels` package, which transformers imports: drop that entry (only `flowcore.kernels`
+# may load the folder).
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isfile(os.path.join(_CHECKOUT, "setup.py")) and os.path.isdir(os.path.join(_CHECKOUT, "kernels", "triton")):
+    sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _CHECKOUT]
 
 _EXPORTS = {
     "Glow": "flowcore.flows.glow",

@@ -1,10 +1,8 @@
 """The one reader of line-oriented text files (sentence files, STS data, txt/jsonl/csv corpora).
 
-Lines end at b"\n" only; the ending and a leading UTF-8 byte-order mark are dropped; a UTF-16 or
-UTF-32 file is refused (`UnsupportedEncodingError`); a line that is not UTF-8 or holds a NUL byte
-is never altered: `iter_lines` hands it over with its `Line.problem`, `read_lines` names its
-file:line. A line longer than `defaults.LINE_BYTES` is cut as read (its start kept, its length
-recorded), so memory stays bounded. Only regular files are read (`require_file`).
+Lines end at b"\n"; the ending and a leading UTF-8 byte-order mark are dropped; UTF-16/UTF-32 files
+are refused; a line that is not UTF-8 or holds a NUL byte is handed over unaltered with its
+`Line.problem`; a line longer than `defaults.LINE_BYTES` is cut as read. Only regular files are read.
 """
 from __future__ import annotations
 
@@ -34,12 +32,9 @@ class UnsupportedEncodingError(ValueError):
 
 
 class Line(NamedTuple):
-    """One line: its 1-based `number`, the byte offset just after it, and its text, or None with
-    `bad_byte` (the offset of the first undecodable byte within the line) when it is not UTF-8.
-    `nul` is the byte offset of the line's first NUL byte, None when it holds none; `raw` the
-    line's bytes (without its ending) when it is not UTF-8, for readers that salvage a part of it.
-    `length` is the line's whole length in bytes when it was longer than `defaults.LINE_BYTES` and
-    cut (its text is then its start), None otherwise."""
+    """One line: its 1-based `number`, the byte offset just after it, and its text; when it is not
+    UTF-8, text None, the offset of its first undecodable byte and its `raw` bytes. `nul`: the offset
+    of its first NUL byte; `length`: its whole length when it was cut (its text is then its start)."""
 
     number: int
     end: int
@@ -77,10 +72,9 @@ class Line(NamedTuple):
 
 
 def require_file(path: str | os.PathLike, error: type[Exception] | None = None) -> None:
-    """Nothing when `path` is a regular file (or a link to one); otherwise an error saying what it
-    is: missing (FileNotFoundError), a folder (IsADirectoryError), a pipe, socket or device
-    (ValueError: inputs are read more than once, to count rows and to resume), or unreadable.
-    `error`: raise this type instead."""
+    """An error unless `path` is a regular file (or a link to one), saying what it is: missing
+    (FileNotFoundError), a folder (IsADirectoryError), a pipe, socket or device (ValueError), or
+    unreadable (OSError); `error`: raise this type instead."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -167,13 +161,12 @@ def read_lines(path: str | os.PathLike, error: type[Exception] = ValueError) -> 
     if not path.exists():
         raise error(f"missing file: {path}")
     require_file(path, error)
-    try:
-        check_encoding(path)
-    except UnsupportedEncodingError as problem:
-        raise error(str(problem)) from None
     lines = []
-    for entry in iter_lines(path):
-        if entry.problem is not None:
-            raise error(f"{path}:{entry.number}: {entry.problem}")
-        lines.append(entry.text)
+    try:
+        for entry in iter_lines(path):
+            if entry.problem is not None:
+                raise error(f"{path}:{entry.number}: {entry.problem}")
+            lines.append(entry.text)
+    except UnsupportedEncodingError as problem:  # raised before the first line
+        raise error(str(problem)) from None
     return lines

@@ -8,6 +8,4 @@ __all__ = ["progress_wanted"]
 
 def progress_wanted(show_progress_bar: bool | None) -> bool:
     """Whether to show a bar: `show_progress_bar`, or for None whether stderr is a terminal."""
-    if show_progress_bar is None:
-        return sys.stderr.isatty()
-    return bool(show_progress_bar)
+    return sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)

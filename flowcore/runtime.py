@@ -1,10 +1,8 @@
-"""The execution policy, in one place: how many CPU threads each kind of work gets, and the only
-calls that change torch's thread count (`pinned_threads`, `use_threads_in_this_process`).
+"""The execution policy: how many CPU threads each kind of work gets, and the only calls that change
+torch's thread count (`pinned_threads`, `use_threads_in_this_process`).
 
-torch's CPU results depend on the thread count, so every count is fixed by the work and the CPUs
-this process may use, never by the machine's load; a count a user passes wins. Work split into
-pieces run side by side on one torch thread each gives the one-thread result bit for bit, and a
-busy core then slows one piece instead of every op.
+torch's CPU results depend on the thread count, so every count is fixed by the work and the CPUs this
+process may use (a count a user passes wins), never by the machine's load.
 """
 from __future__ import annotations
 

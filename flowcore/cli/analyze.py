@@ -8,19 +8,22 @@ import sys
 from flowcore import defaults
 from flowcore.cli import CLIError, check_device
 from flowcore.cli.arguments import (
-    HelpFormatter,
+    add_calibration_arguments,
     add_encoding_arguments,
+    add_pairs_arguments,
     add_renamed,
+    calibration_settings,
+    check_data_dir,
     check_input,
     check_output,
-    comma_files,
+    check_positive,
     comma_names,
-    pair_columns,
+    embedding_cache,
     quantize_options,
     show_progress,
 )
 from flowcore.sts.baselines import CALIBRATIONS
-from flowcore.sts.data import DATA_ENV, DATASETS
+from flowcore.sts.data import DATASETS
 
 __all__ = ["register", "run"]
 
@@ -33,12 +36,10 @@ def register(subparsers) -> None:
         "analyze",
         help="isotropy, word-frequency and lexical-overlap analyses, and whether calibration helps your encoder",
         description="Analyse an encoder on a corpus (--input, --embeddings or --sts-dataset): isotropy before and "
-        "after each calibration fitted on the corpus without labels (mean random-pair cosine, IsoScore, effective "
-        "rank, top principal-component variance, the random-pair cosine histogram and suggested thresholds), the "
-        "encoder's token-embedding norms and k-NN distances by word-frequency rank, and on labelled pairs "
-        "(--sts-dataset's test split, --pairs) each calibration's Spearman, its correlation with edit distance and a "
-        "recommendation. Writes analysis.json, summary.md and PNG figures to --out; prints the summary.",
-        formatter_class=HelpFormatter,
+        "after each calibration fitted on it without labels (random-pair cosines, IsoScore, effective rank, top "
+        "principal-component variance), token-embedding norms and k-NN distances by word frequency, and on "
+        "labelled pairs (--sts-dataset's test split, --pairs) each calibration's Spearman, its correlation with "
+        "edit distance and a recommendation. Writes analysis.json, summary.md and PNG figures to --out.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", default=None, metavar="FILE", help="a text file, one sentence per line")
@@ -54,14 +55,7 @@ def register(subparsers) -> None:
                         "model folder, or a Hugging Face model name already in the local cache")
     parser.add_argument("--pooling", default=defaults.POOLING,
                         help="cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J")
-    parser.add_argument("--pairs", default=None, action="extend", type=comma_files, metavar="FILE[,FILE...]",
-                        help="labelled dev pairs (.tsv/.csv/.jsonl or SentEval files, as 'flowcore sts --pairs'): "
-                        "each calibration's Spearman on them decides the recommendation")
-    parser.add_argument("--pairs-columns", default=None, type=pair_columns, metavar="S1,S2,SCORE",
-                        help="the sentence and score columns of --pairs files (see 'flowcore sts --help')")
-    parser.add_argument("--skip-bad", action="store_true", help="skip and count bad lines of --pairs files")
-    parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
-                        help=f"the STS data folder for --sts-dataset; default from ${DATA_ENV}")
+    add_pairs_arguments(parser, "labelled dev pairs, whose Spearman under each calibration decides the recommendation")
     parser.add_argument("--calibration", default=DEFAULT_CALIBRATIONS,
                         type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
                         help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)}, each fitted on the corpus")
@@ -72,12 +66,7 @@ def register(subparsers) -> None:
     parser.add_argument("--edit-unit", default="word", choices=("word", "char"),
                         help="edit distance in words or characters for the lexical-overlap bias")
     parser.add_argument("--random-pairs", type=int, default=10_000, help="random pairs for the cosine statistics")
-    parser.add_argument("--whitening-dim", type=int, default=None, help="whitening-k: keep the k top directions")
-    parser.add_argument("--whitening-power", type=float, default=defaults.WHITENING_POWER, metavar="GAMMA",
-                        help="tempered whitening, x -> (x - mean) U L^-GAMMA: 0.5 is full whitening, 0 only centres "
-                        "and rotates")
-    parser.add_argument("--abtt-k", type=int, default=None,
-                        help="directions removed by abtt; when not given, round(dim / 100)")
+    add_calibration_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random pairs and the flow")
     add_encoding_arguments(parser)
     add_renamed(source, "--corpus", "--input")
@@ -86,12 +75,8 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_device(args.device)
-    for option, value in (("--random-pairs", args.random_pairs), ("--batch-size", args.batch_size),
-                          ("--whitening-dim", args.whitening_dim), ("--abtt-k", args.abtt_k)):
-        if value is not None and value < 1:
-            raise CLIError(f"{option} must be at least 1, got {value}")
-    if not 0 <= args.whitening_power <= 1:
-        raise CLIError(f"--whitening-power must be from 0 to 1 (0.5: full whitening), got {args.whitening_power}")
+    check_positive(("--random-pairs", args.random_pairs), ("--batch-size", args.batch_size))
+    settings = calibration_settings(args)
     frequency = [] if "none" in args.frequency else args.frequency
     if "none" in args.frequency and len(args.frequency) > 1:
         raise CLIError("--frequency none cannot be combined with other sources")
@@ -104,27 +89,20 @@ def run(args: argparse.Namespace) -> int:
         if path is not None:
             check_input(path, option)
     if args.sts_dataset is not None:
-        if not args.data_dir:
-            raise CLIError(f"--sts-dataset needs the STS data: pass --data-dir DIR or set {DATA_ENV}")
-        if not os.path.isdir(args.data_dir):
-            raise CLIError(f"STS data folder not found: {args.data_dir}")
+        check_data_dir(args.data_dir, "--sts-dataset")
     # Deferred: these import torch, which the CLI's start-up does without.
     from flowcore.analysis.analyze import analyze
     from flowcore.analysis.report import write_report
-    from flowcore.sts.baselines import CalibrationSettings
-    from flowcore.sts.cache import EmbeddingCache, default_cache_dir
     from flowcore.sts.data import fit_corpus_sentences, load_test, read_sentence_file
     from flowcore.sts.pairs import load_pairs_files
 
-    with_encoder = args.model is not None or args.embeddings is None
-    if not with_encoder:
+    if args.model is None and args.embeddings is not None:  # no encoder: only the vectors' isotropy
         if args.pairs:
             raise CLIError("--pairs needs an encoder to embed them: add --model (the one that made --embeddings)")
         if args.frequency != ["wordfreq"]:
             raise CLIError("--frequency analyses the encoder's token embeddings: add --model")
-        frequency = []
-    encoder = None
-    if with_encoder:
+        frequency, encoder = [], None
+    else:
         from flowcore.text.encoder import Encoder
 
         encoder = Encoder(args.model or defaults.MODEL, pooling=args.pooling, max_length=args.max_length,
@@ -142,14 +120,11 @@ def run(args: argparse.Namespace) -> int:
         _, sentences = fit_corpus_sentences(args.data_dir, args.sts_dataset, "target")
         name = f"{args.sts_dataset} (all splits)"
         pairs = [load_test(args.data_dir, args.sts_dataset), *pairs]
-    settings = CalibrationSettings(whitening_dim=args.whitening_dim, whitening_power=args.whitening_power,
-                                   abtt_k=args.abtt_k, seed=args.seed, device=args.device)
     progress = (lambda line: print(line, file=sys.stderr, flush=True)) if show_progress(args) else None
-    cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     result = analyze(vectors, encoder=encoder, sentences=sentences, corpus_name=name, pairs=pairs,
                      calibrations=args.calibration, settings=settings, frequency_sources=frequency,
-                     edit_unit=args.edit_unit, random_pairs=args.random_pairs, seed=args.seed, cache=cache,
-                     batch_size=args.batch_size, progress=progress)
+                     edit_unit=args.edit_unit, random_pairs=args.random_pairs, seed=args.seed,
+                     cache=embedding_cache(args), batch_size=args.batch_size, progress=progress)
     paths = write_report(result, args.out)
     print(paths["summary"].read_text(encoding="utf-8"), end="")
     print(f"wrote {', '.join(str(path) for path in paths.values())}", file=sys.stderr)

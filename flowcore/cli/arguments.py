@@ -8,19 +8,23 @@ import sys
 from pathlib import Path
 
 from flowcore import defaults
+from flowcore._lines import require_file
+from flowcore.cli import CLIError
+from flowcore.sts.baselines import CalibrationSettings
+from flowcore.sts.cache import EmbeddingCache, default_cache_dir
+from flowcore.sts.data import DATA_ENV
 from flowcore.sts.pairs import PairColumns
 
-__all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_device_argument", "add_encoding_arguments", "add_progress_arguments",
-           "add_quantize_argument",
-           "add_renamed", "check_output", "comma_files", "comma_names", "pair_columns", "quantize_options",
-           "show_progress"]
+__all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_calibration_arguments", "add_device_argument",
+           "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments", "add_progress_arguments",
+           "add_quantize_argument", "add_renamed", "calibration_settings", "check_data_dir", "check_input",
+           "check_output", "check_positive", "comma_files", "comma_names", "embedding_cache", "pair_columns",
+           "quantize_options", "show_progress"]
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
     """`out` checked before any work (kind, parent folder, none of `inputs`, one of `suffixes`), as a
     `CLIError` naming it."""
-    from flowcore.cli import CLIError
-
     path = Path(out)
     if folder and path.exists() and not path.is_dir():
         raise CLIError(f"{flag} {out} is an existing file; give a folder to write into")
@@ -31,7 +35,13 @@ def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = 
     if suffixes and path.suffix.lower() not in suffixes:
         raise CLIError(f"{flag} {out} must end in {' or '.join(suffixes)}")
     for source in inputs:
-        if source is not None and _same_file(path, Path(source)):
+        if source is None:
+            continue
+        try:  # the same path, a symlink to it, or a hard link
+            same = os.path.samefile(path, source)
+        except OSError:  # one of them does not exist (yet)
+            same = path.absolute() == Path(source).absolute()
+        if same:
             raise CLIError(f"{flag} {out} is the input {source} itself; writing it would destroy the input")
     return path
 
@@ -39,9 +49,6 @@ def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = 
 def check_input(path, flag: str) -> None:
     """A `CLIError` naming `flag` unless `path` is a regular file: missing, a folder, a pipe or a
     device, each named as what it is (`flowcore._lines.require_file`)."""
-    from flowcore._lines import require_file
-    from flowcore.cli import CLIError
-
     if not os.path.lexists(path):
         raise CLIError(f"{flag} {path}: no such file")
     try:
@@ -50,32 +57,40 @@ def check_input(path, flag: str) -> None:
         raise CLIError(f"{flag} {error}") from None
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether two paths name one file: the same path, a symlink to it, or a hard link."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return a.absolute() == b.absolute()
+def check_data_dir(data_dir: str | None, needed_by: str) -> None:
+    """A `CLIError` unless --data-dir (or $FLOWCORE_DATA) names a folder, which `needed_by` needs."""
+    if not data_dir:
+        raise CLIError(f"{needed_by} needs the STS data: pass --data-dir DIR or set {DATA_ENV}")
+    if not os.path.isdir(data_dir):
+        raise CLIError(f"STS data folder not found: {data_dir}")
+
+
+def check_positive(*options: tuple[str, int | None]) -> None:
+    """A `CLIError` for the first (flag, value) whose value is given and below 1."""
+    for flag, value in options:
+        if value is not None and value < 1:
+            raise CLIError(f"{flag} must be at least 1, got {value}")
+
+
+def _comma_list(text: str, what: str) -> list[str]:
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"no {what} given")
+    return items
 
 
 def comma_names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
     """Comma-separated names, each checked against `allowed` (None: any), duplicates dropped."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"no {what} given")
-    if allowed is not None:
-        unknown = [n for n in names if n not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    names = _comma_list(text, what)
+    unknown = [name for name in names if allowed is not None and name not in allowed]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
     return list(dict.fromkeys(names))
 
 
 def comma_files(text: str) -> list[str]:
     """Comma-separated pairs files."""
-    files = [part.strip() for part in text.split(",") if part.strip()]
-    if not files:
-        raise argparse.ArgumentTypeError("no pairs file given")
-    return files
+    return _comma_list(text, "pairs file")
 
 
 def pair_columns(text: str) -> PairColumns:
@@ -107,12 +122,15 @@ class _Renamed(argparse.Action):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-def add_renamed(parser, old: str, new: str, **kwargs) -> None:
-    """Accept `old` as a hidden alias of the flag `new` (same destination and value handling: pass
-    `type`/`choices`, or `nargs=0, const=True` for a switch)."""
-    dest = next(action.dest for action in parser._actions if new in action.option_strings)
-    parser.add_argument(old, dest=dest, action=_Renamed, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
-                        **kwargs)
+def add_renamed(parser, old: str, new: str) -> None:
+    """Accept `old` as a hidden alias of the flag `new`: the same destination, type, choices or switch."""
+    action = next(action for action in parser._actions if new in action.option_strings)
+    if action.nargs == 0:  # a switch
+        values = {"nargs": 0, "const": action.const}
+    else:
+        values = {"type": action.type, "choices": action.choices}
+    parser.add_argument(old, dest=action.dest, action=_Renamed, new=new, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS, **values)
 
 
 def add_progress_arguments(parser) -> None:
@@ -128,10 +146,9 @@ def show_progress(args: argparse.Namespace) -> bool:
     return not args.quiet and (args.progress or sys.stderr.isatty())
 
 
-QUANTIZE_HELP = ("int8: a fast CPU mode, the encoder's matrix products quantised to int8 and run by ONNX Runtime "
-                 "(pip install 'flowcore[onnx]'; the model is converted once, in seconds), a little less accurate "
-                 "than float32 (docs/benchmarks.md); its vectors are cached apart from float32 ones. Not given: "
-                 "float32")
+QUANTIZE_HELP = ("int8: a fast CPU mode, the encoder's matrix products in int8 on ONNX Runtime (pip install "
+                 "'flowcore[onnx]'), a little less accurate than float32 (docs/benchmarks.md); its vectors are "
+                 "cached apart. Not given: float32")
 
 
 def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
@@ -144,21 +161,73 @@ def quantize_options(args: argparse.Namespace) -> dict:
     return {"quantize": args.quantize} if args.quantize is not None else {}
 
 
+def add_device_argument(parser) -> None:
+    """--device, for every subcommand that computes."""
+    parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda when "
+                        "available, else cpu)")
+
+
+def add_encoder_arguments(parser: argparse.ArgumentParser) -> None:
+    """--batch-size, --max-length, --device and --quantize, for subcommands that encode sentences."""
+    parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="sentences per encoder batch")
+    parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
+                        help="longer texts are truncated to this many tokens")
+    add_device_argument(parser)
+    add_quantize_argument(parser)
+
+
 def add_encoding_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of subcommands that encode sentences through the embedding cache (`sts`, `analyze`)."""
     parser.add_argument("--cache-dir", default=None,
                         help="where encoded sentence vectors are cached (shared by 'flowcore sts' and 'flowcore "
                         "analyze'); if not given, $FLOWCORE_CACHE or ~/.cache/flowcore/embeddings")
     parser.add_argument("--no-cache", action="store_true", help="encode everything, keep nothing on disk")
-    parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="encoding batch size")
-    parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
-                        help="longer texts are truncated to this many tokens")
-    add_device_argument(parser)
-    add_quantize_argument(parser)
+    add_encoder_arguments(parser)
     add_progress_arguments(parser)
 
 
-def add_device_argument(parser) -> None:
-    """--device, for every subcommand that computes."""
-    parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda when "
-                        "available, else cpu)")
+def embedding_cache(args: argparse.Namespace):
+    """The `EmbeddingCache` that `add_encoding_arguments`' --cache-dir and --no-cache ask for."""
+    return EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
+
+
+def add_pairs_arguments(parser: argparse.ArgumentParser, pairs_help: str) -> None:
+    """--pairs (what they are for: `pairs_help`), --pairs-columns, --skip-bad and --data-dir (`sts`, `analyze`)."""
+    parser.add_argument("--pairs", default=None, action="extend", type=comma_files, metavar="FILE[,FILE...]",
+                        help=f"{pairs_help}: .tsv, .csv, .jsonl, or SentEval pairs (STS.input.<name>.txt with its "
+                        "STS.gs.<name>.txt beside it, or a folder of them); blank lines are ignored")
+    parser.add_argument("--pairs-columns", default=None, type=pair_columns, metavar="S1,S2,SCORE",
+                        help="the two sentence columns and the score column of --pairs files: three names (of a "
+                        ".tsv/.csv header line, or .jsonl object keys) or three 0-based positions (no header line; "
+                        ".jsonl array items). When not given: recognised header names (sentence1/sentence2/score, "
+                        "s1/s2/label, text1/text2/similarity..., any case), else positions 0,1,2")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="skip and count bad lines of --pairs files (a missing column, a score that is not a "
+                        "finite number, an empty sentence, broken JSON/CSV/UTF-8); without it the first one is an "
+                        "error naming file:line")
+    parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
+                        help=f"folder with the STS data of the built-in datasets, e.g. ../shared/data/sts; its default "
+                        f"comes from ${DATA_ENV}")
+
+
+def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
+    """--whitening-dim, --whitening-power and --abtt-k of the fitted calibrations (`sts`, `analyze`)."""
+    parser.add_argument("--whitening-dim", type=int, default=None,
+                        help="keep only the k largest-variance whitened directions; all when not given")
+    parser.add_argument("--whitening-power", type=float, default=defaults.WHITENING_POWER, metavar="GAMMA",
+                        help="tempered whitening, x -> (x - mean) U L^-GAMMA: 0.5 is full whitening (identity "
+                        "covariance), 0 only centres and rotates (cosines equal center's), values between "
+                        "shrink the dominant directions less")
+    parser.add_argument("--abtt-k", type=int, default=None,
+                        help="principal directions removed by --calibration abtt (all-but-the-top); when not "
+                        "given, round(dim / 100), the authors' rule")
+
+
+def calibration_settings(args: argparse.Namespace, **flow_settings):
+    """The checked `CalibrationSettings` of `add_calibration_arguments`' flags, --seed, --device and
+    `flow_settings`."""
+    check_positive(("--whitening-dim", args.whitening_dim), ("--abtt-k", args.abtt_k))
+    if not 0 <= args.whitening_power <= 1:
+        raise CLIError(f"--whitening-power must be from 0 to 1 (0.5: full whitening), got {args.whitening_power}")
+    return CalibrationSettings(whitening_dim=args.whitening_dim, whitening_power=args.whitening_power,
+                               abtt_k=args.abtt_k, seed=args.seed, device=args.device, **flow_settings)

@@ -19,15 +19,12 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "calibrate",
         help="calibrate a whole corpus or stored embeddings with a fitted calibrator (streaming, resumable)",
-        description="Calibrate a text corpus or stored embeddings with a fitted calibrator (a flow, whitening or "
-        "any calibration `flowcore fit` writes), a chunk at a time. "
-        "Killed, the same command resumes after the last completed chunk (the progress file "
-        "OUT.progress.json, removed at the end); rejected rows are listed in OUT.rejects.jsonl and are NaN rows "
-        "in .npy output, null vectors in .parquet output. A finished job describes its output in "
-        "OUT.manifest.json (model and revision, pooling, calibrator file sha256, dim, normalisation, rows, rejects, "
-        "columns, format versions). One job at a time writes an output (OUT.lock); Ctrl-C or SIGTERM stops at "
-        "the next chunk boundary (exit status 130/143; a second one exits at once), and the same command resumes. "
-        "Rows the calibration maps to NaN/Inf are rejected too (docs/faults.md lists every fault and what you see).",
+        description="Calibrate a text corpus or stored embeddings with a fitted calibrator (any calibration "
+        "`flowcore fit` writes), a chunk at a time. Killed, or stopped by Ctrl-C or SIGTERM (at the next chunk "
+        "boundary; exit status 130/143), the same command resumes after the last completed chunk "
+        "(OUT.progress.json). Rejected rows, NaN/Inf after calibration included, are listed in OUT.rejects.jsonl and "
+        "are NaN rows (.npy) or null vectors (.parquet); OUT.manifest.json describes a finished output; one job at "
+        "a time writes it (OUT.lock). docs/faults.md lists every fault and what you see.",
     )
     calibrator = parser.add_mutually_exclusive_group(required=True)
     calibrator.add_argument("--calibrator", metavar="FILE",
@@ -47,9 +44,8 @@ def register(subparsers) -> None:
     parser.add_argument("--vector-column", default=defaults.VECTOR_COLUMN,
                         help="name of the vector column of .parquet output")
     parser.add_argument("--keep-columns", default=None, type=_column_list, metavar="A,B",
-                        help="input columns copied to .parquet output (jsonl/csv/parquet text, parquet embeddings): "
-                        "strings from jsonl (other JSON values as JSON text) and csv, the stored type from parquet; "
-                        "a missing value is null")
+                        help="input columns copied to .parquet output (jsonl/csv/parquet text, parquet embeddings), "
+                        "with the type stored in parquet, else as strings (other JSON values as JSON text)")
     parser.add_argument("--normalize", action="store_true",
                         help="scale calibrated vectors to unit length (for cosine / dot-product stores)")
     parser.add_argument("--model", default=None,
@@ -63,17 +59,15 @@ def register(subparsers) -> None:
                         f"{defaults.TEXT_CHUNK_ROWS} sentences, or ~{defaults.EMBEDDING_CHUNK_BYTES >> 20} MiB "
                         "of vectors")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (pinned for resuming: float results depend on it); default: one "
-                        "fewer than the CPUs for embeddings (a core for reading and writing), "
-                        "1 for text (bit-reproducible resumes), 1 per worker with --engine ray")
+                        help="torch CPU threads (pinned for resuming: float results depend on it); default: 1 for "
+                        "text and per Ray worker, else one fewer than the CPUs")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
     add_device_argument(parser)
     add_progress_arguments(parser)
-    add_renamed(parser, "--no-progress", "--quiet", nargs=0, const=True)
+    add_renamed(parser, "--no-progress", "--quiet")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process, one output file; ray: a Ray Data actor pool over a file, folder "
-                        "or glob, writing OUT/ as a folder of parquet shards with rejects.jsonl and manifest.json "
-                        "(resumes shard by shard; docs/scaling.md)")
+                        "or glob, writing OUT/ as a folder of parquet shards (docs/scaling.md)")
     parser.add_argument("--address", default=None,
                         help="(ray) a running Ray cluster, e.g. auto or ray://head:10001; default: a local one")
     parser.add_argument("--num-workers", type=int, default=None,

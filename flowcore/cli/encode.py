@@ -6,10 +6,11 @@ import argparse
 import sys
 
 from flowcore import defaults
+from flowcore.cli import check_device
 from flowcore.cli.arguments import (
-    add_device_argument,
+    add_encoder_arguments,
     add_progress_arguments,
-    add_quantize_argument,
+    check_output,
     quantize_options,
     show_progress,
 )
@@ -31,11 +32,7 @@ def register(subparsers) -> None:
                         "or a Hugging Face model name already in the local cache")
     parser.add_argument("--pooling", default=defaults.POOLING,
                         help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (hidden states to average)")
-    parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="most sentences per batch")
-    parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
-                        help="longer texts are truncated to this many tokens")
-    add_device_argument(parser)
-    add_quantize_argument(parser)
+    add_encoder_arguments(parser)
     parser.add_argument("--normalize", action="store_true",
                         help="scale each vector to unit length (for cosine / dot-product stores); NaN rows stay NaN")
     add_progress_arguments(parser)
@@ -46,8 +43,6 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from flowcore._fs import atomic_write, write_error
-    from flowcore.cli import check_device
-    from flowcore.cli.arguments import check_output
     from flowcore.text.encoder import Encoder
 
     check_output(args.out, inputs=[args.input], suffixes=(".npy",))
@@ -78,10 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def read_sentences(path: str) -> tuple[list[str | None], dict[str, list[int]]]:
-    """The lines of `path` (None where a line is not valid UTF-8 or holds a NUL byte) and the
-    numbers of those lines by problem ("are not valid UTF-8", "hold a NUL byte"), read with the one
-    line reader's policy (`flowcore._lines`, which refuses a folder, a pipe and UTF-16/UTF-32
-    text): row i is always line i."""
+    """The lines of `path` (row i is line i; None where a line is not valid UTF-8 or holds a NUL byte)
+    and the numbers of those lines by problem, read by `flowcore._lines`."""
     from flowcore._lines import iter_lines, require_file
 
     require_file(path)

@@ -7,7 +7,7 @@ import sys
 
 from flowcore import defaults
 from flowcore.cli import CLIError, check_device
-from flowcore.cli.arguments import add_device_argument, add_progress_arguments, add_renamed, check_output, show_progress
+from flowcore.cli.arguments import add_device_argument, add_progress_arguments, add_renamed, check_output
 from flowcore.text.pooling import NAMED_POOLINGS
 
 
@@ -16,11 +16,10 @@ def register(subparsers) -> None:
         "export",
         help="write a sentence-transformers model folder: encoder + pooling + calibration [+ Normalize]",
         description="Write a complete sentence-transformers model folder: the encoder's transformer and tokenizer, "
-        "the pooling, the calibration and optionally Normalize. A linear calibration (whitening, zca, center, abtt) "
-        "is a stock Dense layer: with mean or cls pooling the folder loads with "
-        "SentenceTransformer(FOLDER) alone; a flow, or a pooling sentence-transformers lacks, needs flowcore "
-        "installed and flowcore.integrations.sentence_transformers.load_model(FOLDER), which checks the folder "
-        "before passing trust_remote_code=True (passing that flag yourself trusts every file in the folder).",
+        "the pooling, the calibration and optionally Normalize. A linear calibration (a stock Dense layer) with mean "
+        "or cls pooling loads with SentenceTransformer(FOLDER) alone; a flow, or another pooling, needs flowcore's "
+        "flowcore.integrations.sentence_transformers.load_model(FOLDER), which checks the folder before passing "
+        "trust_remote_code=True (passing that flag yourself trusts every file in the folder).",
     )
     calibration = parser.add_mutually_exclusive_group(required=True)
     calibration.add_argument("--calibrator", metavar="FILE",
@@ -55,36 +54,24 @@ def register(subparsers) -> None:
 
 
 def _fit_whitening(args):
-    from flowcore.batch.rows import count_reasons
-    from flowcore.batch.text_sources import sample_texts
     from flowcore.calibration.base import create
     from flowcore.calibration.corpus_size import small_corpus_warning
-    from flowcore.text.encoder import Encoder
+    from flowcore.cli.fit import encode_sample
 
     settings = {"dim": args.whitening_dim, "power": args.whitening_power}
     whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
-    rejects = []
-    texts = sample_texts(args.whitening, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
-    if rejects:  # the line `flowcore fit --input` prints
-        reasons = ", ".join(f"{count} {reason}" for reason, count in count_reasons(rejects).items())
-        print(f"{args.whitening}: skipped {len(rejects)} unusable row(s) ({reasons}); first at row {rejects[0].row}",
-              file=sys.stderr)
-    if len(texts) < 2:
-        raise CLIError(f"{args.whitening}: needs at least 2 usable sentences to fit a whitening, found {len(texts)}")
-    encoder = Encoder(args.model or defaults.MODEL, pooling=args.pooling or defaults.POOLING,
-                      max_length=args.max_length, device=args.device)
-    vectors = encoder.encode(texts, show_progress_bar=show_progress(args))
-    warning = small_corpus_warning(len(set(texts)), vectors.shape[1], "--whitening CORPUS")
+    vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr, model=args.model or defaults.MODEL,
+                                               pooling=args.pooling or defaults.POOLING, max_length=args.max_length,
+                                               device=args.device)
+    warning = small_corpus_warning(distinct, vectors.shape[1], "--whitening CORPUS")
     if warning is not None:
         print(f"flowcore export: warning: {warning}", file=sys.stderr)
-    return whitening.fit(vectors, encoder=encoder), len(texts)
+    return whitening.fit(vectors, encoder=encoder), len(vectors)
 
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.out, inputs=[args.calibrator, args.whitening], folder=True)
     check_device(args.device)
-    if args.calibrator is None and args.whitening is None:
-        raise CLIError("give --calibrator FILE or --whitening CORPUS")
     if args.calibrator is not None and any(value is not None for value in (args.whitening_dim, args.whitening_power,
                                                                      args.max_rows)):
         raise CLIError("--whitening-dim, --whitening-power and --max-rows apply to --whitening, not to --calibrator")

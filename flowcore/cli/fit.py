@@ -1,8 +1,6 @@
-"""`flowcore fit`: fit a calibration on embeddings (.npy) or on a text corpus and save it as one
-file: `auto` by default (whitening or the raw vectors, chosen from the corpus's hubness), any
-other registered one with `--calibration`. A text corpus is encoded once into a resumable cache
-and a flow trains with checkpoints, so a killed run resumes to the same model (docs/batch.md).
-"""
+"""`flowcore fit`: a calibration (`auto` by default) fitted on embeddings or a text corpus, saved as
+one file. Text is encoded once into a resumable cache and a flow trains with checkpoints, so a
+killed run resumes to the same model (docs/batch.md)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,6 +13,7 @@ import numpy as np
 from flowcore import defaults
 from flowcore.calibration.base import NAMES
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
+from flowcore.calibration.moments import row_blocks
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
 from flowcore.cli.arguments import (
@@ -22,15 +21,15 @@ from flowcore.cli.arguments import (
     add_progress_arguments,
     add_quantize_argument,
     add_renamed,
+    check_output,
+    check_positive,
     quantize_options,
     show_progress,
 )
 from flowcore.flows.configs import CONFIGS
 
-_FLOW_OPTIONS = {"config": "--config", "recipe": "--recipe", "epochs": "--epochs",
-                 "train_batch_size": "--train-batch-size", "lr": "--lr", "patience": "--patience",
-                 "checkpoint_every": "--checkpoint-every", "threads": "--threads"}
-"""The options that only train a flow: {argument: flag}."""
+_FLOW_OPTIONS = ("config", "recipe", "epochs", "train_batch_size", "lr", "patience", "checkpoint_every", "threads")
+"""The options that only train a flow (their flags: --config, --train-batch-size...)."""
 _METHOD_OPTIONS = {"power": "--whitening-power", "dim": "--whitening-dim", "k": "--abtt-k"}
 """The options of the other calibrations: {their setting (`flowcore.calibration.create`): flag}."""
 
@@ -39,11 +38,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "fit", help="fit a calibration (auto: whitening or none, chosen from the corpus) on embeddings or text",
         description="Fit a calibration without labels and save it (safetensors + JSON): auto (the default: "
-        "whitening where the corpus's nearest-neighbour graph is dominated by hubs, as for encoders never trained "
-        "for similarity, else the raw vectors; the summary line says which and why), or whitening, zca, center, "
-        "abtt or none, computed in one pass, or a BERT-flow Glow trained by maximum likelihood (--calibration "
-        "flow). Every saved file is used the same way: flowcore calibrate --calibrator, sts --calibrator, "
-        "export --calibrator, flowcore.load.")
+        "whitening where the corpus's nearest-neighbour graph is dominated by hubs, else the raw vectors; it says "
+        "which and why), whitening, zca, center, abtt or none, in one pass, or a BERT-flow Glow (--calibration "
+        "flow). Every saved file is used alike: flowcore calibrate, sts and export --calibrator, flowcore.load.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--embeddings", type=Path, help="a (rows, dim) .npy array of sentence vectors")
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")
@@ -51,9 +48,8 @@ def register(subparsers) -> None:
     parser.add_argument("--calibration", default=defaults.CALIBRATION, choices=NAMES,
                         help=f"the calibration fitted (default: {defaults.CALIBRATION}): auto (whitening of the "
                         "leading directions or none, chosen by the hubness of the vectors' 10-NN graph on a seeded "
-                        "sample of 4000 rows; --seed), whitening (BERT-whitening; --whitening-power, "
-                        "--whitening-dim), zca (ZCA whitening), center (mean-centring), abtt (all-but-the-top; "
-                        "--abtt-k), none (the raw vectors) or flow (a Glow)")
+                        "sample; --seed), whitening (BERT-whitening), zca, center (mean-centring), abtt "
+                        "(all-but-the-top), none (the raw vectors) or flow (a Glow)")
     method = parser.add_argument_group("whitening and abtt (--calibration whitening, abtt)")
     method.add_argument("--whitening-power", type=float, default=None, metavar="GAMMA",
                         help="whitening's power: x -> (x - mean) U L^-GAMMA; 0.5 (the default) is full whitening, "
@@ -66,11 +62,10 @@ def register(subparsers) -> None:
     flow.add_argument("--config", default=None, choices=sorted(CONFIGS),
                       help=f"Glow levels/depth/width (default: {defaults.CONFIG})")
     flow.add_argument("--recipe", default=None, choices=RECIPES,
-                      help=f"fit recipe (default: {defaults.RECIPE}): 'whitened' (start at whitening; train on 90 "
-                      "%% of the rows for at most 3 epochs, score the other 10 %% 4 times an epoch, keep the best "
-                      "weights, the start included, and stop after --patience evaluations in a row without a better "
-                      "score: a flow that cannot beat whitening stops within its first epoch and is whitening), "
-                      "'standardized' (1 epoch), or 'paper' (raw input, lr 1e-3, batch 32, 1 epoch)")
+                      help=f"fit recipe (default: {defaults.RECIPE}): 'whitened' (start at whitening, train on 90 %% "
+                      "of the rows, keep the best held-out weights, the start included, and stop after --patience "
+                      "evaluations without a better score), 'standardized' (1 epoch), or 'paper' (raw input, lr "
+                      "1e-3, batch 32, 1 epoch)")
     flow.add_argument("--epochs", type=int, default=None,
                       help="training epochs, the most with held-out evaluations (default: the recipe's)")
     flow.add_argument("--patience", type=int, default=None, metavar="N",
@@ -99,58 +94,59 @@ def register(subparsers) -> None:
     parser.add_argument("--restart", action="store_true",
                         help="ignore an earlier run's checkpoint and unfinished cache, and start over")
     flow.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads for training (default: 1 for batches under 256 rows, where a "
-                        "second thread gains little and a busy core would stall every op; else all CPUs available)")
+                      help="torch CPU threads for training (default: 1 for batches under 256 rows, else all CPUs "
+                      "available)")
     add_progress_arguments(parser)
-    add_renamed(flow, "--batch-size", "--train-batch-size", type=int)
+    add_renamed(flow, "--batch-size", "--train-batch-size")
     parser.set_defaults(func=run)
 
 
-def _sample_rows(rows: int, max_rows: int | None, seed: int) -> list[int] | None:
-    """The rows `--max-rows` picks (`flowcore.batch.sampling`, sorted), or None for all of them."""
-    from flowcore.batch.sampling import sample_row_numbers
-
-    if max_rows is None or max_rows >= rows:
-        return None
-    if max_rows < 2:
-        raise CLIError(f"--max-rows must be at least 2, got {max_rows}")
-    return sample_row_numbers(rows, max_rows, seed)
-
-
 def _load_embeddings(args) -> np.ndarray:
+    """The --embeddings matrix (memory-mapped), or the rows of its --max-rows sample (sorted)."""
+    from flowcore.batch.sampling import sample_row_numbers
     from flowcore.batch.vector_sources import NpyMatrix
 
     try:
         matrix = NpyMatrix(args.embeddings)
     except FileNotFoundError:
         raise CLIError(f"{args.embeddings}: no such file") from None
-    return matrix.read(_sample_rows(matrix.rows, args.max_rows, args.seed))
+    if args.max_rows is None or args.max_rows >= matrix.rows:
+        return matrix.read()
+    if args.max_rows < 2:
+        raise CLIError(f"--max-rows must be at least 2, got {args.max_rows}")
+    return matrix.read(sample_row_numbers(matrix.rows, args.max_rows, args.seed))
 
 
-def _encode_corpus(args):
-    """The vectors of a `--max-rows` sample of the corpus and the `Encoder` that made them, and
-    the number of distinct sentences among them."""
+def encode_sample(path, args, skipped_to=None, **encoder_options):
+    """The vectors of a `--max-rows` sample of the corpus at `path` (skipped rows reported on
+    `skipped_to`, default stdout), the `Encoder(**encoder_options)` that made them, and their number
+    of distinct sentences."""
     from flowcore.batch.rows import count_reasons
     from flowcore.batch.text_sources import sample_texts
     from flowcore.text.encoder import Encoder
 
     rejects = []
-    texts = sample_texts(args.input, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
+    texts = sample_texts(path, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
     if rejects:
         reasons = ", ".join(f"{count} {reason}" for reason, count in count_reasons(rejects).items())
-        print(f"{args.input}: skipped {len(rejects)} unusable row(s) ({reasons}); first at row {rejects[0].row}")
+        print(f"{path}: skipped {len(rejects)} unusable row(s) ({reasons}); first at row {rejects[0].row}",
+              file=skipped_to)
     if len(texts) < 2:
-        raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {len(texts)}")
-    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=args.device,
-                      **quantize_options(args))
-    return (encoder.encode(texts, show_progress_bar=show_progress(args)), encoder), len(set(texts))
+        raise CLIError(f"{path}: needs at least 2 usable sentences, found {len(texts)}")
+    encoder = Encoder(**encoder_options)
+    return encoder.encode(texts, show_progress_bar=show_progress(args)), encoder, len(set(texts))
+
+
+def _encoder_options(args) -> dict:
+    return dict(model=args.model, pooling=args.pooling, max_length=args.max_length, device=args.device,
+                **quantize_options(args))
 
 
 def _cached_corpus(args):
     """The whole corpus's vectors as a memory map of the cache, the row numbers of its good rows
-    (None: all are good), the `Encoder`, and the number of distinct sentences. The cache is the
-    batch job's .npy output (rejected rows NaN, listed in CACHE.rejects.jsonl), resumable; a
-    finished cache of the same corpus and encoder is reused."""
+    (None: all are good) and the `Encoder`. The cache is the batch job's .npy output (rejected
+    rows NaN, listed in CACHE.rejects.jsonl), resumable; a finished cache of the same corpus and
+    encoder is reused."""
     import json
 
     from flowcore.batch.job import CalibrationJob
@@ -161,29 +157,24 @@ def _cached_corpus(args):
 
     cache = args.cache or args.out.with_name(args.out.name + ".cache.npy")
     source = TextCorpus(args.input, text_field=args.text_field)
-    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=args.device, threads=1,
-                      **quantize_options(args))
+    encoder = Encoder(**_encoder_options(args), threads=1)
     identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": defaults.BATCH_SIZE,
                             **({"max_length": encoder.max_length} if args.max_length != defaults.MAX_LENGTH else {}),
                             **({"quantize": encoder.quantize} if encoder.quantize else {})}}
     job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, defaults.BATCH_SIZE),
                          identity=identity, restart=args.restart, show_progress_bar=show_progress(args), threads=1,
                          description=identity)
-    finished = None
-    if cache.exists() and job.manifest_path.exists() and not args.restart:
-        finished = json.loads(job.manifest_path.read_text(encoding="utf-8"))
-        if finished.get("input") != {"kind": "text", **source.identity()} or finished.get("encoder") != identity[
-                "encoder"]:
-            finished = None  # another corpus or encoder: encoded again
-    if finished is None:
+    reusable = not args.restart and cache.exists() and job.manifest_path.exists()
+    finished = json.loads(job.manifest_path.read_text(encoding="utf-8")) if reusable else {}
+    made_for = {"input": {"kind": "text", **source.identity()}, **identity}
+    if any(finished.get(key) != value for key, value in made_for.items()):  # unfinished, another corpus or encoder
         job.run()
         finished = json.loads(job.manifest_path.read_text(encoding="utf-8"))
-    rejected, rejects = finished["rejected"], finished["rejects"]
-    if rejected:
-        reasons = ", ".join(f"{count} {reason}" for reason, count in rejects.items())
-        print(f"{args.input}: skipped {rejected} unusable row(s) ({reasons}); listed in {job.rejects_path}")
     vectors, good = NpyMatrix(cache).read(), None
-    if rejected:  # the good rows' numbers (8 bytes a row), never a copy of their vectors
+    if finished["rejected"]:  # the good rows' numbers (8 bytes a row), never a copy of their vectors
+        reasons = ", ".join(f"{count} {reason}" for reason, count in finished["rejects"].items())
+        print(f"{args.input}: skipped {finished['rejected']} unusable row(s) ({reasons}); listed in "
+              f"{job.rejects_path}")
         keep = np.ones(len(vectors), dtype=bool)
         with open(job.rejects_path, encoding="utf-8") as lines:
             keep[[json.loads(line)["row"] for line in lines]] = False
@@ -191,19 +182,17 @@ def _cached_corpus(args):
     usable = len(vectors) if good is None else len(good)
     if usable < 2:
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {usable}")
-    return vectors, good, encoder, _distinct_rows(vectors, MIN_ROWS_PER_DIM * vectors.shape[1], good)
+    return vectors, good, encoder
 
 
-def _distinct_rows(data: np.ndarray, enough: int, rows: np.ndarray | None = None) -> int:
-    """The number of distinct rows of `data` (of its `rows`, if given), counted up to `enough`
-    (all that the warning needs); reads the rows in blocks, so a memory-mapped file is never
-    loaded whole."""
+def _distinct_rows(data: np.ndarray, rows: np.ndarray | None) -> int:
+    """The number of distinct rows of `data` (of its `rows`, if given), counted up to all that the
+    small-corpus warning needs; reads the rows in blocks, so a memory-mapped file is never loaded whole."""
     seen: set[bytes] = set()
-    for start in range(0, len(data) if rows is None else len(rows), 4096):
-        block = data[start:start + 4096] if rows is None else data[rows[start:start + 4096]]
+    for block in row_blocks(data, rows):
         for row in np.ascontiguousarray(block):
             seen.add(hashlib.blake2b(row.tobytes(), digest_size=16).digest())
-        if len(seen) >= enough:
+        if len(seen) >= MIN_ROWS_PER_DIM * data.shape[1]:
             break
     return len(seen)
 
@@ -213,9 +202,9 @@ def _method_settings(args) -> dict:
     from flowcore.calibration.base import setting_names
 
     if args.calibration != "flow":
-        for name, flag in _FLOW_OPTIONS.items():
+        for name in _FLOW_OPTIONS:
             if getattr(args, name) is not None:
-                raise CLIError(f"{flag} applies to --calibration flow only, not {args.calibration}")
+                raise CLIError(f"--{name.replace('_', '-')} applies to --calibration flow only, not {args.calibration}")
     accepted = setting_names(args.calibration)
     settings = {"seed": args.seed} if "seed" in accepted and args.calibration != "flow" else {}
     for name, flag in _METHOD_OPTIONS.items():
@@ -227,17 +216,8 @@ def _method_settings(args) -> dict:
     return settings
 
 
-def _blocks(data, rows):
-    """The vectors to fit on (the `rows` of `data`; all if None) in blocks, never all at once."""
-    count = len(data) if rows is None else len(rows)
-    for start in range(0, count, defaults.STAT_BLOCK_ROWS):
-        stop = start + defaults.STAT_BLOCK_ROWS
-        yield data[start:stop] if rows is None else data[rows[start:stop]]
-
-
 def run(args) -> int:
     from flowcore.calibration.base import create
-    from flowcore.cli.arguments import check_output
 
     check_output(args.out, inputs=[args.embeddings, args.input])
     if args.cache is not None:
@@ -245,43 +225,40 @@ def run(args) -> int:
     check_device(args.device)
     started = time.perf_counter()
     settings = _method_settings(args)
-    for option, value in (("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience)):
-        if value is not None and value < 1:
-            raise CLIError(f"{option} must be at least 1, got {value}")
+    check_positive(("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience))
     # bad settings are refused before any encoding
     calibrator = create(args.calibration, **settings) if args.calibration != "flow" else None
     rows = None  # the rows of data to fit on: all, unless the cache holds rejected rows
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
-        distinct = _distinct_rows(data, MIN_ROWS_PER_DIM * data.shape[1]) if data.ndim == 2 else len(data)
+        distinct = _distinct_rows(data, rows)
     elif args.max_rows is not None:
-        (data, encoder), distinct = _encode_corpus(args)
+        data, encoder, distinct = encode_sample(args.input, args, **_encoder_options(args))
     else:
-        data, rows, encoder, distinct = _cached_corpus(args)
-    if args.embeddings is not None:
-        option = "a larger --max-rows" if args.max_rows is not None else "--embeddings of more sentences"
-        warning = small_corpus_warning(distinct, data.shape[1], option, unit="vectors") if data.ndim == 2 else None
-    else:
-        option = "a larger --max-rows" if args.max_rows is not None else "--input FILE"
-        warning = small_corpus_warning(distinct, data.shape[1], option)
+        data, rows, encoder = _cached_corpus(args)
+        distinct = _distinct_rows(data, rows)
+    fitted_rows = len(data) if rows is None else len(rows)
+    option = ("a larger --max-rows" if args.max_rows is not None else
+              "--embeddings of more sentences" if args.embeddings is not None else "--input FILE")
+    warning = small_corpus_warning(distinct, data.shape[1], option,
+                                   unit="vectors" if args.embeddings is not None else "sentences")
     if warning is not None:
         print(f"flowcore fit: warning: {warning}", file=sys.stderr)
-    fitted_rows = len(data) if rows is None else len(rows)
-    if args.calibration != "flow":  # records the encoder and pooling (None: raw embeddings)
-        calibrator.fit_chunks(_blocks(data, rows), encoder=encoder)
-        calibrator.save(args.out)
-        took = f"on {fitted_rows} x {data.shape[1]} in {time.perf_counter() - started:.1f}s; wrote {args.out}"
-        if args.calibration == "auto":
-            print(f"auto: {calibrator.reason}; fitted {took}")
-            return 0
-        shown = ", ".join(f"{name} {value}" for name, value in calibrator.settings().items()
-                          if name in settings and name != "seed")
-        print(f"fitted {args.calibration}{f' ({shown})' if shown else ''} -> {calibrator.output_dim} dims {took}")
+    if args.calibration == "flow":
+        return _fit_flow(args, data, rows, encoder, fitted_rows)
+    calibrator.fit_chunks(row_blocks(data, rows), encoder=encoder)  # records the encoder (None: raw embeddings)
+    calibrator.save(args.out)
+    took = f"on {fitted_rows} x {data.shape[1]} in {time.perf_counter() - started:.1f}s; wrote {args.out}"
+    if args.calibration == "auto":
+        print(f"auto: {calibrator.reason}; fitted {took}")
         return 0
-    return _fit_flow(args, data, rows, encoder)
+    shown = ", ".join(f"{name} {value}" for name, value in calibrator.settings().items()
+                      if name in settings and name != "seed")
+    print(f"fitted {args.calibration}{f' ({shown})' if shown else ''} -> {calibrator.output_dim} dims {took}")
+    return 0
 
 
-def _fit_flow(args, data, rows, encoder) -> int:
+def _fit_flow(args, data, rows, encoder, fitted_rows: int) -> int:
     """Train the flow with checkpoints (a rerun resumes), save it, and print what was kept."""
     from flowcore.calibration.calibrator import FlowCalibrator
 
@@ -297,7 +274,6 @@ def _fit_flow(args, data, rows, encoder) -> int:
                    checkpoint_every=args.checkpoint_every or defaults.CHECKPOINT_EVERY, rows=rows, threads=args.threads)
     calibrator.save(args.out)
     checkpoint.unlink(missing_ok=True)
-    fitted_rows = len(data) if rows is None else len(rows)
     print(f"fitted {config} on {fitted_rows} x {data.shape[1]} ({calibrator.recipe.name} recipe): "
           f"{calibrator.outcome}; wrote {args.out}")
     return 0

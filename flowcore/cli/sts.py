@@ -12,22 +12,24 @@ from flowcore import defaults
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError, check_device
 from flowcore.cli.arguments import (
-    HelpFormatter,
+    add_calibration_arguments,
     add_encoding_arguments,
+    add_pairs_arguments,
     add_renamed,
+    calibration_settings,
+    check_data_dir,
     check_input,
     check_output,
-    comma_files,
+    check_positive,
     comma_names,
-    pair_columns,
+    embedding_cache,
     quantize_options,
     show_progress,
 )
 from flowcore.flows.configs import CONFIGS
 from flowcore.runtime import parallel_jobs
-from flowcore.sts.baselines import CALIBRATIONS, FLOW_INPUTS, CalibrationSettings
-from flowcore.sts.cache import EmbeddingCache, default_cache_dir
-from flowcore.sts.data import DATA_ENV, DATASETS
+from flowcore.sts.baselines import CALIBRATIONS, FLOW_INPUTS
+from flowcore.sts.data import DATASETS
 from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import (
     AGGREGATION_NOTES,
@@ -58,8 +60,7 @@ def _progress_on_stderr(progress: bool):
     """The `flowcore.sts` loggers' warnings (and INFO progress lines when `progress`) on stderr as bare lines."""
     level = logging.INFO if progress else logging.WARNING
     logger = logging.getLogger("flowcore.sts")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler = logging.StreamHandler(sys.stderr)  # its default format is the bare message
     handler.setLevel(level)
     saved = logger.level, logger.propagate
     logger.addHandler(handler)
@@ -80,7 +81,6 @@ def register(subparsers) -> None:
         description="Spearman x100 of cosine similarity against gold on the STS12-16, STS-B and SICK-R test "
         "sets (or your own labelled pairs, --pairs), for the raw encoder and after each calibration "
         "fitted without labels (or loaded, --calibrator). Progress and warnings go to stderr, the table to stdout.",
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("--model", default="default",
                         help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a "
@@ -89,41 +89,18 @@ def register(subparsers) -> None:
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
     parser.add_argument("--calibration", default=None, type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
-                        help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (none: the raw vectors, "
-                        "whitening: BERT-whitening, tempered by --whitening-power and truncated by --whitening-dim, "
-                        "center: mean-centring, abtt: all-but-the-top, zca: ZCA whitening, auto: whitening or none, "
-                        "chosen by the fit corpus's hubness, with a line saying which; default: "
-                        f"{DEFAULT_CALIBRATIONS}; with --calibrator: none and the file's calibration, the only ones "
-                        "allowed then)")
+                        help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (as 'flowcore fit "
+                        "--calibration'; none: the raw vectors; auto says which it chose); default: "
+                        f"{DEFAULT_CALIBRATIONS}; with --calibrator only none and the file's calibration")
     parser.add_argument("--datasets", default=None, type=lambda t: comma_names(t, DATASETS, "dataset"),
                         help=f"comma-separated built-in datasets (default: all of {','.join(DATASETS)})")
-    parser.add_argument("--pairs", default=None, action="extend", type=comma_files, metavar="FILE[,FILE...]",
-                        help="evaluate your own labelled pairs instead of the built-in datasets, one table "
-                        "column (dataset) per FILE, named after its stem: .tsv (tab-separated, no quoting), "
-                        ".csv (quoted fields allowed), .jsonl (an object or an array per line), or SentEval "
-                        "pairs: an STS.input.<name>.txt file with its STS.gs.<name>.txt beside it (empty gold: "
-                        "unscored, skipped), or a folder of them (each file a subset). Blank lines are ignored")
-    parser.add_argument("--pairs-columns", default=None, type=pair_columns, metavar="S1,S2,SCORE",
-                        help="the two sentence columns and the score column of --pairs files: three names (the "
-                        "first line of a .tsv/.csv is then its header; keys of .jsonl objects) or three 0-based "
-                        "positions (no header line; items of .jsonl arrays). When not given: a header naming "
-                        "them as sentence1/sentence2/score, s1/s2/label, sentence_a/sentence_b/"
-                        "relatedness_score, text1/text2/similarity... (any case), else positions 0,1,2 of a "
-                        "headerless file (.jsonl: recognised keys of objects, items 0,1,2 of arrays)")
-    parser.add_argument("--skip-bad", action="store_true",
-                        help="skip bad lines of --pairs files (missing column, a score that is not a finite "
-                        "number, an empty sentence, broken JSON/CSV, invalid UTF-8, a .csv record spanning several "
-                        "lines such as an unclosed quote: pairs files hold one pair per line) and count them "
-                        "(stderr, 'skipped_lines' in the JSON); without it the first one is an error naming file:line")
-    parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
-                        help=f"folder with the STS data, e.g. ../shared/data/sts; its default comes from ${DATA_ENV} "
-                        "(not needed with --pairs)")
+    add_pairs_arguments(parser, "evaluate your own labelled pairs instead of the built-in datasets, one table "
+                        "column (dataset) per FILE, named after its stem")
     parser.add_argument("--fit-corpus", default="target",
                         help="what the calibrations are fitted on, without labels: 'target' (all sentences of the "
-                        "evaluated dataset, all splits: the paper's setting; with --pairs: each file's own "
-                        "sentences), 'train' (its train split where one exists; not with --pairs), or a text "
-                        "file with one sentence per line (e.g. NLI sentences). Fewer than 5 x dim distinct "
-                        "sentences give a warning (stderr and 'warning' in the JSON)")
+                        "evaluated dataset, all splits, as in the paper; with --pairs: each file's own), 'train' (its "
+                        "train split; not with --pairs), or a text file with one sentence per line. Fewer than 5 x "
+                        "dim distinct sentences give a warning")
     parser.add_argument("--calibrator", default=None, metavar="FILE",
                         help="a calibrator file from 'flowcore fit' (a flow or any other calibration, for this encoder "
                         "and pooling): applied as it is, nothing is fitted; --calibration may then hold none and "
@@ -131,54 +108,37 @@ def register(subparsers) -> None:
     parser.add_argument("--sick-split", default="test", choices=("test", "all"),
                         help="SICK-R pairs scored: 'test' (4927, the paper's protocol) or 'all' (9927, MTEB's)")
     parser.add_argument("--aggregation", default="all", choices=AGGREGATIONS,
-                        help="STS12-16 figure of the first table: 'all' (the primary one: subsets concatenated, as "
-                        "SBERT, SimCSE and MTEB report), 'wmean' (size-weighted mean over subsets, as the "
-                        "BERT-flow and BERT-whitening papers report), 'mean'; a second table shows the other of "
-                        "all and wmean, each with the published figures of the same protocol under it (BERT-flow's "
-                        "and BERT-whitening's for bert-base-uncased, MTEB's for the default encoder); the JSON "
-                        "holds all three")
+                        help="STS12-16 figure of the first table: 'all' (subsets concatenated, as SBERT, SimCSE and "
+                        "MTEB report), 'wmean' (size-weighted mean over subsets, as BERT-flow and BERT-whitening "
+                        "report) or 'mean'; a second table shows the other of all and wmean; each table has the "
+                        "published figures of its protocol under it, and the JSON holds all three")
     parser.add_argument("--config", default=defaults.CONFIG, choices=sorted(CONFIGS),
                         help="Glow configuration of the flow (levels, depth, width)")
     parser.add_argument("--recipe", default=defaults.RECIPE, choices=RECIPES,
-                        help="the flow's fit recipe: 'whitened' (start at whitening, at most 3 epochs, keep the "
-                        "best held-out likelihood scored 4 times an epoch, stop after 2 evaluations without a "
-                        "better one), 'standardized' (the earlier default), 'paper' (the paper's code: "
-                        "raw input, lr 1e-3, batch 32, 1 epoch); --epochs, --lr and --train-batch-size override "
-                        "its values")
+                        help="the flow's fit recipe (see 'flowcore fit --help'); --epochs, --lr and "
+                        "--train-batch-size override its values")
     parser.add_argument("--epochs", type=int, default=None, help="flow training epochs (default: the recipe's)")
     parser.add_argument("--lr", type=float, default=None, help="flow learning rate (Adam; default: the recipe's)")
     parser.add_argument("--train-batch-size", type=int, default=None,
                         help="rows per flow training step (default: the recipe's)")
     parser.add_argument("--flow-input", default=None, type=_flow_input, choices=FLOW_INPUTS,
-                        help="override what the flow is fitted on (its recipe decides when not given): coordinates "
-                        "standardized over the fit corpus (constant ones dropped), vectors whitened first and the "
-                        "flow fitted on them as they are (prewhiten; unlike the 'whitened' recipe, which starts "
-                        "the flow itself at whitening), or the raw vectors (diverges on poolings with constant "
-                        "coordinates, e.g. mean pooling of the default model)")
-    parser.add_argument("--whitening-dim", type=int, default=None,
-                        help="keep only the k largest-variance whitened directions; all when not given")
-    parser.add_argument("--whitening-power", type=float, default=defaults.WHITENING_POWER, metavar="GAMMA",
-                        help="tempered whitening, x -> (x - mean) U L^-GAMMA: 0.5 is full whitening (identity "
-                        "covariance), 0 only centres and rotates (cosines equal center's), values between "
-                        "shrink the dominant directions less")
-    parser.add_argument("--abtt-k", type=int, default=None,
-                        help="principal directions removed by --calibration abtt (all-but-the-top); when not "
-                        "given, round(dim / 100), the authors' rule")
+                        help="what the flow is fitted on, when not its recipe's choice: coordinates standardized "
+                        "over the fit corpus, vectors whitened first (prewhiten), or the raw vectors (diverges on "
+                        "poolings with constant coordinates)")
+    add_calibration_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the flow's initialisation and batch order")
     parser.add_argument("--json", default=None, metavar="OUT.json", help="also write the result records here")
     parser.add_argument("--jobs", type=int, default=None,
-                        help="datasets whose flows are fitted side by side (after all are encoded), each in a "
-                        "forked process of one torch thread, on CPU with the built-in datasets or --pairs and "
-                        "'target'/'train' fit corpora; the flow fits (batch 32) run on one thread anyway, so "
-                        "the results do not change with it (default: the CPUs this process may use; 1: one "
-                        "process)")
+                        help="datasets whose flows are fitted side by side on CPU (after all are encoded), each in a "
+                        "forked one-thread process; the results do not change with it (default: the CPUs this "
+                        "process may use)")
     add_encoding_arguments(parser)
     add_renamed(parser, "--flow", "--calibrator")
-    add_renamed(parser, "--flow-config", "--config", choices=sorted(CONFIGS))
-    add_renamed(parser, "--flow-recipe", "--recipe", choices=RECIPES)
-    add_renamed(parser, "--flow-epochs", "--epochs", type=int)
-    add_renamed(parser, "--flow-lr", "--lr", type=float)
-    add_renamed(parser, "--flow-batch-size", "--train-batch-size", type=int)
+    add_renamed(parser, "--flow-config", "--config")
+    add_renamed(parser, "--flow-recipe", "--recipe")
+    add_renamed(parser, "--flow-epochs", "--epochs")
+    add_renamed(parser, "--flow-lr", "--lr")
+    add_renamed(parser, "--flow-batch-size", "--train-batch-size")
     parser.set_defaults(func=run)
 
 
@@ -191,45 +151,34 @@ def run(args: argparse.Namespace) -> int:
         for option, value in (("--pairs-columns", args.pairs_columns), ("--skip-bad", args.skip_bad)):
             if value:
                 raise CLIError(f"{option} applies to --pairs files only")
+        check_data_dir(args.data_dir, "evaluating the built-in datasets")
     elif args.datasets is not None:
         raise CLIError("--pairs evaluates your files instead of the built-in datasets: drop --datasets")
-    if args.pairs is not None and args.fit_corpus == "train":
+    elif args.fit_corpus == "train":
         raise CLIError("--fit-corpus train needs the built-in datasets (your pairs have no train split); "
                        "use 'target' (their own sentences) or a file with one sentence per line")
-    if args.pairs is None:
-        if not args.data_dir:
-            raise CLIError(f"no STS data folder: pass --data-dir DIR or set {DATA_ENV}")
-        if not os.path.isdir(args.data_dir):
-            raise CLIError(f"STS data folder not found: {args.data_dir}")
     if args.fit_corpus not in ("target", "train") and not os.path.isfile(args.fit_corpus):
         raise CLIError(f"--fit-corpus {args.fit_corpus!r} is neither 'target', 'train' nor an existing file")
     if args.calibrator is not None:
         check_input(args.calibrator, "--calibrator")
-    if args.calibrator is not None and args.fit_corpus != "target":
-        raise CLIError("--fit-corpus does not apply with --calibrator (the calibrator file is already fitted)")
+        if args.fit_corpus != "target":
+            raise CLIError("--fit-corpus does not apply with --calibrator (the calibrator file is already fitted)")
     if args.json is not None:
         check_output(args.json, inputs=[args.calibrator, *(args.pairs or [])], flag="--json")
-    for option, value in (("--epochs", args.epochs), ("--train-batch-size", args.train_batch_size),
-                          ("--batch-size", args.batch_size), ("--whitening-dim", args.whitening_dim),
-                          ("--jobs", args.jobs), ("--abtt-k", args.abtt_k)):
-        if value is not None and value < 1:
-            raise CLIError(f"{option} must be at least 1, got {value}")
+    check_positive(("--epochs", args.epochs), ("--train-batch-size", args.train_batch_size),
+                   ("--batch-size", args.batch_size), ("--jobs", args.jobs))
     if args.lr is not None and not args.lr > 0:
         raise CLIError(f"--lr must be positive, got {args.lr}")
-    if not 0 <= args.whitening_power <= 1:
-        raise CLIError(f"--whitening-power must be from 0 to 1 (0.5: full whitening), got {args.whitening_power}")
-    settings = CalibrationSettings(whitening_dim=args.whitening_dim, whitening_power=args.whitening_power,
-                                   abtt_k=args.abtt_k, flow_config=args.config,
-                                   flow_recipe=args.recipe, flow_epochs=args.epochs, flow_lr=args.lr,
-                                   flow_batch_size=args.train_batch_size, flow_input=args.flow_input, seed=args.seed,
-                                   device=args.device)
-    cache = EmbeddingCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
+    settings = calibration_settings(args, flow_config=args.config, flow_recipe=args.recipe, flow_epochs=args.epochs,
+                                    flow_lr=args.lr, flow_batch_size=args.train_batch_size, flow_input=args.flow_input)
+    cache = embedding_cache(args)
     started = time.perf_counter()
     records = []
     calibrations = args.calibration or comma_names(DEFAULT_CALIBRATIONS, CALIBRATIONS, "calibration")
     fitted = None
     if args.calibrator is not None:
-        from flowcore.sts.baselines import prefitted  # imports torch: only when --calibrator is used
+        from flowcore.calibration.flow_file import check_encoder_fits  # import torch: only with --calibrator
+        from flowcore.sts.baselines import prefitted
 
         given = prefitted(args.calibrator, device=args.device)
         name = given.calibrator.name
@@ -249,8 +198,9 @@ def run(args: argparse.Namespace) -> int:
         for pooling in args.pooling:
             encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device,
                               **quantize_options(args))
-            if fitted is not None:
-                _check_flow_fits(given.calibrator, encoder, args)
+            if fitted is not None:  # refuse a file fitted for another encoder, pooling or width
+                check_encoder_fits(given.calibrator.provenance, given.calibrator.dim, encoder, args.model,
+                                   what=f"--calibrator {args.calibrator}")
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
                                 settings=settings, cache=cache, batch_size=args.batch_size, show_progress_bar=progress,
@@ -291,14 +241,3 @@ def _print_tables(records: list[dict], aggregation: str) -> None:
     lines = auto_lines(records)
     if lines:
         print("\n" + "\n".join(lines))
-
-
-def _check_flow_fits(calibrator, encoder, args) -> None:
-    """Refuse a --calibrator file fitted for another encoder, pooling or width than this run's."""
-    from flowcore.calibration.flow_file import check_encoder_fits  # imports torch: only when a file is given
-
-    try:
-        check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, args.model,
-                           what=f"--calibrator {args.calibrator}")
-    except ValueError as error:
-        raise CLIError(str(error)) from None
