@@ -1,8 +1,6 @@
-"""The calibration core both batch engines run, so that they refuse, reject and write alike: the
-job (`JobSpec`), one chunk calibrated with every reject rule (`calibrate_chunk`), the check of a
-job's record (`check_identity`), the report (`CalibrationSummary`) and the description of a
-finished output (`manifest`, format "flowcore-vectors-manifest"; its keys are in docs/batch.md).
-"""
+"""The calibration core both batch engines run, so that they refuse, reject and write alike:
+`JobSpec`, `calibrate_chunk`, `check_identity`, `CalibrationSummary` and `manifest` (its keys
+are in docs/batch.md)."""
 from __future__ import annotations
 
 import os
@@ -33,7 +31,7 @@ from flowcore.runtime import check_threads, job_threads
 __all__ = [
     "MANIFEST_FORMAT", "MANIFEST_VERSION", "CalibrationSummary", "InputChangedError", "JobMismatchError", "JobSpec",
     "arrow_type_name", "calibrate_chunk", "calibrated", "check_compatible", "check_identity", "chunk_of_values",
-    "default_chunk_rows", "encode_with", "load_calibrator", "load_encoder", "manifest", "normalized",
+    "default_chunk_rows", "encode_with", "load_encoder", "manifest", "normalized",
 ]
 
 MANIFEST_FORMAT = "flowcore-vectors-manifest"
@@ -41,8 +39,7 @@ MANIFEST_VERSION = 1
 
 
 class JobMismatchError(ValueError):
-    """A job's record (progress file, Ray job file) describes another job than the one requested,
-    or the partial output it describes is missing or does not match it."""
+    """A job's record (progress file, Ray job file) or its partial output does not match the job requested."""
 
 
 class InputChangedError(JobMismatchError):
@@ -50,28 +47,16 @@ class InputChangedError(JobMismatchError):
 
 
 def default_chunk_rows(source: TextCorpus | EmbeddingFile, dim: int) -> int:
-    """Text: chunks of a fixed count of sentences; embeddings: the power of two nearest below
-    `defaults.EMBEDDING_CHUNK_BYTES` of float32 rows."""
+    """Text: `defaults.TEXT_CHUNK_ROWS`; embeddings: a power of two of rows within `defaults.EMBEDDING_CHUNK_BYTES`."""
     if source.kind == "text":
         return defaults.TEXT_CHUNK_ROWS
     rows = max(1, defaults.EMBEDDING_CHUNK_BYTES // (4 * dim))
     return 1 << (rows.bit_length() - 1)
 
 
-def load_calibrator(path: str | os.PathLike, device=None):
-    """The one place batch jobs load a calibration file (any calibration: `flowcore.load`). The
-    core uses only what every calibrator has (`flowcore.calibration.Calibrator`): `name`, `dim`
-    (input width), `output_dim`, `provenance` (the encoder it was fitted on, or None) and
-    `transform`."""
-    from flowcore.calibration.base import load
-
-    return load(path, device=device)
-
-
 def calibrated(transform: Callable[[np.ndarray], np.ndarray], vectors: np.ndarray) -> np.ndarray:
-    """`transform(vectors)`, where a calibrator's refusal of the finite rows it maps to NaN/Inf
-    (`flowcore.validation.NonFiniteOutputError`) gives back its whole output instead: the core then
-    rejects just those rows (`NON_FINITE_OUTPUT`), as it does for any transform that returns them."""
+    """`transform(vectors)`; a `NonFiniteOutputError` gives back its output, whose NaN/Inf rows the
+    core then rejects (`NON_FINITE_OUTPUT`)."""
     from flowcore.validation import NonFiniteOutputError
 
     try:
@@ -94,8 +79,7 @@ def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] |
 
 def load_encoder(calibrator, model: str | None = None, pooling: str | None = None, quantize: str | None = None,
                  threads: int | None = None, device=None):
-    """The `Encoder` for text a calibration will map: the model and pooling it records unless
-    others are asked for, checked against its record."""
+    """The `Encoder` for a calibration's text: its recorded model and pooling unless others are asked for."""
     from flowcore.calibration.flow_file import check_encoder_fits
     from flowcore.text.encoder import Encoder
 
@@ -113,18 +97,14 @@ def load_encoder(calibrator, model: str | None = None, pooling: str | None = Non
 
 @dataclass
 class JobSpec:
-    """One calibration job, checked once on construction (contradictions are refused before any
-    work): the calibration file, the input and how it is read, the text encoder, torch threads,
-    chunking and the output options. Both engines run a `JobSpec`.
+    """One calibration job, as both engines run it; contradictions are refused on construction.
 
     Args:
         flow: a calibration file (`flowcore fit`).
-        input / embeddings: exactly one: txt/jsonl/csv/parquet text, or .npy/parquet vectors (a
-            file; for the Ray engine also a folder or a glob).
-        text_field, id_field, vector_field: the columns of the text, the id (default: the row
-            number) and the stored vector.
-        model, pooling, quantize, batch_size: the text encoder (model and pooling default to the
-            calibration's record; quantize "int8" is `Encoder`'s CPU mode).
+        input / embeddings: exactly one: a txt/jsonl/csv/parquet corpus, or .npy/parquet vectors (for
+            the Ray engine also a folder or a glob).
+        text_field, id_field, vector_field: the columns of the text, the id (default: row number), the vector.
+        model, pooling, quantize, batch_size: the text encoder (default: the calibration's record).
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
         threads: torch CPU threads (default: `flowcore.runtime.job_threads`; `actor`: per Ray actor).
         keep_columns, vector_column: input columns copied to parquet output; its vector column.
@@ -183,12 +163,13 @@ class JobSpec:
                              keep_columns=self.keep_columns)
 
     def prepare(self, paths, encoder=None) -> tuple:
-        """(calibrator, sources, encoder) for the input files `paths`, each source checked against
-        the calibration before any work (`check_compatible`). `encoder`: (text) an `Encoder` to use
-        as it is, instead of the one the spec names (`load_encoder`)."""
+        """(calibrator, sources, encoder) for the input files `paths`, each `check_compatible`;
+        `encoder`: (text) an `Encoder` to use instead of the one the spec names."""
         if encoder is not None and (self.kind == "embeddings" or self.model or self.pooling or self.quantize):
             raise ValueError("an encoder is for text input, instead of model/pooling/quantize")
-        calibrator = load_calibrator(self.flow, device=self.device)
+        from flowcore.calibration.base import load
+
+        calibrator = load(self.flow, device=self.device)
         sources = [self.open(path) for path in paths]
         requested = None
         if self.kind == "text" and encoder is None:
@@ -199,8 +180,7 @@ class JobSpec:
         return calibrator, sources, encoder
 
     def identity(self, encoder) -> dict:
-        """What a job's record pins besides its input and output: the calibration file's hash
-        and (text) the encoder, whose int8 rows must never continue a float32 run."""
+        """What a job's record pins besides its input and output: the calibration's hash, the device, the encoder."""
         identity: dict = {"flow_sha256": self.flow_sha256}
         if self.device not in (None, "cpu"):  # another device's floats must never continue a CPU run
             identity["device"] = self.device
@@ -211,9 +191,7 @@ class JobSpec:
         return identity
 
     def describe(self, calibrator, encoder) -> dict:
-        """The manifest entries the spec knows: the encoder (text; for stored embeddings None,
-        the calibration's `fitted_for` says what they should come from), the calibration and its
-        file's format version."""
+        """The manifest entries the spec knows: the encoder (None for stored embeddings), the calibration."""
         from safetensors import safe_open
 
         with safe_open(str(self.flow), framework="pt") as reader:
@@ -235,9 +213,8 @@ class JobSpec:
 
 def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=None,
                      requested_model: str | None = None) -> None:
-    """Refuse, before any work, inputs the calibration was not fitted for: embeddings of another
-    width, or text through another encoder or pooling than its record (`requested_model`: the
-    name the encoder was asked for, which matches when it is the recorded one)."""
+    """Refuse inputs the calibration was not fitted for: embeddings of another width, or text through
+    another encoder or pooling than its record (`requested_model`: the name the encoder was asked for)."""
     from flowcore.calibration.flow_file import check_encoder_fits  # torch: only once a calibration is in hand
 
     if source.kind == "embeddings":
@@ -252,13 +229,10 @@ def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=Non
 def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray], dim: int,
                     encode: Callable[[list[str]], np.ndarray] | None = None,
                     output_dim: int | None = None) -> CalibratedChunk:
-    """The one path every row takes, in both engines: the rows a reader rejected stay rejected;
-    a text chunk's good texts are encoded (`dim`-wide), and a row the encoder returns NaN/Inf
-    for is rejected; the good rows are calibrated by `transform` (`output_dim`-wide, default
-    `dim`), and a row it maps to NaN/Inf is rejected as `NON_FINITE_OUTPUT`, never written as a
-    result (a calibrator that refuses such rows, as the Python API does, is asked for its output:
-    `calibrated`). Every rejected row is a NaN row; rejects come back in row order, each with its
-    row's id when the chunk has ids."""
+    """The one path every row takes, in both engines: a text chunk's good texts are encoded
+    (`dim`-wide), the good rows calibrated (`output_dim`-wide, default `dim`); a row the encoder
+    or `transform` turns to NaN/Inf is rejected. Rejected rows are NaN; rejects come back in row
+    order, with their ids."""
     rejects = list(chunk.rejects)
     good = np.ones(chunk.rows, dtype=bool)
     good[[reject.row - chunk.row_start for reject in rejects]] = False
@@ -287,11 +261,9 @@ def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray],
 
 
 def chunk_of_values(values, column: str, dim: int | None = None) -> Chunk:
-    """Rows handed over as values (a column of a Ray batch) as a chunk, each checked by the
-    readers' rules: texts when `dim` is None (`text_reject`), else stored vectors `dim` wide (a
-    (rows, dim) array, or one value per row: `vector_rejects`; a value that is not a list of
-    numbers is a reject, never an error). A NaN in place of a value is a null (Ray's pandas
-    conversions write None so)."""
+    """A column of a Ray batch as a chunk, checked by the readers' rules: texts when `dim` is None
+    (`text_reject`), else `dim`-wide vectors (`vector_rejects`). A NaN value is a null (Ray's
+    pandas conversions write None so)."""
     rows = len(values)
     if dim is None:
         texts = [None if _nan(text) else text for text in values]
@@ -342,9 +314,8 @@ def _nan(value) -> bool:
 
 
 def check_identity(recorded: dict, requested: dict, record: Path, input_name) -> None:
-    """The one check that a job's record (`record`) describes the job requested: a record whose
-    only differences are in its input raises `InputChangedError` (naming `input_name`), any other
-    difference `JobMismatchError`, each listing the differences."""
+    """Refuse a job's record (`record`) that describes another job than the one requested, listing the
+    differences: `InputChangedError` (naming `input_name`) when only its input differs, else `JobMismatchError`."""
     if recorded == requested:
         return
     changed = _differences(recorded, requested)
@@ -368,8 +339,7 @@ def _differences(old, new, path: str = "") -> list[str]:
 
 @dataclass
 class CalibrationSummary:
-    """What a finished job did: all rows and rejects, and what this run added (after a resume);
-    on Ray, the shards this run wrote of all."""
+    """What a finished job did: all rows and rejects, what this run added, and (Ray) its shards."""
 
     rows: int
     rejects: dict[str, int]
@@ -412,9 +382,8 @@ def manifest(*, file: str, parquet: Path | None, rows: int, rejects: dict[str, i
              normalized: bool, id_field: str | None, vector_column: str | None, kept_columns, input: dict,
              description: dict, threads: int | None, chunk_rows: int, versions: dict,
              id_source: str = "row number") -> dict:
-    """A finished output's manifest (the format is the module docstring's). `parquet`: a part
-    of parquet output, whose schema gives the columns (None: .npy output); `versions`: the
-    engine's format versions (its job record's); `description`: `JobSpec.describe`'s entries."""
+    """A finished output's manifest. `parquet`: a part of parquet output, whose schema gives the
+    columns (None: .npy output); `versions`: the engine's record formats; `description`: `JobSpec.describe`'s."""
     import flowcore
 
     rejected = sum(rejects.values())
@@ -445,8 +414,8 @@ def manifest(*, file: str, parquet: Path | None, rows: int, rejects: dict[str, i
 
 
 def arrow_type_name(kind) -> str:
-    """A pyarrow type as the manifest names it: floats by width (float32), lists without their
-    child field's name (which parquet readers rename), e.g. `fixed_size_list<float32>[384]`."""
+    """A pyarrow type as the manifest names it: floats by width, lists without their child field's
+    name (which parquet readers rename), e.g. `fixed_size_list<float32>[384]`."""
     import pyarrow as pa
 
     if pa.types.is_fixed_size_list(kind):

@@ -16,9 +16,8 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class JobInterrupted(KeyboardInterrupt):
-    """A job stopped by a signal at a chunk boundary. `rows`: the rows done (and recorded), None
-    when it stopped before its job began (while loading the model, or starting Ray);
-    `exit_status`: 128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
+    """A job stopped by a signal at a chunk boundary. `rows`: the rows done, None when it stopped
+    before its job began; `exit_status`: 128 + the signal number."""
 
     def __init__(self, rows: int | None, signum: int):
         self.rows, self.signum, self.exit_status = rows, signum, 128 + signum
@@ -28,8 +27,8 @@ class JobInterrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def interrupts_named() -> Iterator[None]:
-    """Inside the block, a Ctrl-C that arrives as a plain KeyboardInterrupt (outside `StopSignals`:
-    while a model loads, before a job takes its lock) becomes a `JobInterrupted` that says so."""
+    """Inside the block (or the decorated function), a plain KeyboardInterrupt (outside `StopSignals`,
+    e.g. while a model loads) becomes a `JobInterrupted` that says so."""
     try:
         yield
     except KeyboardInterrupt as error:
@@ -39,9 +38,8 @@ def interrupts_named() -> Iterator[None]:
 
 
 class StopSignals:
-    """While the `with` block runs, SIGINT/SIGTERM request a stop (`requested`) instead of
-    raising; a second one exits at once. Installed only in the main thread (where Python runs
-    signal handlers); elsewhere it never requests a stop. The previous handlers come back on exit.
+    """While the `with` block runs, SIGINT/SIGTERM request a stop (`requested`) instead of raising; a
+    second one exits at once. Only the main thread (where Python runs signal handlers) installs them.
 
     Args:
         enabled: False makes it a no-op (signals behave as they did).

@@ -1,7 +1,5 @@
 """The local engine behind `flowcore calibrate`: `CalibrationJob` (a source into one .npy or
-.parquet file, resumably) and `calibrate_file` (the whole job from a calibration file and an
-input path). The job's rules are `flowcore.batch.core`'s; this engine adds the lock, the signals,
-the progress file and the reader and writer threads.
+.parquet file, resumably) and `calibrate_file` (the whole job from files).
 
 Each chunk is fsynced before `OUT.progress.json` records it, so a killed run resumes after the
 last recorded chunk, byte-identical to an uninterrupted one (docs/batch.md, docs/faults.md).
@@ -43,7 +41,7 @@ from flowcore.batch.core import (
 )
 from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
 from flowcore.batch.lock import OutputLock, OutputLockedError
-from flowcore.batch.outputs import VECTOR_COLUMN, RejectsLog, open_output
+from flowcore.batch.outputs import VECTOR_COLUMN, NpyOutput, ParquetOutput, RejectsLog
 from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chunks
 from flowcore.batch.rows import CalibratedChunk, Position, count_reasons, detect_format, file_changed
 from flowcore.batch.text_sources import TextCorpus
@@ -59,8 +57,7 @@ __all__ = [
 OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
 PROGRESS_FORMAT = "flowcore-calibrate-progress"
 PROGRESS_VERSION = 2
-"""`OUT.progress.json`, an unfinished job's record. An earlier flowcore's record (version 1, kept
-in `OUT.manifest.json`, or one without input fingerprints) is refused: rerun with --restart."""
+"""`OUT.progress.json`, an unfinished job's record; an earlier flowcore's is refused."""
 _EARLIER = ("{} records an unfinished run of an earlier flowcore, which this version cannot resume; "
             "rerun with --restart to start over")
 
@@ -68,24 +65,17 @@ RESUME_ADVICE = "the progress file records only the chunks completed before it; 
 
 
 def _at_stage(stage: str, chunk: CalibratedChunk) -> None:
-    """Called in the writer thread at each stage of every chunk: "writing" (before its data is
-    written), "written" (its data and rejects durable, its record not yet) and "committed" (the
-    progress file records it). Does nothing: the seam fault-injection tests replace."""
+    """Called in the writer thread as each chunk is "writing", "written" (durable) and "committed"
+    (recorded): a seam for fault-injection tests."""
 
 
 @contextlib.contextmanager
 def _writing(path: Path, needed: int | None = None, advice: str = RESUME_ADVICE):
-    """Turn an OSError raised inside the block while writing `path` into a one-line
-    `OutputWriteError` (`flowcore._fs.write_error`)."""
+    """An OSError inside the block, writing `path`, as a one-line `OutputWriteError`."""
     try:
         yield
     except OSError as error:
         raise write_error(error, path, needed, advice) from None
-
-
-# --------------------------------------------------------------------------------------------
-# The progress file
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -99,20 +89,15 @@ class _Progress:
     rejects_bytes: int = 0
     rejects: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def position(self) -> Position:
-        return Position(self.rows, self.offset, self.line)
-
 
 class _ProgressFile:
-    """`OUT.progress.json`: the job's identity, its row count and its `_Progress`, replaced
-    atomically after each chunk."""
+    """`OUT.progress.json`: the job's identity, row count and `_Progress`, replaced after each chunk."""
 
     def __init__(self, path: Path, identity: dict):
         self.path, self.identity = path, identity
 
     def load(self) -> tuple[int, _Progress] | None:
-        """(rows, progress) of an unfinished earlier run of this same job, or None if there is none."""
+        """(rows, progress) of an unfinished earlier run of this job, or None."""
         if not self.path.exists():
             legacy, kind = self.path.with_name(self.path.name.replace(".progress.json", ".manifest.json")), None
             with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -141,36 +126,25 @@ class _ProgressFile:
                                       "rows": rows, "done": progress.__dict__}, indent=1, sort_keys=True)
 
 
-# --------------------------------------------------------------------------------------------
-# The job
-# --------------------------------------------------------------------------------------------
-
-
 class CalibrationJob:
-    """Calibrate `source` into `out` (.npy or .parquet), resumably; see the module docstring.
+    """Calibrate `source` into `out` (.npy or .parquet), resumably.
 
     Args:
         source: a `TextCorpus` or `EmbeddingFile`; its `keep_columns` become parquet columns.
-        out: the output file, .npy (float32, row i = input row i) or .parquet (`id`, the vector
-            column, the kept columns).
+        out: the output file, .npy (float32 rows) or .parquet (`id`, the vector column, the kept columns).
         transform: maps finite float32 (n, dim) rows to calibrated rows.
         dim: the width of the vectors `transform` takes.
         output_dim: the width of the vectors it returns (default: `dim`).
         encode: (text sources) maps a list of sentences to (n, dim) embeddings.
-        identity: more entries of the job's identity (e.g. the flow file hash, the encoder),
-            recorded in the progress file so that resuming a different job is refused.
-        normalize: scale each calibrated row to unit length (rejected rows stay NaN/null);
-            part of the identity.
+        identity: more entries of the job's identity (e.g. the flow file hash), which a resume must match.
+        normalize: scale each calibrated row to unit length; part of the identity.
         vector_column: the parquet vector column's name (default "embedding"); part of the identity.
-        description: more entries of the finished output's manifest (`manifest`), e.g. the
-            encoder and the calibration that made the vectors.
+        description: more entries of the finished output's manifest, e.g. the encoder and the calibration.
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
         restart: ignore an unfinished earlier run and start over.
         show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
-        threads: when given, fixes torch's CPU thread count for the run; part of the identity,
-            since float results depend on it.
-        handle_signals: (main thread only) the first SIGINT/SIGTERM stops the job at the next
-            chunk boundary with `JobInterrupted`, a second exits at once (`StopSignals`).
+        threads: torch's CPU thread count for the run; part of the identity (results depend on it).
+        handle_signals: the first SIGINT/SIGTERM stops the job at a chunk boundary (`StopSignals`).
 
     Example:
         >>> source = EmbeddingFile("emb.npy")
@@ -211,15 +185,14 @@ class CalibrationJob:
         self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
 
     def identity(self) -> dict:
-        """What the progress file records as this job: input, output, width, chunking,
-        normalisation, and the extra `identity` entries (and `threads`) given."""
+        """What the progress file records as this job."""
         return {"input": self.source.identity(),
                 "output": {"path": str(self.out.resolve()), "format": self.format, "vector_column": self.vector_column},
                 "dim": self.dim, **({"output_dim": self.output_dim} if self.output_dim != self.dim else {}),
                 "chunk_rows": self.chunk_rows, "normalize": self.normalize, **self._identity}
 
     def run(self) -> CalibrationSummary:
-        """Run (or resume) the job; see the class and module docstrings.
+        """Run (or resume) the job.
 
         Returns:
             the `CalibrationSummary`. Raises `OutputLockedError` while another job writes `out`,
@@ -241,13 +214,16 @@ class CalibrationJob:
         return summary
 
     def _run(self, started: float, stop: StopSignals) -> CalibrationSummary:
-        identity = self.identity()
-        record = _ProgressFile(self.progress_path, identity)
+        record = _ProgressFile(self.progress_path, self.identity())
         earlier = None if self.restart else record.load()
         rows, progress = earlier if earlier else (self.source.rows, _Progress())
         resumed_from = progress.rows
-        output = open_output(self.out, self.format, rows, self.output_dim, with_ids=self.source.id_field is not None,
-                             vector_column=self.vector_column or VECTOR_COLUMN, meta_types=self._meta_types())
+        if self.format == "npy":
+            output = NpyOutput(self.out, rows, self.output_dim)
+        else:
+            output = ParquetOutput(self.out, rows, self.output_dim, with_ids=self.source.id_field is not None,
+                                   vector_column=self.vector_column,
+                                   meta_types=self.source.meta_types() if self.keep_columns else ())
         rejects = RejectsLog(self.rejects_path)
         if earlier is None:
             with _writing(self.progress_path):
@@ -256,16 +232,19 @@ class CalibrationJob:
                 rejects.discard()
         total_chunks = -(-rows // self.chunk_rows)
         if earlier is None or progress.chunks < total_chunks:
-            if earlier is None:
-                _check_space(output.chunk_path(0), output.bytes_needed())
+            needed = output.bytes_needed() if earlier is None else None
+            free = free_bytes(self.out.parent)
+            if needed is not None and free is not None and free < needed:  # refused before any work
+                raise OutputWriteError(f"cannot write {output.chunk_path(0)}: it needs {needed:,} bytes and only "
+                                       f"{free:,} are free on its file system; free some space or choose another --out")
             try:
-                with _writing(output.chunk_path(0), output.bytes_needed() if earlier is None else None):
+                with _writing(output.chunk_path(0), needed):
                     output.open(resume=earlier is not None)
                     rejects.open(progress.rejects_bytes if earlier is not None else None)
                     if earlier is None:
                         record.commit(rows, progress)
                 with pinned_threads(self.threads):
-                    self._stream(output, rejects, record, rows, progress, stop, identity["input"])
+                    self._stream(output, rejects, record, rows, progress, stop)
             finally:
                 output.close()
                 rejects.close()
@@ -284,9 +263,6 @@ class CalibrationJob:
         return CalibrationSummary(rows, dict(progress.rejects), time.perf_counter() - started,
                                   rows - resumed_from, resumed_from, self.out, self.rejects_path, self.manifest_path)
 
-    def _meta_types(self) -> list:
-        return list(self.source.meta_types()) if self.keep_columns else []
-
     def manifest(self, rows: int, rejects: dict[str, int]) -> dict:
         """`OUT.manifest.json` of the finished output (`flowcore.batch.core.manifest`)."""
         source = self.source
@@ -298,7 +274,7 @@ class CalibrationJob:
                         versions={"progress": PROGRESS_VERSION})
 
     def _stream(self, output, rejects: RejectsLog, record: _ProgressFile, rows: int, progress: _Progress,
-                stop: StopSignals, input_identity: dict) -> None:
+                stop: StopSignals) -> None:
         from tqdm import tqdm
 
         bar = tqdm(total=rows, initial=progress.rows, unit="rows", unit_scale=True, dynamic_ncols=True,
@@ -307,7 +283,7 @@ class CalibrationJob:
         def write(chunk: CalibratedChunk) -> None:
             if stop.requested:  # chunks read ahead of a stop are dropped, to be redone on resume
                 return
-            changed = file_changed(input_identity)
+            changed = file_changed(record.identity["input"])
             if changed is not None or chunk.end.row > rows:
                 raise InputChangedError(f"{self.source.path} changed while the job read it "
                                         f"({changed or f'it now has more than {rows:,} rows'}); the output so far "
@@ -328,7 +304,7 @@ class CalibrationJob:
             bar.update(len(chunk.vectors))
             _at_stage("committed", chunk)
 
-        chunks = self.source.chunks(self.chunk_rows, progress.position)
+        chunks = self.source.chunks(self.chunk_rows, Position(progress.rows, progress.offset, progress.line))
         try:
             with BackgroundThread.writing(write, QUEUE_DEPTH) as writer, \
                     contextlib.closing(calibrate_chunks(chunks, self.transform, self.dim, self.encode,
@@ -344,46 +320,29 @@ class CalibrationJob:
                                     f"read {progress.rows:,}; add --restart to start over")
 
 
-def _check_space(path: Path, needed: int | None) -> None:
-    """Refuse before any work an output whose file system cannot hold it (`needed` bytes)."""
-    free = free_bytes(path.parent)
-    if needed is not None and free is not None and free < needed:
-        raise OutputWriteError(f"cannot write {path}: it needs {needed:,} bytes and only {free:,} are free on its "
-                               "file system; free some space or choose another --out")
-
-
-# --------------------------------------------------------------------------------------------
-# The whole job from files (what `flowcore calibrate` runs)
-# --------------------------------------------------------------------------------------------
-
-
+@interrupts_named()
 def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, encoder=None, restart: bool = False,
                    show_progress_bar: bool | None = None, **options) -> CalibrationSummary:
-    """Calibrate a text corpus or stored embeddings with the calibration file at `flow_path`
-    into `out` (.npy or .parquet), resumably, and describe the result in `OUT.manifest.json`.
-    Anything the calibration was not fitted for is refused before work starts.
+    """Calibrate a text corpus or stored embeddings with the calibration file at `flow_path` into
+    `out` (.npy or .parquet), resumably, described in `OUT.manifest.json`.
 
     Args:
         flow_path: a calibration file written by `flowcore fit`.
         out: the output file; see `CalibrationJob`.
-        encoder: (text) an `Encoder` to use as it is, instead of the one `options` name (its
-            model and pooling are still checked against the calibration's record).
+        encoder: (text) an `Encoder` to use instead of the one `options` name (still checked).
         restart: ignore an unfinished earlier run and start over.
         show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
-        **options: the job, as `flowcore.batch.core.JobSpec` takes it: `input` or
-            `embeddings`, text_field, id_field, vector_field, model, pooling, quantize,
-            batch_size, chunk_rows, threads, keep_columns, vector_column, normalize.
+        **options: the job, as `flowcore.batch.core.JobSpec` takes it (`input` or `embeddings`, ...).
 
     Example:
         >>> calibrate_file("model.flow", "vectors.parquet", input="corpus.jsonl", id_field="id", normalize=True)
     """
-    with interrupts_named():
-        spec = JobSpec(flow_path, **options)
-        calibrator, (source,), encoder = spec.prepare([spec.path], encoder)
-        job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, spec.batch_size),
-                             identity=spec.identity(encoder), chunk_rows=spec.chunk_rows, restart=restart,
-                             show_progress_bar=show_progress_bar, threads=spec.threads, normalize=spec.normalize,
-                             vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
-                             output_dim=calibrator.output_dim)
-        return job.run()
+    spec = JobSpec(flow_path, **options)
+    calibrator, (source,), encoder = spec.prepare([spec.path], encoder)
+    job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, spec.batch_size),
+                         identity=spec.identity(encoder), chunk_rows=spec.chunk_rows, restart=restart,
+                         show_progress_bar=show_progress_bar, threads=spec.threads, normalize=spec.normalize,
+                         vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
+                         output_dim=calibrator.output_dim)
+    return job.run()
 

@@ -1,9 +1,7 @@
 """One writer per output: `OutputLock`, the `OUT.lock` file a calibration job holds while it runs.
 
-The lock is an `fcntl.flock` on `OUT.lock`, so the kernel releases it the moment its holder
-dies (kill -9, a crash, a power cut): a lock file left by a killed job is never mistaken for a
-live one, and no pid test (which a reused pid would fool) is needed to take it over. The file
-holds JSON naming the holder (pid, host, start time, command), read by a job that is refused.
+It is an `fcntl.flock`, which the kernel releases the moment its holder dies, so a lock file left
+by a killed job is never taken for a live one (no pid test needed). It holds JSON naming the holder.
 """
 from __future__ import annotations
 
@@ -55,12 +53,12 @@ class OutputLock:
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:
+                holder = _read_holder(descriptor)
                 os.close(descriptor)
                 if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise OutputLockedError(self._refusal()) from None
+                    raise OutputLockedError(self._refusal(holder)) from None
                 raise
-            # the holder we waited on may have removed the file after we opened it: lock the
-            # file that is at the path now, or two jobs could each hold "the" lock
+            # the holder may have removed the file after we opened it: lock the one at the path now
             try:
                 same = os.fstat(descriptor).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -77,11 +75,8 @@ class OutputLock:
         os.pwrite(descriptor, data, 0)
         return self
 
-    def _refusal(self) -> str:
-        holder = {}
-        with contextlib.suppress(OSError, ValueError):
-            holder = json.loads(self.path.read_text(encoding="utf-8"))
-        if not isinstance(holder, dict) or "pid" not in holder:
+    def _refusal(self, holder: dict | None) -> str:
+        if holder is None or "pid" not in holder:
             who = "another flowcore job (it has not recorded itself yet)"
         else:
             who = (f"another flowcore job (pid {holder.get('pid')} on {holder.get('host')}, "
@@ -100,7 +95,7 @@ class OutputLock:
 
 
 def _read_holder(descriptor: int) -> dict | None:
-    """The holder record a killed job left in the lock file, if any."""
+    """The holder record in the lock file (a live job's, or one a killed job left), if any."""
     with contextlib.suppress(OSError, ValueError):
         record = json.loads(os.pread(descriptor, 1 << 16, 0).decode("utf-8"))
         if isinstance(record, dict):

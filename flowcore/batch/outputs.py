@@ -1,7 +1,6 @@
-"""The durable outputs of a calibration job: `NpyOutput` (one float32 .npy written in place),
-`ParquetOutput` (one part file per chunk, joined at the end) and `RejectsLog` (the rejects file).
-Each writes temporaries beside its target, makes every chunk durable (`sync`) before the job
-records it, and renames the result into place at `finish`.
+"""The durable outputs of a calibration job: `NpyOutput`, `ParquetOutput` and `RejectsLog`. Each
+writes temporaries beside its target, makes every chunk durable (`sync`) before the job records
+it, and renames the result into place at `finish`.
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from flowcore._fs import atomic_write, fsync
 from flowcore.batch.core import JobMismatchError
 from flowcore.batch.rows import CalibratedChunk, Reject
 
-__all__ = ["VECTOR_COLUMN", "JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog", "open_output"]
+__all__ = ["VECTOR_COLUMN", "JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog"]
 
 VECTOR_COLUMN = defaults.VECTOR_COLUMN
 """The default name of a parquet output's vector column."""
@@ -29,16 +28,40 @@ def _require_partial(path: Path) -> None:
                                "resumed; rerun with --restart to start over")
 
 
+class _PartialFile:
+    """An output written as `PATH.partial` (through `handle`, if open), renamed into place at `finish`."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.partial = path.with_name(path.name + ".partial")
+        self.handle = None
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+    def finish(self, chunks: int | None = None) -> None:
+        """Close and rename the partial file into place (`chunks`: as `ParquetOutput.finish` takes it)."""
+        self.close()
+        if self.partial.exists():
+            fsync(self.partial)
+            os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        self.close()
+        self.partial.unlink(missing_ok=True)
+
+
 _NPY_HEADER_BYTES = 128  # a version 1.0 header padded to 64-byte alignment, as numpy writes it for 2-D float32
 
 
-class NpyOutput:
+class NpyOutput(_PartialFile):
     """One float32 .npy written in place: header first, each chunk at its row's offset."""
 
     def __init__(self, path: Path, rows: int, dim: int):
-        self.path, self.rows, self.dim = path, rows, dim
-        self.partial = path.with_name(path.name + ".partial")
-        self.handle = None
+        super().__init__(path)
+        self.rows, self.dim = rows, dim
 
     def chunk_path(self, index: int) -> Path:
         """The file a chunk's rows are written to (for error messages)."""
@@ -77,35 +100,18 @@ class NpyOutput:
     def sync(self) -> None:
         os.fsync(self.handle.fileno())
 
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
 
-    def finish(self, chunks: int) -> None:
-        self.close()
-        if self.partial.exists():
-            fsync(self.partial)
-            os.replace(self.partial, self.path)
-
-    def discard(self) -> None:
-        self.close()
-        self.partial.unlink(missing_ok=True)
-
-
-class ParquetOutput:
+class ParquetOutput(_PartialFile):
     """`id` (string ids, or the int64 row number), the vector column (`fixed_size_list<float32>[dim]`,
-    null for rejected rows) and the kept input columns (`meta_types`: (name, pyarrow type)).
-
-    Each chunk is its own durable part file (in `parts`, by default `OUT.parts/`; the Ray engine's
-    shards are such part files); `finish` joins them, one row group per chunk."""
+    null for rejected rows) and the kept columns (`meta_types`). Each chunk is a part file in
+    `parts` (default `OUT.parts/`; the Ray engine's shards); `finish` joins them, a row group each."""
 
     def __init__(self, path: Path, rows: int, dim: int, with_ids: bool, vector_column: str = VECTOR_COLUMN,
                  meta_types=(), parts: Path | None = None):
         import pyarrow as pa
 
-        self.path, self.rows, self.dim = path, rows, dim
-        self.partial = path.with_name(path.name + ".partial")
+        super().__init__(path)
+        self.rows, self.dim = rows, dim
         self.parts = parts if parts is not None else path.with_name(path.name + ".parts")
         self.with_ids, self.vector_column = with_ids, vector_column
         self.meta_types = list(meta_types)
@@ -118,12 +124,9 @@ class ParquetOutput:
         self.schema = pa.schema([("id", pa.string() if with_ids else pa.int64()),
                                  (vector_column, pa.list_(pa.float32(), dim)), *self.meta_types])
 
-    def _part(self, index: int) -> Path:
-        return self.parts / f"part-{index:08d}.parquet"
-
     def chunk_path(self, index: int) -> Path:
-        """The file a chunk's rows are written to (for error messages)."""
-        return self._part(index)
+        """The part file a chunk's rows are written to."""
+        return self.parts / f"part-{index:08d}.parquet"
 
     def bytes_needed(self) -> None:
         """Unknown in advance (parquet compresses): None."""
@@ -152,13 +155,10 @@ class ParquetOutput:
             columns.append(values.cast(kind) if isinstance(values, pa.Array) else pa.array(values, type=kind))
         table = pa.Table.from_arrays(columns, schema=self.schema)
         # the folder is fsynced once per chunk by `sync`
-        atomic_write(self._part(chunk.index), lambda stream: pq.write_table(table, stream), sync_dir=False)
+        atomic_write(self.chunk_path(chunk.index), lambda stream: pq.write_table(table, stream), sync_dir=False)
 
     def sync(self) -> None:
         fsync(self.parts)
-
-    def close(self) -> None:
-        pass
 
     def finish(self, chunks: int) -> None:
         import pyarrow.parquet as pq
@@ -166,34 +166,18 @@ class ParquetOutput:
         if not self.parts.exists():
             return  # joined and renamed by an earlier run that stopped before cleaning up
         # written as OUT.partial (not a hidden temporary) so that `discard` finds it after a kill
-        with open(self.partial, "wb") as handle:
-            with pq.ParquetWriter(handle, self.schema) as writer:
-                for index in range(chunks):
-                    writer.write_table(pq.read_table(self._part(index)), row_group_size=max(1, self.rows))
-        fsync(self.partial)
-        os.replace(self.partial, self.path)
+        with open(self.partial, "wb") as handle, pq.ParquetWriter(handle, self.schema) as writer:
+            for index in range(chunks):
+                writer.write_table(pq.read_table(self.chunk_path(index)), row_group_size=max(1, self.rows))
+        super().finish()
 
     def discard(self) -> None:
         shutil.rmtree(self.parts, ignore_errors=True)
-        self.partial.unlink(missing_ok=True)
+        super().discard()
 
 
-def open_output(path: Path, format: str, rows: int, dim: int, with_ids: bool, vector_column: str = VECTOR_COLUMN,
-                meta_types=()) -> NpyOutput | ParquetOutput:
-    """The output writer for `format` ("npy" or "parquet"), not yet opened; `vector_column` and
-    `meta_types` (kept input columns) are parquet's."""
-    if format == "npy":
-        return NpyOutput(path, rows, dim)
-    return ParquetOutput(path, rows, dim, with_ids=with_ids, vector_column=vector_column, meta_types=meta_types)
-
-
-class RejectsLog:
+class RejectsLog(_PartialFile):
     """`OUT.rejects.jsonl`, appended chunk by chunk to a partial file truncated on resume."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.partial = path.with_name(path.name + ".partial")
-        self.handle = None
 
     def open(self, resume_bytes: int | None) -> None:
         if resume_bytes is not None:
@@ -211,17 +195,3 @@ class RejectsLog:
         self.handle.flush()
         os.fsync(self.handle.fileno())
         return self.handle.tell()
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
-
-    def finish(self) -> None:
-        self.close()
-        if self.partial.exists():
-            os.replace(self.partial, self.path)
-
-    def discard(self) -> None:
-        self.close()
-        self.partial.unlink(missing_ok=True)

@@ -1,9 +1,7 @@
-"""The streaming computation: chunks of a source calibrated in order by `flowcore.batch.core`
-(`calibrate_chunks`, `iter_calibrated`), and `BackgroundThread`, the one helper that runs a stage
-of a batch job (reading, writing) in a thread beside the caller.
-
-Reading runs a bounded number of chunks ahead in a background thread, so memory stays flat and
-I/O overlaps compute; rejected rows stay NaN rows of the calibrated chunks.
+"""The streaming computation: chunks of a source calibrated in order (`calibrate_chunks`,
+`iter_calibrated`), read a bounded number ahead in a `BackgroundThread`, the one helper that
+runs a stage of a batch job (reading, writing) beside the caller, so memory stays flat and I/O
+overlaps compute.
 """
 from __future__ import annotations
 
@@ -40,11 +38,10 @@ class BackgroundThread:
     - `BackgroundThread.writing(consume, depth, name)`: the caller `put`s items, and the thread
       calls `consume(item)` on each, in order, at most `depth` behind.
 
-    Use it as a context manager. An error raised in the thread is re-raised in the caller: a
-    reader's where its next item would have come, a writer's at the caller's next `put` or else
-    when it leaves the block. Leaving the block shuts the thread down cleanly, joined before the
-    block ends: a reader stops early if the caller did (its iterator is closed in the thread that
-    runs it), a writer first consumes every item already put (unless it has failed)."""
+    Use it as a context manager. An error in the thread is re-raised in the caller: a reader's
+    where its next item would have come, a writer's at the next `put` or when the block ends.
+    Leaving the block joins the thread: a reader stops early (its iterator closed in its own
+    thread), a writer first consumes every item already put (unless it has failed)."""
 
     def __init__(self, work: Callable[[], None], depth: int, name: str, reads: bool):
         if depth < 1:
@@ -66,9 +63,7 @@ class BackgroundThread:
                     if not pipe._hand_over(item, pipe._caller_left):
                         return
             finally:
-                close = getattr(iterator, "close", None)
-                if close is not None:
-                    close()
+                getattr(iterator, "close", lambda: None)()  # a generator's cleanup runs in this thread
 
         pipe = cls(produce, depth, name, reads=True)
         return pipe
@@ -85,8 +80,7 @@ class BackgroundThread:
         return pipe
 
     def _hand_over(self, item, receiver_left: threading.Event) -> bool:
-        """Queue `item`, waiting while the queue is full; False (nothing queued) once the
-        receiving side has left."""
+        """Queue `item`, waiting while the queue is full; False once the receiving side has left."""
         while not receiver_left.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
@@ -142,8 +136,7 @@ class BackgroundThread:
 def calibrate_chunks(chunks: Iterable[Chunk], transform: Callable[[np.ndarray], np.ndarray], dim: int,
                      encode: Callable[[list[str]], np.ndarray] | None = None, prefetch: int = QUEUE_DEPTH,
                      output_dim: int | None = None) -> Iterator[CalibratedChunk]:
-    """`calibrate_chunk` over reader chunks in order; reading runs up to `prefetch` chunks ahead
-    in a thread."""
+    """`calibrate_chunk` over `chunks` in order, read up to `prefetch` chunks ahead in a thread."""
     with BackgroundThread.reading(chunks, prefetch) as reader:
         for chunk in reader:
             yield calibrate_chunk(chunk, transform, dim, encode, output_dim)
@@ -151,9 +144,8 @@ def calibrate_chunks(chunks: Iterable[Chunk], transform: Callable[[np.ndarray], 
 
 def iter_calibrated(calibrator, source: TextCorpus | EmbeddingFile, encoder=None, chunk_rows: int | None = None,
                     batch_size: int = defaults.BATCH_SIZE, normalize: bool = False) -> Iterator[CalibratedChunk]:
-    """Stream a whole source through a fitted calibrator (and `Encoder` for text), one
-    `CalibratedChunk` at a time, with reading overlapped with compute; `normalize` scales the
-    calibrated rows to unit length (rejected rows stay NaN)."""
+    """Stream a whole source through a fitted calibrator (and `Encoder` for text), one `CalibratedChunk`
+    at a time; `normalize` scales the calibrated rows to unit length."""
     check_compatible(calibrator, source, encoder)
     chunk_rows = chunk_rows or default_chunk_rows(source, calibrator.dim)
     transform = normalized(calibrator.transform) if normalize else calibrator.transform

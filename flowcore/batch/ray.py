@@ -1,10 +1,8 @@
-"""Calibration on Ray Data, past one machine (published as `flowcore.ray`): `Calibrate` for
-`Dataset.map_batches` in your own pipelines, `calibrate_ray` (the engine behind `flowcore
-calibrate --engine ray`) and `moments` (whitening statistics as a Ray reduction).
+"""Calibration on Ray Data (published as `flowcore.ray`): `Calibrate` for `Dataset.map_batches`,
+`calibrate_ray` (`flowcore calibrate --engine ray`) and `moments` (whitening statistics).
 
-Both run `flowcore.batch.core`; this module adds shards (exactly the local job's chunks, one
-parquet file each, skipped when a rerun finds them written) and actors. Every node must see the
-input and output paths (docs/scaling.md). Ray is imported lazily.
+Both run `flowcore.batch.core`; the engine adds shards (the local job's chunks, one parquet file
+each, skipped when a rerun finds them written) and actors. See docs/scaling.md.
 """
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import os
 import re
 import shutil
 import time
-from contextlib import contextmanager
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,7 +31,6 @@ from flowcore.batch.core import (
     chunk_of_values,
     default_chunk_rows,
     encode_with,
-    load_calibrator,
     load_encoder,
     manifest,
     normalized,
@@ -59,8 +56,7 @@ _ERROR_LINE = re.compile(r"^(flowcore\.batch\.ray\.)?ShardError: ")
 
 
 def _before_shard_write(shard: int) -> None:
-    """Called in a worker before a shard's vectors are written. Does nothing: the seam
-    fault-injection tests replace (the driver hands its current value to the workers)."""
+    """Called in a worker before a shard's vectors are written: a seam for fault-injection tests."""
 
 
 class ShardsFailedError(ValueError):
@@ -71,25 +67,15 @@ class ShardError(RuntimeError):
     """A worker could not write a shard: the shard, its input rows and the cause, in one line."""
 
 
-def _ray():
-    """Ray with Ray Data, or a `MissingExtraError` naming the feature and `pip install 'flowcore[ray]'`."""
-    from flowcore.extras import require
-
-    require("ray.data", "the Ray engine (--engine ray, flowcore.ray)", "ray")
-    return require("ray", "the Ray engine (--engine ray, flowcore.ray)", "ray")
-
-
 class Calibrate:
-    """Calibrate a Ray Dataset's text (or stored vectors) with a calibration file, one actor per
-    model copy: `ds.map_batches(Calibrate, fn_constructor_kwargs={...}, compute=ActorPoolStrategy(size=N),
-    batch_format="numpy")`. Each batch gets `output_column` (float32, (rows, dim)) and `reject` (the reason,
-    "" for a calibrated row); a row the local job would reject is rejected alike, a NaN row.
+    """Calibrate a Ray Dataset's text (or stored vectors) in `Dataset.map_batches`, one actor per model
+    copy. Each batch gets `output_column` (float32, (rows, dim)) and `reject` (the reason, "" for a
+    calibrated row); a row the local job would reject is rejected alike, a NaN row.
 
     Args:
         flow: a calibration file written by `flowcore fit`.
         text_column: the column holding sentences (text input).
-        vector_column: the column holding stored vectors instead (a (rows, dim) tensor column or
-            one array per row); None: text input.
+        vector_column: the column holding stored vectors instead (None: text input).
         output_column: the column the calibrated vectors go to.
         model: the encoder for text (default: the one the flow records; another is refused).
         pooling: the pooling for text (default: the flow's).
@@ -110,15 +96,15 @@ class Calibrate:
                  output_column: str = VECTOR_COLUMN, model: str | None = None, pooling: str | None = None,
                  batch_size: int = defaults.BATCH_SIZE, normalize: bool = False, threads: int | None = None,
                  device=None, quantize: str | None = None):
+        from flowcore.calibration.base import load
+
         self.threads = threads or job_threads(vector_column is None, actor=True)
         use_threads_in_this_process(self.threads)  # float results depend on the count
-        self.calibrator = load_calibrator(flow, device=device)
+        self.calibrator = load(flow, device=device)
         self.column, self.text = vector_column or text_column, vector_column is None
         self.output_column = output_column
-        self.encode = None
-        if self.text:
-            encoder = load_encoder(self.calibrator, model, pooling, quantize, self.threads, device)
-            self.encode = encode_with(encoder, batch_size)
+        encoder = load_encoder(self.calibrator, model, pooling, quantize, self.threads, device) if self.text else None
+        self.encode = encode_with(encoder, batch_size)
         self.transform = normalized(self.calibrator.transform) if normalize else self.calibrator.transform
 
     def _calibrated(self, chunk: Chunk) -> CalibratedChunk:
@@ -134,8 +120,7 @@ class Calibrate:
 
 
 def input_files(pattern: str | os.PathLike, formats: dict[str, str]) -> list[Path]:
-    """The files an input names, sorted: a file, a folder (every file below it with a suffix in
-    `formats`) or a glob (`corpus/*.jsonl`, `**` allowed). Error naming the input if none match."""
+    """The files an input names, sorted: a file, a folder (its files with a suffix in `formats`) or a glob."""
     path = Path(pattern)
     if path.is_file():
         return [path]
@@ -151,18 +136,13 @@ def input_files(pattern: str | os.PathLike, formats: dict[str, str]) -> list[Pat
 
 
 def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Position]:
-    """Where each chunk of `chunk_rows` rows of `source` starts, as the job's reader would reach
-    it: row numbers for .npy and parquet; for txt and jsonl (a row per line) one fast pass
-    counting newlines; for csv (quoted fields may span lines) one parsing pass."""
+    """Where each chunk of `chunk_rows` rows of `source` starts, as the job's reader reaches it:
+    found by counting newlines (txt, jsonl) or parsing (csv)."""
     rows = source.rows
     if source.kind == "embeddings" or source.format == "parquet":
         return [Position(row) for row in range(0, rows, chunk_rows)]
     if source.format == "csv":
-        starts = [Position()]
-        for entry, end in source.entries():
-            if end.row % chunk_rows == 0 and end.row < rows:
-                starts.append(end)
-        return starts
+        return [Position(), *(end for _, end in source.entries() if end.row % chunk_rows == 0 and end.row < rows)]
     starts, seen, offset = [Position()], 0, 0
     with open(source.path, "rb") as handle:
         while block := handle.read(SCAN_BLOCK_BYTES):
@@ -192,8 +172,7 @@ def _shard_path(folder: Path, index: int) -> Path:
 
 
 STOPPING = ".stopping"
-"""A file in the output folder while a stopped driver lets the shards in flight finish: the actors
-begin no new shard while it exists, so that no shard is written after the driver has stopped."""
+"""A file in the output folder while a stopped driver lets the shards in flight finish: no new one begins."""
 
 
 def _rejects_path(folder: Path, index: int) -> Path:
@@ -201,8 +180,7 @@ def _rejects_path(folder: Path, index: int) -> Path:
 
 
 class _ShardWriter:
-    """The engine's actor: a `Calibrate` (the calibration and encoder, loaded once) that reads,
-    calibrates and writes whole shards (by index into `shards`) through flowcore's own readers and writer."""
+    """The engine's actor: reads, calibrates (`Calibrate`) and writes whole shards (by index into `shards`)."""
 
     def __init__(self, spec: JobSpec, files: list[dict], shards: list[_Shard], out: str, device, before_write):
         self.spec, self.files, self.shards, self.before_write = spec, files, shards, before_write
@@ -255,42 +233,35 @@ class _ShardWriter:
         output.sync()
 
 
+@interrupts_named()
 def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, address: str | None = None,
                   num_workers: int | None = None, gpus_per_worker: float = 0, restart: bool = False,
                   show_progress_bar: bool | None = None, **options) -> CalibrationSummary:
     """Calibrate a file, folder or glob of text (`input`) or stored vectors (`embeddings`) on Ray
-    into the folder `out`: parquet shards, `rejects.jsonl` and `manifest.json` (the module docstring).
+    into the folder `out`: parquet shards, `rejects.jsonl` and `manifest.json`.
 
-    Rows and vectors are the local job's on each file by itself (byte-identical on CPU with the
-    same chunks, threads and batch size); ids are the `id_field` values or the row number over
-    the files in sorted order. Like the local job it holds a lock (`OUT/job.lock`), refuses a
-    changed job, stops when an input changes under a worker, and stops on SIGINT/SIGTERM once the
-    shards in flight are written (`JobInterrupted`). It has no free-space check: parquet sizes
-    are not known in advance (as for the local job's parquet output); a failed write names its shard.
+    Rows and vectors are the local job's on each file; ids are the `id_field` values or the row
+    number over the files in sorted order. Like the local job it holds a lock, refuses a changed
+    job or input, and stops on SIGINT/SIGTERM once the shards in flight are written (`JobInterrupted`).
 
     Args:
         flow_path: a calibration file from `flowcore fit`.
         out: the output folder (created).
-        address: a running Ray cluster ("auto", "ray://host:10001"); None starts a local one,
-            or uses the Ray session already initialised in this process.
+        address: a running Ray cluster ("auto", "ray://host:10001"); None: this process's or a new local one.
         num_workers: actors (model copies); default: one per CPU (per GPU with `gpus_per_worker`).
         gpus_per_worker: GPUs per actor (0: CPU).
         restart: ignore the shards of an earlier run and start over.
         show_progress_bar: Ray Data's progress bars; None shows them when stderr is a terminal.
-        **options: the job, as `flowcore.batch.core.JobSpec` takes it; `input` and
-            `embeddings` may name a file, a folder or a glob.
+        **options: the job, as `flowcore.batch.core.JobSpec` takes it.
 
     Example:
         >>> calibrate_ray("model.flow", "vectors/", input="corpus/*.jsonl", id_field="id", num_workers=8)
     """
-    ray = _ray()
-    with interrupts_named():
-        return _calibrate_ray(ray, flow_path, Path(out), address, num_workers, gpus_per_worker, restart,
-                              show_progress_bar, options)
+    from flowcore.extras import require  # Ray with Ray Data, or an error naming `pip install 'flowcore[ray]'`
 
-
-def _calibrate_ray(ray, flow_path, out: Path, address, num_workers, gpus_per_worker, restart, show_progress_bar,
-                   options: dict) -> CalibrationSummary:
+    feature = "the Ray engine (--engine ray, flowcore.ray)"
+    require("ray.data", feature, "ray")
+    ray, out = require("ray", feature, "ray"), Path(out)
     spec = JobSpec(flow_path, actor=True, **options)
     if num_workers is not None and num_workers < 1:
         raise ValueError(f"--num-workers must be at least 1, got {num_workers}")
@@ -358,25 +329,10 @@ def _calibrate_ray(ray, flow_path, out: Path, address, num_workers, gpus_per_wor
                               out / "rejects.jsonl", out / "manifest.json", lock.took_over, len(shards), len(written))
 
 
-@contextmanager
-def _ray_data_logs(progress: bool):
-    """Ray Data's own INFO and WARNING lines (execution plans, "progress bars disabled") only with
-    progress on; the logger's level is restored afterwards."""
-    logger = logging.getLogger("ray.data")
-    level = logger.level
-    if not progress:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
                 address, num_workers, gpus_per_worker, progress: bool, stop: StopSignals) -> None:
-    """Write `pending` shards on an actor pool of the cluster at `address` (or the running one); a
-    SIGINT/SIGTERM (`stop`, from before Ray starts on) stops it once the shards in flight are
-    written, raising `JobInterrupted` with the rows of every shard written so far."""
+    """Write `pending` shards on an actor pool of the cluster at `address`; a SIGINT/SIGTERM (`stop`)
+    stops it once the shards in flight are written (`JobInterrupted`)."""
     def stopped() -> JobInterrupted:
         folder = out / "shards"
         return JobInterrupted(sum(shard.rows for shard in shards if _shard_path(folder, shard.index).is_file()),
@@ -387,13 +343,11 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=progress,
                  logging_level=logging.INFO if progress else logging.ERROR)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = progress
-    resources = ray.cluster_resources()
+    ray.data.DataContext.get_current().enable_progress_bars = progress
     if num_workers is None:
-        per_worker = gpus_per_worker or 1
+        resources = ray.cluster_resources()
         available = resources.get("GPU", 0) if gpus_per_worker else resources.get("CPU", 1)
-        num_workers = max(1, int(available // per_worker))
+        num_workers = max(1, int(available // (gpus_per_worker or 1)))
     num_workers = min(num_workers, len(pending))
     dataset = ray.data.from_items([{"shard": shard.index} for shard in pending], override_num_blocks=len(pending))
     resources_per_worker = {"num_cpus": spec.threads, **({"num_gpus": gpus_per_worker} if gpus_per_worker else {})}
@@ -405,18 +359,22 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
         raise stopped()
     done, stopping = 0, out / STOPPING
     stopping.unlink(missing_ok=True)
+    logger = logging.getLogger("ray.data")  # its INFO and WARNING lines (execution plans) only with progress on
+    level = logger.level
+    if not progress:
+        logger.setLevel(logging.ERROR)
     try:
-        with _ray_data_logs(progress):
-            for batch in dataset.iter_batches(batch_size=None):
-                done += int(batch["rows"].sum())
-                if stop.requested and not stopping.exists():  # the shards in flight finish, no new one begins
-                    stopping.touch()
+        for batch in dataset.iter_batches(batch_size=None):
+            done += int(batch["rows"].sum())
+            if stop.requested and not stopping.exists():  # the shards in flight finish, no new one begins
+                stopping.touch()
     except Exception as error:  # a worker's error reaches the driver as text inside Ray's: one line for the user
         reasons = [line.strip() for line in str(error).splitlines() if _ERROR_LINE.match(line.strip())]
         reason = reasons[-1] if reasons else f"{type(error).__name__}: {str(error).splitlines()[0]}"
         raise ShardsFailedError(f"the Ray job stopped: {reason}; the shards already written are kept: rerun the "
                                 "same command to finish") from None
     finally:
+        logger.setLevel(level)
         stopping.unlink(missing_ok=True)
     if stop.requested and done < sum(shard.rows for shard in pending):
         raise stopped()
@@ -424,15 +382,15 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
 
 def _join_rejects(out: Path, folder: Path, shards: list[_Shard], inputs: list[str]) -> dict[str, int]:
     """`OUT/rejects.jsonl`: every shard's rejects in row order, each naming its input file; the counts by reason."""
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     lines = []
     for shard in shards:
         with open(_rejects_path(folder, shard.index), encoding="utf-8") as handle:
             for line in handle:
                 record = json.loads(line)
-                counts[record["reason"]] = counts.get(record["reason"], 0) + 1
-                lines.append(json.dumps({**record, "file": inputs[shard.file]}, ensure_ascii=False))
-    payload = "".join(line + "\n" for line in lines).encode("utf-8")
+                counts[record["reason"]] += 1
+                lines.append(json.dumps({**record, "file": inputs[shard.file]}, ensure_ascii=False) + "\n")
+    payload = "".join(lines).encode("utf-8")
     atomic_write(out / "rejects.jsonl", lambda stream: stream.write(payload))
     return dict(sorted(counts.items()))
 
@@ -446,9 +404,8 @@ def _batch_moments(batch: dict, column: str) -> dict:
 
 
 def moments(dataset, column: str = VECTOR_COLUMN):
-    """The float64 `Moments` (count, mean, co-moment) of a Ray Dataset's vector column, each
-    block summarised where it lives and merged pairwise on the driver (O(d²) memory), e.g.
-    `Whitening.from_moments(flowcore.ray.moments(ds))` for BERT-whitening of a distributed corpus.
+    """The float64 `Moments` of a Ray Dataset's vector column, each block summarised where it lives and
+    merged on the driver, e.g. for `Whitening.from_moments` of a distributed corpus.
 
     Args:
         dataset: a `ray.data.Dataset` with a (rows, d) tensor column or one array per row.

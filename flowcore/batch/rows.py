@@ -1,7 +1,5 @@
-"""Row types shared by every source, the core and the engines (`Reject`, `Position`, `TextRow`,
-`Chunk`, `CalibratedChunk`), the reject reasons and the rules that give them, and the small
-helpers every source needs. Row `i` of a source is row `i` of the calibrated output: a row that
-cannot be used becomes a `Reject` instead of being dropped.
+"""Row types, reject reasons and the rules that give them, and the helpers every source needs.
+Row `i` of a source is row `i` of the output: a row that cannot be used becomes a `Reject`, never dropped.
 """
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
@@ -21,9 +20,9 @@ __all__ = [
     "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_ID", "INVALID_UTF8", "LINE_TOO_LONG",
     "MISSING_ID", "MISSING_TEXT", "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS",
     "NUL_CHARACTER", "NULL", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "CalibratedChunk", "Chunk", "Position", "Reject",
-    "TextRow", "check_id_column", "check_keep_columns", "count_reasons", "detect_format", "file_changed",
-    "file_identity", "id_reject", "line_reject", "not_unicode", "open_parquet", "parquet_batches", "reject_non_finite",
-    "require_file", "text_reject", "vector_rejects",
+    "TextRow", "check_keep_columns", "count_reasons", "detect_format", "file_changed",
+    "file_identity", "id_reject", "line_reject", "not_unicode", "open_parquet", "parquet_batches", "parquet_schema",
+    "reject_non_finite", "require_columns", "require_file", "text_reject", "vector_rejects",
 ]
 
 # Reject reasons (the `reason` field of a rejects file line).
@@ -52,9 +51,7 @@ PARQUET_BATCH_ROWS = 8192
 
 @dataclass(frozen=True)
 class Reject:
-    """One unusable input row: `row` is its 0-based output row, `line` its 1-based file line
-    (line-oriented formats only), `id` its id (`id_field`) when one could be read, so that a
-    rejected row can be matched by its id too."""
+    """One unusable input row: its 0-based row, 1-based file line (line formats) and id when one could be read."""
 
     row: int
     reason: str
@@ -63,15 +60,9 @@ class Reject:
     id: str | None = None
 
     def to_json(self) -> dict:
-        record = {"row": self.row}
-        if self.id is not None:
-            record["id"] = self.id
-        if self.line is not None:
-            record["line"] = self.line
-        record["reason"] = self.reason
-        if self.detail:
-            record["detail"] = self.detail
-        return record
+        record = {"row": self.row, "id": self.id, "line": self.line, "reason": self.reason}
+        record = {key: value for key, value in record.items() if value is not None}
+        return {**record, "detail": self.detail} if self.detail else record
 
 
 @dataclass(frozen=True)
@@ -84,9 +75,7 @@ class Position:
 
 
 class TextRow(NamedTuple):
-    """One parsed text row: `text` is None exactly when `reject` is set. `meta` holds the values
-    of the source's kept columns (None for a missing value), or None when none are kept or the
-    row could not be parsed."""
+    """One parsed text row: `text` is None exactly when `reject` is set; `meta`: the kept columns' values, or None."""
 
     row: int
     line: int | None
@@ -98,11 +87,9 @@ class TextRow(NamedTuple):
 
 @dataclass
 class Chunk:
-    """Consecutive rows [row_start, row_start + rows) of a source, and the position after them.
-
-    Text sources fill `texts` (None at rejected rows); embedding sources fill `vectors`
-    (float32, NaN rows at rejected rows). `meta` maps each kept column to its `rows` values (a
-    list, or a pyarrow array for typed parquet columns), or is None when no column is kept."""
+    """Rows [row_start, row_start + rows) of a source and the position after them: `texts` (None
+    when rejected) or float32 `vectors` (NaN when rejected); `meta` maps each kept column to its
+    values (a list or a pyarrow array), or is None."""
 
     index: int
     row_start: int
@@ -117,8 +104,7 @@ class Chunk:
 
 @dataclass
 class CalibratedChunk:
-    """Rows [row_start, row_start + len(vectors)) calibrated; rejected rows are NaN. `meta`: the
-    source chunk's kept columns (see `Chunk`)."""
+    """Rows [row_start, row_start + len(vectors)) calibrated; rejected rows are NaN; `meta` as in `Chunk`."""
 
     index: int
     row_start: int
@@ -131,10 +117,7 @@ class CalibratedChunk:
 
 def count_reasons(rejects: Iterable[Reject]) -> dict[str, int]:
     """How many of `rejects` have each reason."""
-    counts: dict[str, int] = {}
-    for reject in rejects:
-        counts[reject.reason] = counts.get(reject.reason, 0) + 1
-    return counts
+    return dict(Counter(reject.reason for reject in rejects))
 
 
 def detect_format(path: str | os.PathLike, formats: dict[str, str]) -> str:
@@ -147,9 +130,8 @@ def detect_format(path: str | os.PathLike, formats: dict[str, str]) -> str:
 
 
 def check_keep_columns(path: Path, keep_columns, available: list[str] | None) -> tuple[str, ...]:
-    """`keep_columns` (names of input columns to pass through to the output) as a tuple, checked:
-    non-empty distinct names, each among `available` when the input's columns are known
-    (None: jsonl, where a row without the key gets a null)."""
+    """`keep_columns` (input columns passed through to the output) as a tuple of distinct names,
+    each among `available` unless that is None (jsonl, where a missing key is a null)."""
     if isinstance(keep_columns, str):
         raise TypeError("keep_columns is a list of column names, not one string")
     keep = tuple(keep_columns or ())
@@ -170,9 +152,8 @@ FINGERPRINT_BYTES = 1 << 16
 
 
 def file_identity(path: str | os.PathLike) -> dict:
-    """What identifies an input file's content cheaply: absolute path, size, mtime, and a
-    SHA-256 of its first and last `FINGERPRINT_BYTES` (a file replaced by one of the same size
-    and mtime, e.g. copied with its times kept, still differs)."""
+    """What identifies an input file's content cheaply: absolute path, size, mtime, and a SHA-256 of
+    its first and last `FINGERPRINT_BYTES` (a copy with the same size and times still differs)."""
     stat = os.stat(path)
     sha = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -185,8 +166,7 @@ def file_identity(path: str | os.PathLike) -> dict:
 
 
 def file_changed(identity: dict) -> str | None:
-    """How the file `identity` (a `file_identity`) describes has changed since (size or mtime;
-    None if it has not): the cheap check a job repeats at every chunk."""
+    """How the file of `identity` (a `file_identity`) changed since, by size or mtime; None if it did not."""
     try:
         stat = os.stat(identity["path"])
     except OSError as error:
@@ -199,8 +179,7 @@ def file_changed(identity: dict) -> str | None:
 
 
 def open_parquet(path: Path):
-    """`pyarrow.parquet.ParquetFile(path)`, or a ValueError naming the file when it is not a
-    readable parquet file (random bytes, truncated, a damaged footer)."""
+    """`pyarrow.parquet.ParquetFile(path)`, or a ValueError naming the file when it cannot be read as one."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -214,11 +193,37 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def parquet_batches(path: Path, columns: list[str], start_row: int, batch_rows: int = PARQUET_BATCH_ROWS) -> Iterator:
-    """Record batches of `columns` from row `start_row` on, skipping whole row groups first; data
-    that cannot be decoded raises a ValueError naming the file and the row it starts at."""
+def require_columns(path: Path, columns: list[str], where: str = "", **wanted: str | None) -> None:
+    """Refuse a missing column: `wanted` maps each role (text, id, vector) to its column, None when not read."""
+    for role, name in wanted.items():
+        if name is not None and name not in columns:
+            raise ValueError(f"{path}: no {role} column {name!r}{where} (columns: {', '.join(columns) or 'none'})")
+
+
+def parquet_schema(path: Path, **wanted: str | None):
+    """The arrow schema of the parquet file `path`, with its `wanted` columns (`require_columns`)
+    present and its id column (`wanted["id"]`) of a type that holds ids: strings, numbers or UTF-8 binary."""
     import pyarrow as pa
 
+    schema = open_parquet(path).schema_arrow
+    require_columns(path, schema.names, **wanted)
+    if wanted.get("id") is not None:
+        kind = schema.field(wanted["id"]).type
+        if not any(check(kind) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer,
+                                             pa.types.is_floating, pa.types.is_binary, pa.types.is_large_binary,
+                                             pa.types.is_null, getattr(pa.types, "is_string_view", lambda _: False))):
+            raise ValueError(f"{path}: id column {wanted['id']!r} holds {kind}; ids are strings or numbers")
+    return schema
+
+
+def parquet_batches(path: Path, columns: list[str | None], start_row: int,
+                    batch_rows: int = PARQUET_BATCH_ROWS) -> Iterator:
+    """Record batches of `columns` (each read once; None skipped) from row `start_row` on,
+    skipping whole row groups first; data that cannot be decoded raises a ValueError naming the
+    file and the row it starts at."""
+    import pyarrow as pa
+
+    columns = list(dict.fromkeys(name for name in columns if name is not None))
     parquet = open_parquet(path)
     group, skip = 0, start_row
     while group < parquet.num_row_groups and skip >= parquet.metadata.row_group(group).num_rows:
@@ -248,9 +253,8 @@ def parquet_batches(path: Path, columns: list[str], start_row: int, batch_rows: 
 
 def reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarray,
                       detail: str | None = None, reason: str = NON_FINITE) -> list[Reject]:
-    """Reject the `candidates` rows of `vectors` holding NaN/Inf: each becomes all-NaN and is
-    cleared in `candidates` (in place). `detail` says where they came from; by default it counts
-    the NaN and Inf values of the row. `reason`: NON_FINITE (bad input) or NON_FINITE_OUTPUT."""
+    """Reject the `candidates` rows of `vectors` holding NaN/Inf: each becomes all-NaN and is cleared
+    in `candidates` (in place). `detail`: where they came from (default: the row's NaN and Inf counts)."""
     bad = candidates & ~np.isfinite(vectors).all(axis=1)
     rejects = []
     for offset in np.flatnonzero(bad):
@@ -274,9 +278,8 @@ def not_unicode(value) -> bool:
 
 
 def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:
-    """The one rule for a text value, read from a file or handed over in a batch: a missing
-    value (None), a value that is not a string, a blank one, or one holding a lone surrogate or a
-    NUL character (U+0000, e.g. a JSON "\\u0000") is rejected; None for a usable text."""
+    """The one rule for a text value: None, a non-string, a blank one, or one holding a lone surrogate
+    or a NUL character is rejected; None for a usable text."""
     if text is None:
         return Reject(row, MISSING_TEXT, f"no {field!r} value", line)
     if not isinstance(text, str):
@@ -292,9 +295,8 @@ def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:
 
 
 def line_reject(row: int, line, structured: bool) -> Reject | None:
-    """The reject of a line (`flowcore._lines.Line`) that cannot be read: not UTF-8, holding a NUL
-    byte, or (in a `structured` format, whose record a cut would break) longer than
-    `defaults.LINE_BYTES`; None for a good line (a long plain-text line is its start)."""
+    """The reject of a `flowcore._lines.Line` that is not UTF-8, holds a NUL byte or (`structured`
+    formats, whose record a cut breaks) is too long; None for a good line."""
     if line.text is None:
         return Reject(row, INVALID_UTF8, line.where, line.number)
     if line.nul is not None:
@@ -305,12 +307,9 @@ def line_reject(row: int, line, structured: bool) -> Reject | None:
 
 
 def id_reject(row: int, line: int | None, value, field: str) -> tuple[str | None, Reject | None]:
-    """The one rule for an id value read from a file: (the id as written out, None) or (None, the
-    reject). A string is the id as it is, UTF-8 bytes their text, and any other JSON value (a
-    number, a boolean, an object, an array) its compact JSON text (`7`, `1.5`, `true`,
-    `{"k":1}`), which a user can match, never a Python repr. Refused: a missing value
-    (`MISSING_ID`), a string or bytes that are not Unicode text (`INVALID_UTF8`), NaN or ±Infinity
-    anywhere in it (JSON's NaN, 1e999), or a value JSON cannot hold (`INVALID_ID`)."""
+    """The one rule for an id value: (the id as written out, None) or (None, the reject). A string
+    is the id, UTF-8 bytes their text, any other JSON value its compact JSON text (`7`, `true`,
+    `{"k":1}`); refused: None, text that is not Unicode, NaN/Inf anywhere, a value JSON cannot hold."""
     if value is None:
         return None, Reject(row, MISSING_ID, f"no {field!r} value", line)
     if isinstance(value, bytes):
@@ -318,37 +317,22 @@ def id_reject(row: int, line: int | None, value, field: str) -> tuple[str | None
             value = value.decode("utf-8")
         except UnicodeDecodeError as error:
             return None, Reject(row, INVALID_UTF8, f"{field!r} is not valid UTF-8 (byte {error.start})", line)
-    if isinstance(value, str):
-        if not_unicode(value):
-            return None, Reject(row, INVALID_UTF8, f"{field!r} holds a lone surrogate (a \\u escape)", line)
-        return value, None
     if isinstance(value, float) and not math.isfinite(value):
         return None, Reject(row, INVALID_ID, f"{field!r} is {value!r}, not a finite number", line)
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as error:  # NaN/Inf inside an object or array, a value JSON cannot hold
-        return None, Reject(row, INVALID_ID, f"{field!r} has no JSON text ({error})", line)
-    if not_unicode(text):
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as error:  # NaN/Inf inside an object or array, a value JSON cannot hold
+            return None, Reject(row, INVALID_ID, f"{field!r} has no JSON text ({error})", line)
+    if not_unicode(value):
         return None, Reject(row, INVALID_UTF8, f"{field!r} holds a lone surrogate (a \\u escape)", line)
-    return text, None
-
-
-def check_id_column(path: Path, field: str, kind) -> None:
-    """Refuse a parquet id column whose type holds no ids (ids are strings, integers, floats or
-    UTF-8 binary), naming the file and the column."""
-    import pyarrow as pa
-
-    if not any(check(kind) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer,
-                                         pa.types.is_floating, pa.types.is_binary, pa.types.is_large_binary,
-                                         pa.types.is_null, getattr(pa.types, "is_string_view", lambda _: False))):
-        raise ValueError(f"{path}: id column {field!r} holds {kind}; ids are strings or numbers")
+    return value, None
 
 
 def vector_rejects(vectors: np.ndarray, lengths: np.ndarray, row_start: int) -> list[Reject]:
     """The one rule for stored vectors: row i of `vectors` (n, dim) was given `lengths[i]` values
-    (`NULL`: none, `NOT_NUMBERS`: not a list of numbers). A row of another length than dim is
-    rejected (missing vector, not a vector, wrong width), then a row holding NaN/Inf; every
-    rejected row becomes all-NaN. Returned in row order."""
+    (`NULL`, `NOT_NUMBERS`); a row of another length or holding NaN/Inf is rejected and becomes
+    all-NaN. Returned in row order."""
     dim = vectors.shape[1]
     fits = lengths == dim
     rejects = []

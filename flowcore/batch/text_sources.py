@@ -1,14 +1,15 @@
-"""Text corpora as chunked, resumable sources: `TextCorpus` (txt, jsonl, csv, parquet), and the
-whole-corpus helpers `read_texts` (the good rows) and `sample_texts` (a reproducible sample).
+"""Text corpora as chunked, resumable sources (`TextCorpus`: txt, jsonl, csv, parquet), and
+`read_texts` and `sample_texts` over a whole corpus.
 
-txt and jsonl follow `flowcore._lines`' line policy; csv decodes its own raw lines under the same
-policy (the csv module must see their endings) and is parsed strictly: a record it cannot close is
-rejected at its first line and the lines after it are read again, so an unclosed quote never
-swallows the rows after it. Ids follow `flowcore.batch.rows.id_reject`.
+txt and jsonl follow `flowcore._lines`' line policy; csv decodes its raw lines under the same policy
+(the csv module must see their endings), and a record it cannot close is rejected at its first
+line, the lines after it read again, so an unclosed quote never swallows the rows after it.
 """
 from __future__ import annotations
 
 import csv
+import functools
+import itertools
 import json
 import os
 import sys
@@ -29,7 +30,6 @@ from flowcore.batch.rows import (
     Position,
     Reject,
     TextRow,
-    check_id_column,
     check_keep_columns,
     detect_format,
     file_identity,
@@ -38,6 +38,8 @@ from flowcore.batch.rows import (
     not_unicode,
     open_parquet,
     parquet_batches,
+    parquet_schema,
+    require_columns,
     require_file,
     text_reject,
 )
@@ -49,24 +51,16 @@ TEXT_FORMATS = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "js
                 ".parquet": "parquet", ".pq": "parquet"}
 
 CSV_SPAN_BYTES = 16 << 20
-"""The most bytes a CSV record spanning several lines may hold: one that runs on past this is taken
-for an unclosed quote (its first line is rejected, the rest read again), so that memory stays
-bounded whatever the file."""
+"""The most bytes a CSV record over several lines may hold; one longer is taken for an unclosed quote."""
 
 
 def _rejected(row: int, line: int | None, reason: str, detail: str = "", record_id: str | None = None) -> TextRow:
     return TextRow(row, line, record_id, None, Reject(row, reason, detail, line, record_id))
 
 
-def _with_id(reject: Reject, record_id: str | None) -> TextRow:
-    return TextRow(reject.row, reject.line, record_id, None,
-                   Reject(reject.row, reject.reason, reject.detail, reject.line, record_id))
-
-
 class _CsvLine(NamedTuple):
-    """One raw CSV line as the csv module reads it: its text (with its ending; undecodable bytes as
-    lone surrogates), the byte offset after it, its number, and its problem (a `Reject` reason and
-    detail) or None."""
+    """One raw CSV line: its text (with its ending), the byte offset after it, its number, and its
+    problem (a `Reject` reason and detail) or None."""
 
     text: str
     end: int
@@ -79,9 +73,8 @@ class _SpanTooLong(Exception):
 
 
 class _CsvLines:
-    """The lines of a CSV file from a byte offset, as the csv module's iterator, keeping the lines
-    of the record being parsed (`record`) so that a broken record's later lines can be pushed back
-    (`read_again`) and parsed once more. Not a generator: it can go on after reaching the end."""
+    """The lines of a CSV file from a byte offset for the csv module, keeping the lines of the record
+    being parsed so that a broken record's later lines can be read again (`read_again`)."""
 
     def __init__(self, handle, offset: int, line: int):
         self.handle, self.offset, self.line = handle, offset, line
@@ -135,12 +128,10 @@ def _decoded(raw: bytes) -> tuple[str, tuple[str, str] | None]:
 class TextCorpus:
     """A text corpus in txt (one sentence per line), jsonl, csv (with header) or parquet.
 
-    `text_field` / `id_field` name the JSON key or column holding the sentence / its id (txt has
-    no fields; its id is the row number). `keep_columns` names columns passed through to the
-    output as they are (`meta_types`): strings from jsonl (other JSON values as their JSON text)
-    and csv, the column's own type from parquet; a missing value is None, never a reject.
-    Structural problems (missing column, unknown format) raise ValueError on construction; row
-    problems become `Reject`s while reading."""
+    `text_field` / `id_field` name the key or column of the sentence / its id (txt has none; ids
+    are row numbers). `keep_columns` are passed through to the output (`meta_types`; a missing
+    value is None). Structural problems raise ValueError on construction; row problems become
+    `Reject`s while reading."""
 
     kind = "text"
 
@@ -162,11 +153,9 @@ class TextCorpus:
             self._csv_header_end, self._csv_columns = self._read_csv_header()
             available = list(self._csv_columns)
         if self.format == "parquet":
-            available = self._check_parquet_columns()
+            self._schema = parquet_schema(self.path, text=text_field, id=id_field)
+            available = self._schema.names
         self.keep_columns = check_keep_columns(self.path, keep_columns, available)
-        self._rows: int | None = None
-
-    # -- structure -----------------------------------------------------------------------------
 
     def _read_csv_header(self) -> tuple[int, dict[str, int]]:
         with open(self.path, "rb") as handle:
@@ -176,40 +165,20 @@ class TextCorpus:
         except (UnicodeDecodeError, csv.Error) as error:
             raise ValueError(f"{self.path}: line 1: unreadable CSV header ({error})") from None
         columns = {name.strip(): index for index, name in enumerate(header)}
-        for role, name in (("text", self.text_field), ("id", self.id_field)):
-            if name is not None and name not in columns:
-                raise ValueError(f"{self.path}: no {role} column {name!r} in the CSV header "
-                                 f"(columns: {', '.join(columns) or 'none'})")
+        require_columns(self.path, list(columns), " in the CSV header", text=self.text_field, id=self.id_field)
         return len(raw), columns
 
-    def _check_parquet_columns(self) -> list[str]:
-        schema = open_parquet(self.path).schema_arrow
-        for role, name in (("text", self.text_field), ("id", self.id_field)):
-            if name is not None and name not in schema.names:
-                raise ValueError(f"{self.path}: no {role} column {name!r} "
-                                 f"(columns: {', '.join(schema.names)})")
-        if self.id_field is not None:
-            check_id_column(self.path, self.id_field, schema.field(self.id_field).type)
-        return list(schema.names)
-
     def meta_types(self) -> list[tuple[str, object]]:
-        """(name, pyarrow type) of each kept column: string for jsonl and csv, the stored type
-        for parquet."""
+        """(name, pyarrow type) of each kept column: string, or the stored type for parquet."""
         import pyarrow as pa
 
-        if self.format == "parquet" and self.keep_columns:
-            schema = open_parquet(self.path).schema_arrow
-            return [(name, schema.field(name).type) for name in self.keep_columns]
+        if self.format == "parquet":
+            return [(name, self._schema.field(name).type) for name in self.keep_columns]
         return [(name, pa.string()) for name in self.keep_columns]
 
-    @property
+    @functools.cached_property
     def rows(self) -> int:
-        """Number of rows (good and rejected); counted once with a cheap pass over the file."""
-        if self._rows is None:
-            self._rows = self._count_rows()
-        return self._rows
-
-    def _count_rows(self) -> int:
+        """Number of rows (good and rejected), counted once."""
         if self.format == "parquet":
             return open_parquet(self.path).metadata.num_rows
         if self.format == "csv":
@@ -226,8 +195,6 @@ class TextCorpus:
         return {**file_identity(self.path), "format": self.format, "text_field": self.text_field,
                 "id_field": self.id_field, "keep_columns": list(self.keep_columns)}
 
-    # -- reading -------------------------------------------------------------------------------
-
     def entries(self, start: Position = Position()) -> Iterator[tuple[TextRow, Position]]:
         """Every row from `start` on, each with the position just after it."""
         if self.format == "txt":
@@ -239,31 +206,21 @@ class TextCorpus:
         return self._parquet_rows(start)
 
     def chunks(self, chunk_rows: int, start: Position = Position()) -> Iterator[Chunk]:
-        """Chunks of `chunk_rows` rows (the last may be shorter), starting at `start`, which
-        must be a chunk boundary."""
-        texts, ids, rejects, metas = [], [], [], []
-        row_start, index, end = start.row, start.row // chunk_rows, start
-
-        def chunk() -> Chunk:
+        """Chunks of `chunk_rows` rows (the last may be shorter) from `start`, a chunk boundary."""
+        entries = self.entries(start)
+        for index in itertools.count(start.row // chunk_rows):
+            batch = list(itertools.islice(entries, chunk_rows))
+            if not batch:
+                return
+            rows, ends = zip(*batch)
             meta = None
             if self.keep_columns:
                 nulls = (None,) * len(self.keep_columns)
-                columns = zip(*(nulls if values is None else values for values in metas))
+                columns = zip(*(nulls if row.meta is None else row.meta for row in rows))
                 meta = {name: list(values) for name, values in zip(self.keep_columns, columns)}
-            return Chunk(index, row_start, len(texts), end, rejects, ids, texts, meta=meta)
-
-        for entry, end in self.entries(start):
-            texts.append(entry.text)
-            ids.append(entry.id)
-            metas.append(entry.meta)
-            if entry.reject is not None:
-                rejects.append(entry.reject)
-            if len(texts) == chunk_rows:
-                yield chunk()
-                texts, ids, rejects, metas = [], [], [], []
-                row_start, index = end.row, index + 1
-        if texts:
-            yield chunk()
+            rejects = [row.reject for row in rows if row.reject is not None]
+            yield Chunk(index, rows[0].row, len(rows), ends[-1], rejects, [row.id for row in rows],
+                        [row.text for row in rows], meta=meta)
 
     def _line_rows(self, start: Position, parse) -> Iterator[tuple[TextRow, Position]]:
         row = start.row
@@ -274,8 +231,7 @@ class TextCorpus:
             yield entry, Position(row, line.end, line.number)
 
     def _bad_line(self, reject: Reject, line) -> TextRow:
-        """A line that is not UTF-8 or holds a NUL byte, with the id it holds when one can be read
-        (jsonl whose other values are sound)."""
+        """A line that cannot be read, with its id when one can still be read (jsonl)."""
         if self.id_field is None or self.format != "jsonl":
             return TextRow(reject.row, reject.line, None, None, reject)
         content = line.raw.decode("utf-8", errors="surrogateescape") if line.text is None else line.text
@@ -286,7 +242,7 @@ class TextCorpus:
         record_id = None
         if isinstance(record, dict):
             record_id, _ = id_reject(reject.row, reject.line, record.get(self.id_field), self.id_field)
-        return _with_id(reject, record_id)
+        return _rejected(reject.row, reject.line, reject.reason, reject.detail, record_id)
 
     def _parse_txt(self, row: int, line: int, content: str) -> TextRow:
         if not content.strip():
@@ -318,14 +274,13 @@ class TextCorpus:
         return entry
 
     def _from_fields(self, row: int, line: int | None, text, record_id) -> TextRow:
-        """A row from its text and id values (`text_reject`, `id_reject`); a row rejected for its
-        text keeps its id when the id is sound."""
+        """A row from its text and id values (`text_reject`, `id_reject`), keeping a sound id when rejected."""
         id_problem = None
         if self.id_field is not None:
             record_id, id_problem = id_reject(row, line, record_id, self.id_field)
         reject = text_reject(row, line, text, self.text_field) or id_problem
         if reject is not None:
-            return _with_id(reject, record_id)
+            return _rejected(row, line, reject.reason, reject.detail, record_id)
         return TextRow(row, line, record_id, text, None)
 
     def _csv_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
@@ -351,8 +306,7 @@ class TextCorpus:
                 yield entry, Position(row, last.end, last.number)
 
     def _broken_csv(self, row: int, lines: _CsvLines, error: Exception) -> TextRow:
-        """A record the csv module could not close: its first line is the rejected row, and the
-        lines after it are pushed back to be read again as rows of their own."""
+        """A record the csv module could not close: its first line is rejected, the others read again."""
         first, last = lines.record[0], lines.record[-1]
         too_long = isinstance(error, _SpanTooLong)
         detail = f"a quoted field runs on past {CSV_SPAN_BYTES >> 20} MiB" if too_long else str(error)
@@ -365,9 +319,7 @@ class TextCorpus:
         return _rejected(row, first.number, BROKEN_CSV, detail)
 
     def _csv_record(self, row: int, record: list[_CsvLine], fields: list[str]) -> TextRow:
-        """A parsed CSV record (over the lines `record`) as a row: rejected when one of its lines is
-        not UTF-8 or holds a NUL byte, when it is blank, or by the value rules; the id and the kept
-        values that are sound are kept either way."""
+        """A parsed CSV record (over the lines `record`) as a row; a sound id and kept values stay either way."""
         first = record[0].number
 
         def value(name: str | None) -> str | None:
@@ -389,25 +341,20 @@ class TextCorpus:
         return entry
 
     def _parquet_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
-        columns = list(dict.fromkeys([self.text_field, *([self.id_field] if self.id_field else []),
-                                      *self.keep_columns]))
         row = start.row
-        for batch in parquet_batches(self.path, columns, start.row):
+        for batch in parquet_batches(self.path, [self.text_field, self.id_field, *self.keep_columns], start.row):
             texts = batch.column(self.text_field).to_pylist()
             ids = batch.column(self.id_field).to_pylist() if self.id_field else [None] * len(texts)
             metas = (zip(*(batch.column(name).to_pylist() for name in self.keep_columns)) if self.keep_columns
                      else [None] * len(texts))
             for text, record_id, meta in zip(texts, ids, metas):
-                if isinstance(text, bytes):
-                    try:
-                        text = text.decode("utf-8")
-                    except UnicodeDecodeError as error:
-                        known = id_reject(row, None, record_id, self.id_field)[0] if self.id_field else None
-                        entry = _rejected(row, None, INVALID_UTF8, f"byte {error.start} of the value", known)
-                        row += 1
-                        yield entry._replace(meta=meta), Position(row)
-                        continue
-                entry = self._from_fields(row, None, text, record_id if self.id_field else None)
+                try:
+                    text = text.decode("utf-8") if isinstance(text, bytes) else text
+                except UnicodeDecodeError as error:
+                    known = id_reject(row, None, record_id, self.id_field)[0] if self.id_field else None
+                    entry = _rejected(row, None, INVALID_UTF8, f"byte {error.start} of the value", known)
+                else:
+                    entry = self._from_fields(row, None, text, record_id)
                 row += 1
                 yield entry._replace(meta=meta), Position(row)
 
@@ -421,8 +368,7 @@ def _json_text(value) -> str | None:
 
 def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str | None = None,
                rejects: list[Reject] | None = None) -> Iterator[tuple[int, str | None, str]]:
-    """Stream the good rows of a corpus as (row number, id, text); rejected rows are appended
-    to `rejects` when a list is given (never silently lost: the caller can count them)."""
+    """Stream the good rows of a corpus as (row number, id, text); rejected rows go to `rejects` if given."""
     for entry, _ in TextCorpus(path, text_field, id_field).entries():
         if entry.reject is None:
             yield entry.row, entry.id, entry.text
@@ -432,11 +378,7 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
 
 def sample_texts(path: str | os.PathLike, max_rows: int | None, seed: int = 0, text_field: str = "text",
                  rejects: list[Reject] | None = None) -> list[str]:
-    """A reproducible uniform random sample of at most `max_rows` good texts (all of them when
-    `max_rows` is None), in file order.
-
-    One pass (`flowcore.batch.sampling.sample_stream`; memory: `max_rows` texts); the same file,
-    `max_rows` and `seed` always give the same sample. Rejected rows go to `rejects` as in
-    `read_texts`."""
+    """A reproducible uniform random sample of at most `max_rows` good texts (all when None), in file
+    order, in one pass (`sample_stream`); rejected rows go to `rejects` as in `read_texts`."""
     texts = (text for _, _, text in read_texts(path, text_field, rejects=rejects))
     return sample_stream(texts, max_rows, seed)

@@ -1,10 +1,8 @@
 """Stored embeddings as chunked, resumable sources (`EmbeddingFile`: a 2-D .npy or a parquet
 vector column), and the one .npy reader (`NpyMatrix`, also behind `flowcore fit --embeddings`).
 
-A .npy file is never loaded whole: its header is parsed and checked (version, 2-D, dtype, size)
-without reading the data, which is then read through a read-only memory map whose pages are
-released once copied, so memory stays flat however large the file is. Rows with NaN/Inf, a
-null vector or (parquet) another width than the file's are rejected; chunks hold them as NaN rows.
+A .npy file is never loaded whole: its header is checked without reading the data, which is read
+through a read-only memory map whose pages are released once copied, so memory stays flat.
 """
 from __future__ import annotations
 
@@ -22,13 +20,13 @@ from flowcore.batch.rows import (
     Chunk,
     Position,
     Reject,
-    check_id_column,
     check_keep_columns,
     detect_format,
     file_identity,
     id_reject,
     open_parquet,
     parquet_batches,
+    parquet_schema,
     reject_non_finite,
     require_file,
     vector_rejects,
@@ -40,11 +38,8 @@ EMBEDDING_FORMATS = {".npy": "npy", ".parquet": "parquet", ".pq": "parquet"}
 
 
 class NpyMatrix:
-    """A 2-D numeric .npy file, checked on construction and read through a read-only memory map.
-
-    `rows`, `dim`, `dtype` and `fortran_order` come from the header; `read(rows)` copies chosen
-    rows (all by default) into memory, `blocks` streams consecutive rows as float32. Errors name
-    the file: missing (FileNotFoundError), unreadable, not 2-D, not numeric, or truncated (ValueError)."""
+    """A 2-D numeric .npy file, checked on construction (errors name the file) and read through a
+    read-only memory map: `rows`, `dim`, `dtype` and `fortran_order` come from the header."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -96,8 +91,7 @@ class NpyMatrix:
                 del matrix  # the map cannot close while an array still points into it
 
     def read(self, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
-        """The chosen rows as a copy in the file's dtype, or with `rows=None` the whole matrix as a
-        read-only memory map (no copy: pages are read as they are used)."""
+        """The chosen rows as a copy in the file's dtype, or (`rows=None`) all as a read-only memory map."""
         if self.rows == 0 or (rows is not None and len(rows) == 0):
             return np.empty((0, self.dim), dtype=self.dtype)
         if rows is None:
@@ -107,9 +101,8 @@ class NpyMatrix:
             return np.array(matrix[np.asarray(rows, dtype=np.intp)])
 
     def blocks(self, block_rows: int, start_row: int = 0) -> Iterator[tuple[int, np.ndarray]]:
-        """(row_start, float32 copy of rows [row_start, row_start + block_rows)) from `start_row`
-        on; pages already copied are dropped from this process, so resident memory stays flat.
-        Needs row-major order (`check_streamable`)."""
+        """(row_start, float32 copy of rows [row_start, row_start + block_rows)) from `start_row` on,
+        dropping the pages copied so that resident memory stays flat (`check_streamable`)."""
         self.check_streamable()
         if self.rows == 0:
             return
@@ -124,12 +117,9 @@ class NpyMatrix:
 
 
 class EmbeddingFile:
-    """Precomputed embeddings: a 2-D floating-point .npy (read through a memory map) or a parquet
-    file with a list-of-floats column `vector_field` (and optionally `id_field`, and
-    `keep_columns` passed through to the output with their stored types: `meta_types`).
-
-    Rows with NaN/Inf, a null vector, or (parquet) a length other than the file's width are
-    rejected; chunks hold them as NaN rows."""
+    """Precomputed embeddings: a 2-D floating-point .npy or a parquet file with a list-of-numbers
+    column `vector_field` (and optionally `id_field` and `keep_columns`, passed through to the
+    output). Rows with NaN/Inf, no vector or another width than the file's are rejected (NaN rows)."""
 
     kind = "embeddings"
 
@@ -152,28 +142,19 @@ class EmbeddingFile:
             self._npy.check_streamable()
             self.rows, self.dim = self._npy.rows, self._npy.dim
         else:
+            self._schema = parquet_schema(self.path, vector=vector_field, id=id_field)
             self.rows, self.dim = self._parquet_layout()
-            names = open_parquet(self.path).schema_arrow.names
-            self.keep_columns = check_keep_columns(self.path, keep_columns, names)
+            self.keep_columns = check_keep_columns(self.path, keep_columns, self._schema.names)
 
     def meta_types(self) -> list[tuple[str, object]]:
         """(name, pyarrow type) of each kept column, as stored."""
-        if not self.keep_columns:
-            return []
-        schema = open_parquet(self.path).schema_arrow
-        return [(name, schema.field(name).type) for name in self.keep_columns]
+        return [(name, self._schema.field(name).type) for name in self.keep_columns]
 
     def _parquet_layout(self) -> tuple[int, int]:
         import pyarrow as pa
 
         parquet = open_parquet(self.path)
-        schema = parquet.schema_arrow
-        for role, name in (("vector", self.vector_field), ("id", self.id_field)):
-            if name is not None and name not in schema.names:
-                raise ValueError(f"{self.path}: no {role} column {name!r} (columns: {', '.join(schema.names)})")
-        if self.id_field is not None:
-            check_id_column(self.path, self.id_field, schema.field(self.id_field).type)
-        column_type = schema.field(self.vector_field).type
+        column_type = self._schema.field(self.vector_field).type
         is_list = any(check(column_type) for check in (pa.types.is_fixed_size_list, pa.types.is_list,
                                                           pa.types.is_large_list))
         value_type = column_type.value_type if is_list else None
@@ -210,13 +191,7 @@ class EmbeddingFile:
     def _parquet_chunks(self, chunk_rows: int, start_row: int) -> Iterator[Chunk]:
         import pyarrow as pa
 
-        columns = list(dict.fromkeys([self.vector_field, *([self.id_field] if self.id_field else []),
-                                      *self.keep_columns]))
-        pending: list = []
-        pending_rows, row_start = 0, start_row
-
-        def flush(batches) -> Chunk:
-            table = pa.Table.from_batches(batches)
+        def chunk(table, row_start: int) -> Chunk:
             vectors, rejects = self._parquet_vectors(table.column(self.vector_field).combine_chunks(), row_start)
             ids = None
             if self.id_field:
@@ -233,18 +208,15 @@ class EmbeddingFile:
             return Chunk(row_start // chunk_rows, row_start, rows, Position(row_start + rows), rejects, ids,
                          vectors=vectors, meta=meta)
 
-        for batch in parquet_batches(self.path, columns, start_row):
-            while batch.num_rows:
-                take = min(batch.num_rows, chunk_rows - pending_rows)
-                pending.append(batch.slice(0, take))
-                pending_rows += take
-                batch = batch.slice(take)
-                if pending_rows == chunk_rows:
-                    yield flush(pending)
-                    row_start += pending_rows
-                    pending, pending_rows = [], 0
-        if pending_rows:
-            yield flush(pending)
+        pending, row_start = [], start_row  # record batches re-cut into chunks
+        for batch in parquet_batches(self.path, [self.vector_field, self.id_field, *self.keep_columns], start_row):
+            pending.append(batch)
+            while sum(part.num_rows for part in pending) >= chunk_rows:
+                table = pa.Table.from_batches(pending)
+                yield chunk(table.slice(0, chunk_rows), row_start)
+                pending, row_start = table.slice(chunk_rows).to_batches(), row_start + chunk_rows
+        if any(part.num_rows for part in pending):
+            yield chunk(pa.Table.from_batches(pending), row_start)
 
     def _parquet_vectors(self, column, row_start: int) -> tuple[np.ndarray, list[Reject]]:
         import pyarrow as pa
@@ -261,8 +233,7 @@ class EmbeddingFile:
 
 
 def _release(mapped: mmap.mmap, start: int, length: int) -> None:
-    """Drop already-copied pages of a read-only map from this process (they stay in the page
-    cache), so resident memory does not grow with the file."""
+    """Drop already-copied pages of a read-only map from this process (they stay in the page cache)."""
     page_start = start - start % mmap.PAGESIZE
     length += start - page_start
     if length > 0 and hasattr(mapped, "madvise"):
