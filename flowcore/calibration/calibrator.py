@@ -312,8 +312,8 @@ class FlowCalibrator(Calibrator):
 
 
 def _load_state(module: torch.nn.Module, state: dict, prefix: str, assign: bool = False) -> None:
-    """Load a saved `state` into `module` (built from the file's recorded configuration), after a ValueError
-    naming the first tensor that `module` lacks, does not have, or has in another shape."""
+    """Load a saved `state` into `module` (built from the file's recorded configuration); a ValueError
+    names the first tensor that the file lacks, that `module` does not have, or that has another shape."""
     expected = module.state_dict()
     for name, value in expected.items():
         if name not in state:
