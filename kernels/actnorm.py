@@ -8,8 +8,6 @@ import torch
 from ._utils import require_matrix, require_vector
 from .dispatch import resolve, triton_ops
 
-__all__ = ["actnorm", "actnorm_inverse", "actnorm_inverse_ref", "actnorm_ref"]
-
 
 def actnorm_ref(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor) -> torch.Tensor:
     return (x + loc) * torch.exp(logs)

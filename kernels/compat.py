@@ -15,9 +15,8 @@ def functorch_transforms_active() -> bool:
 
 
 def composed_autograd_only(tensor: torch.Tensor) -> bool:
-    """True inside `torch.func` transforms (grad, vmap, jacrev) and under autocast for the
-    tensor's device: there the custom autograd Functions give way to composed PyTorch ops, which
-    those machineries know how to transform and to cast."""
+    """True inside `torch.func` transforms and under autocast for the tensor's device: there the
+    custom autograd Functions give way to composed PyTorch ops, which those know how to handle."""
     return functorch_transforms_active() or torch.is_autocast_enabled(tensor.device.type)
 
 
@@ -44,9 +43,7 @@ def relu_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
 def has_forward_hooks(module: nn.Module, recurse: bool = True) -> bool:
     """Forward (pre-)hooks on `module`, on its children (unless `recurse=False`), or registered
     globally for all modules (`torch.nn.modules.module.register_module_forward_hook`)."""
-    if getattr(_module_globals, "_global_forward_hooks", None) or getattr(
-        _module_globals, "_global_forward_pre_hooks", None
-    ):
+    if _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
         return True
     modules = module.modules() if recurse else (module,)
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)

@@ -13,11 +13,6 @@ import torch.nn.functional as F
 from ._utils import accumulation_dtype, require_matrix
 from .dispatch import resolve, triton_ops
 
-__all__ = ["SCALE_OFFSET", "additive_coupling", "additive_coupling_inverse", "additive_coupling_inverse_ref",
-           "additive_coupling_ref", "affine_coupling", "affine_coupling_backward", "affine_coupling_forward",
-           "affine_coupling_inverse", "affine_coupling_inverse_ref", "affine_coupling_ref", "coupling_logdet",
-           "shift_and_logit"]
-
 SCALE_OFFSET = 2.0
 """The offset of the affine coupling's scale logit, as in the Glow code; every implementation reads it here."""
 

@@ -15,9 +15,6 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["BACKENDS", "ENV_VAR", "HAS_TRITON", "BackendUnavailableError", "get_backend", "interpreter_enabled",
-           "resolve", "set_backend", "triton_ops", "use_backend"]
-
 BACKENDS = ("auto", "triton", "torch")
 ENV_VAR = "FLOWCORE_BACKEND"
 HAS_TRITON = importlib.util.find_spec("triton") is not None

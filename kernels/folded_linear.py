@@ -7,8 +7,6 @@ import torch
 from ._utils import require_matrix, require_vector
 from .dispatch import resolve, triton_ops
 
-__all__ = ["folded_linear", "folded_linear_ref"]
-
 
 def folded_linear_ref(x, weight, bias):
     return torch.addmm(bias, x, weight.T)

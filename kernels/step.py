@@ -6,10 +6,6 @@
 
 `affine_step` runs it on one of the `PATHS`, chosen once per flow forward by `step_path`; every path
 is tested against the composed twin `affine_step_ref`.
-
-On the CPU one autograd Function, `_AffineStep`, runs the step with either linear part (factored or
-folded), the MLP and the coupling in place, and back-propagates all of it by hand; under
-`create_graph=True` it differentiates the composed twin, so higher-order gradients are exact.
 """
 from __future__ import annotations
 
@@ -24,9 +20,6 @@ from .coupling import affine_coupling_backward, affine_coupling_forward, affine_
 from .dispatch import resolve, triton_ops
 from .folded_linear import folded_linear_ref
 from .triangular import factored_backward, factored_forward, factored_linear_ref, lu_product
-
-__all__ = ["FACTORED_ROWS_PER_FEATURE", "PATHS", "affine_step", "affine_step_ref", "fold", "folded_step",
-           "folded_step_ref", "mlp_layers", "step_path"]
 
 PATHS = {
     "reference": "autograd of `affine_step_ref`: inside torch.func transforms, under autocast or "
@@ -173,9 +166,7 @@ class _Folded:
         return (dy @ weight if needs[0] else None, dy.T @ x if needs[1] else None,
                 dy.sum(dim=0) if needs[2] else None)
 
-    @staticmethod
-    def ref(x, weight, bias):
-        return folded_linear_ref(x, weight, bias)
+    ref = staticmethod(folded_linear_ref)
 
 
 class _Factored:
@@ -262,7 +253,8 @@ def _mlp(layers) -> Callable:
 
 
 class _AffineStep(torch.autograd.Function):
-    """The CPU step with a hand-written backward."""
+    """The CPU step, either linear part, the MLP and the coupling in place, with a hand-written backward;
+    under `create_graph=True` it differentiates the composed twin, so higher-order gradients are exact."""
 
     @staticmethod
     def forward(ctx, linear, split: int, x, *tensors):

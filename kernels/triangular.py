@@ -1,12 +1,9 @@
 """The LU ops of `LULinear`, with L = tril(lower, -1) + I and U = triu(upper, 1) + diag(diagonal),
 all pure PyTorch, each beside its composed `_ref` twin.
 
-`lu_product` (W = L @ U, rebuilt at every training step) skips the zero blocks of L and U: 5
-half-size GEMMs instead of 8 for the product and for each gradient.
-
-The factored linear map ((x + loc) * exp(logs)) @ (P L U).T never forms W: it multiplies the batch
-by U.T, then L.T, then permutes, with a hand-written backward, so a batch much smaller than d costs
-O(B d^2) instead of the O(d^3) of assembling W and differentiating the product.
+`lu_product` (W = L @ U, rebuilt at every training step) skips the zero blocks of L and U. The
+factored linear map ((x + loc) * exp(logs)) @ (P L U).T never forms W, so a batch much smaller than
+d costs O(B d^2) instead of O(d^3).
 """
 from __future__ import annotations
 
@@ -43,11 +40,10 @@ class _TriangularProduct(torch.autograd.Function):
     def forward(ctx, lower, upper, diagonal):
         L, U = lu_factors(lower, upper, diagonal)
         ctx.save_for_backward(L, U, lower, upper, diagonal)
-        h = L.shape[0] // 2
-        (L11, _), (L21, L22) = _blocks(L, h)
-        (U11, U12), (_, U22) = _blocks(U, h)
+        (L11, _), (L21, L22) = _blocks(L)
+        (U11, U12), (_, U22) = _blocks(U)
         out = torch.empty_like(L)
-        (C11, C12), (C21, C22) = _blocks(out, h)
+        (C11, C12), (C21, C22) = _blocks(out)
         C11.copy_(L11 @ U11)
         C12.copy_(L11 @ U12)
         C21.copy_(L21 @ U11)
@@ -57,17 +53,15 @@ class _TriangularProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         L, U, *inputs = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # create_graph=True: differentiate the dense product, so higher-order gradients are exact
-            return _dense_backward(ctx, grad, *inputs)
-        h = L.shape[0] // 2
-        (L11, _), (L21, L22) = _blocks(L, h)
-        (U11, U12), (_, U22) = _blocks(U, h)
-        (G11, G12), (G21, G22) = _blocks(grad, h)
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the dense product (exact higher orders)
+            return composed_backward(lu_product_ref(*inputs), inputs, ctx.needs_input_grad, grad)
+        (L11, _), (L21, L22) = _blocks(L)
+        (U11, U12), (_, U22) = _blocks(U)
+        (G11, G12), (G21, G22) = _blocks(grad)
         # d lower: the strictly lower part of grad @ U.T; d upper and diagonal: the upper part of L.T @ grad
         d_lower, d_upper = torch.zeros_like(L), torch.zeros_like(U)
-        (A11, _), (A21, A22) = _blocks(d_lower, h)
-        (B11, B12), (_, B22) = _blocks(d_upper, h)
+        (A11, _), (A21, A22) = _blocks(d_lower)
+        (B11, B12), (_, B22) = _blocks(d_upper)
         A11.copy_(torch.addmm(G11 @ U11.T, G12, U12.T).tril_(-1))
         A21.copy_(torch.addmm(G21 @ U11.T, G22, U12.T))
         A22.copy_((G22 @ U22.T).tril_(-1))
@@ -78,13 +72,9 @@ class _TriangularProduct(torch.autograd.Function):
         return d_lower, d_upper.triu_(1), d_diagonal
 
 
-def _dense_backward(ctx, grad, lower, upper, diagonal):
-    return composed_backward(lu_product_ref(lower, upper, diagonal), (lower, upper, diagonal),
-                             ctx.needs_input_grad, grad)
-
-
-def _blocks(matrix: torch.Tensor, h: int):
-    """((top-left, top-right), (bottom-left, bottom-right)) views, split after row/column h."""
+def _blocks(matrix: torch.Tensor):
+    """((top-left, top-right), (bottom-left, bottom-right)) views of a square matrix, split in half."""
+    h = matrix.shape[0] // 2
     return ((matrix[:h, :h], matrix[:h, h:]), (matrix[h:, :h], matrix[h:, h:]))
 
 
@@ -96,8 +86,7 @@ def factored_linear_ref(x, loc, logs, lu, diagonal, perm):
 
 BLOCK_WIDTH = 192
 """The factored linear map applies L and U as max(1, d // BLOCK_WIDTH) diagonal blocks: only those are
-masked, the rest of each block row is read straight from `lu`, and zero blocks are never multiplied
-(docs/lab-notes.md)."""
+masked, the rest of each block row is read straight from `lu`, and zero blocks are never multiplied."""
 
 
 def _bounds(d: int, blocks: int) -> list[int]:

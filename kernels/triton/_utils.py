@@ -86,17 +86,11 @@ def _sm_count(index: int | None) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def parallel_programs(device: torch.device) -> int:
-    """How many programs keep the device busy: 8 per SM (a short tail wave); a handful in the interpreter."""
-    if INTERPRETED:
-        return 4
-    return 8 * _sm_count(device.index)
-
-
 def row_splits(row_blocks: int, other_programs: int, device: torch.device) -> int:
-    """Number of row ranges a batch reduction is split into (one fp32 partial each)."""
-    wanted = triton.cdiv(parallel_programs(device), max(other_programs, 1))
-    return max(1, min(row_blocks, wanted))
+    """Number of row ranges a batch reduction is split into (one fp32 partial each), so that the
+    programs keep the device busy: 8 per SM (a short tail wave); a handful in the interpreter."""
+    programs = 4 if INTERPRETED else 8 * _sm_count(device.index)
+    return max(1, min(row_blocks, triton.cdiv(programs, max(other_programs, 1))))
 
 
 # --- tile tables: (BLOCK_B, BLOCK_D) for elementwise kernels, (BLOCK_B, BLOCK_N, BLOCK_K,
@@ -143,9 +137,8 @@ def dx_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
     """Tiles of the folded-linear dx GEMM (BLOCK_N is the reduction chunk, kept short to fit shared memory)."""
     if INTERPRETED:
         return interpreter_gemm_tiles(B, D)
-    if dtype == torch.float32:
-        return 128, 32, 128, {"num_warps": 8, "num_stages": 3}
-    return 128, 64, 128, {"num_warps": 8, "num_stages": 3}
+    block_n = 32 if dtype == torch.float32 else 64
+    return 128, block_n, 128, {"num_warps": 8, "num_stages": 3}
 
 
 def dw_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:

@@ -128,8 +128,6 @@ class _TritonAffineStep(torch.autograd.Function):
             grads = composed_backward(outputs, (x, weight, bias, *params), (need_x, need_w, need_b, *need_params),
                                       (dz, dlogdet))
             return (*grads[:3], None, None, *grads[3:])
-        dz = torch.zeros_like(z) if dz is None else dz
-        dlogdet = z.new_zeros(z.shape[0], dtype=accumulation_dtype(z)) if dlogdet is None else dlogdet
         dy = torch.empty_like(z)
         dh = _affine_bwd_from_output(dz[:, split:], dlogdet, z[:, split:], h.detach(), dy[:, split:])
         wanted = [y1, *(p for p, needed in zip(params, need_params) if needed)]
