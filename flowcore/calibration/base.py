@@ -1,9 +1,5 @@
-"""The `Calibrator` protocol every calibration method follows, the one registry of methods (each
-with one name, used everywhere), and `load` / `create`.
-
-The batch engines and integrations rely on `name`, `dim`, `output_dim`, `provenance`, `transform(X)` and
-`source`. No torch or numpy at import, so that the command line can list the names at start-up.
-"""
+"""The `Calibrator` protocol, the one registry of methods by name, and `load` / `create`. No torch
+or numpy at import, so that the command line can list the names at start-up."""
 from __future__ import annotations
 
 import importlib
@@ -76,9 +72,17 @@ class Calibrator(ABC):
         """Width of the vectors returned (that of the vectors taken, unless a method changes it)."""
         return self.dim
 
-    @abstractmethod
     def save(self, path) -> None:
         """Write the fitted calibrator to one file (safetensors + JSON header, atomically)."""
+        from flowcore.calibration.flow_file import save_flow
+
+        tensors, info = self._contents()
+        encoder = self.provenance.to_json() if self.provenance is not None else None
+        save_flow(path, tensors, {"kind": self.name, "encoder": encoder, "metadata": self.metadata, **info})
+
+    @abstractmethod
+    def _contents(self) -> tuple[dict, dict]:
+        """(tensors, JSON header entries) that `save` writes besides the kind, encoder and metadata."""
 
     @classmethod
     @abstractmethod
@@ -101,8 +105,7 @@ class Calibrator(ABC):
         out = np.empty((len(X), self.output_dim), dtype=np.float32)
         for start in range(0, len(X), chunk_rows):
             with np.errstate(over="ignore"):  # a result beyond float32 is Inf, refused below
-                mapped = map_chunk(X[start:start + chunk_rows], start)
-                out[start:start + len(mapped)] = mapped
+                out[start:start + chunk_rows] = map_chunk(X[start:start + chunk_rows], start)
         return check_output(out, name)
 
     def fit_transform(self, X, encoder=None) -> np.ndarray:
@@ -124,11 +127,6 @@ class Calibrator(ABC):
             raise FlowFileError(f"{path}: holds the {calibrator.name} calibration, not {cls.name or cls.__name__}; "
                                 "flowcore.load(path) reads a calibrator file of any kind")
         return calibrator
-
-    def _header(self) -> dict:
-        """The part of a saved file's JSON header every calibrator writes."""
-        return {"kind": self.name, "encoder": self.provenance.to_json() if self.provenance is not None else None,
-                "metadata": self.metadata}
 
     def _provenance_of(self, encoder) -> EncoderProvenance | None:
         """`encoder` (an `Encoder` or `EncoderProvenance`) as provenance; None keeps the current one."""

@@ -13,8 +13,8 @@ import torch
 from flowcore import defaults
 from flowcore.calibration.base import Calibrator
 from flowcore.calibration.cuda_streaming import map_on_cuda
-from flowcore.calibration.flow_file import FlowFileError, save_flow
-from flowcore.calibration.moments import Moments, row_blocks
+from flowcore.calibration.flow_file import FlowFileError
+from flowcore.calibration.moments import row_blocks
 from flowcore.calibration.recipes import DEFAULT_RECIPE, FlowRecipe, recipe_named
 from flowcore.calibration.standardize import Standardizer
 from flowcore.calibration.whitening import Whitening
@@ -31,10 +31,9 @@ _RECORD = ("losses", "heldout_bits_per_dim", "heldout_epochs", "selected_epoch",
 class FlowCalibrator(Calibrator):
     r"""Unsupervised BERT-flow calibration of embeddings.
 
-    `fit(X)` trains a `Glow.from_config(config, dim)` by maximum likelihood following a fit recipe
-    (`flowcore.calibration.recipes`); `transform(X)` returns the latent z as float32 numpy. Unless the
-    recipe's input is "raw", coordinates are first standardised over all of X, and those that never
-    vary bypass the flow (`flowcore.calibration.standardize`).
+    `fit(X)` trains a Glow by maximum likelihood following a fit recipe (`flowcore.calibration.recipes`);
+    `transform(X)` returns the latent z as float32 numpy. Unless the recipe's input is "raw", coordinates
+    are first standardised, and those that never vary bypass the flow (`flowcore.calibration.standardize`).
 
     Args:
         config: a Glow configuration name from `flowcore.CONFIGS`, e.g. "l2_d3_w32".
@@ -44,8 +43,7 @@ class FlowCalibrator(Calibrator):
         lr: Adam's learning rate; None: the recipe's.
         seed: seeds the flow's initialisation, the held-out rows and the batch order (same seed, same model).
         device: torch device to train and calibrate on (default: where the flow is built, CPU).
-        standardize: False feeds the raw vectors (input "raw"), True the standardised ones (input
-            "standardize"); None: the recipe's input.
+        standardize: True sets the recipe's input to "standardize", False to "raw"; None keeps it.
         holdout: the share of X held out to choose the weights kept; None: the recipe's.
         patience: stop after this many held-out evaluations in a row without a better score; None: the recipe's.
 
@@ -111,7 +109,6 @@ class FlowCalibrator(Calibrator):
 
     @property
     def dim(self) -> int:
-        """Width of the vectors this calibrator takes and returns."""
         self._fitted()
         return self.standardizer.dim if self.standardizer is not None else self.flow.dim
 
@@ -153,8 +150,7 @@ class FlowCalibrator(Calibrator):
             flow = Glow.from_config(self.config, width)
             if recipe.input == "whiten":
                 flow.start_linear(*_whitening_start(data, selected, prepare))
-        if self.device is not None:
-            flow.to(self.device)
+        flow.to(self.device)  # (None keeps it on the CPU)
         train, heldout = _split_holdout(data.shape[0], selected, recipe.holdout, self.seed)
         selection = _HeldoutSelection(flow, data, heldout, prepare, linear_start=recipe.input == "whiten",
                                       patience=recipe.patience)
@@ -184,11 +180,10 @@ class FlowCalibrator(Calibrator):
         epochs = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
         if self.selected_epoch is None:
             return f"trained {epochs}, kept the last weights (no held-out rows to choose by){took}"
-        trained = self.heldout_epochs[-1] if self.heldout_epochs else 0
-        ran = (f"stopped after {trained:.3g} of at most {epochs}: {self.recipe.patience} evaluation"
+        ran = (f"stopped after {self.heldout_epochs[-1]:.3g} of at most {epochs}: {self.recipe.patience} evaluation"
                f"{'s' if self.recipe.patience != 1 else ''} in a row without a better held-out score"
                if self.stopped_early else f"trained the full {epochs}")
-        start = self.heldout_bits_per_dim[0] if self.heldout_bits_per_dim else None
+        start = self.heldout_bits_per_dim[0]  # None unless the start was scored
         if self.selected_epoch == 0 and start is not None:
             return f"kept the whitening start: no trained state was better on held-out data ({ran}){took}"
         kept = self.heldout_bits_per_dim[self.heldout_epochs.index(self.selected_epoch)]
@@ -214,8 +209,7 @@ class FlowCalibrator(Calibrator):
         return y if self.standardizer is None else self.standardizer.inverse(y)
 
     def _map(self, X, inverse: bool, chunk_rows: int) -> np.ndarray:
-        """X mapped through the flow (or back), `chunk_rows` rows at a time: rows with NaN/Inf are
-        refused, and so are finite rows mapped to NaN/Inf (`NonFiniteOutputError`), by number."""
+        """X mapped through the flow (or back), `chunk_rows` rows at a time, refused as `transform` says."""
         name, function = ("Z", self._inverse) if inverse else ("X", self._forward)
         if np.ndim(X) != 2:
             check_matrix(np.asarray(X), name=name)  # the shape error
@@ -256,11 +250,9 @@ class FlowCalibrator(Calibrator):
         """Map calibrated vectors back to the embedding space (refused as `transform` refuses)."""
         return self._map(Z, inverse=True, chunk_rows=chunk_rows)
 
-    def save(self, path) -> None:
-        """Write the calibrator to one flow file (safetensors + JSON header, atomically)."""
+    def _contents(self) -> tuple[dict, dict]:
         flow = self._fitted()
         info = {
-            **self._header(),
             "glow": flow.config,
             "config": self.config,
             "standardize": self.standardizer is not None,
@@ -271,7 +263,7 @@ class FlowCalibrator(Calibrator):
         tensors = {f"flow.{name}": value for name, value in flow.state_dict().items()}
         if self.standardizer is not None:
             tensors.update({f"input.{name}": value for name, value in self.standardizer.state_dict().items()})
-        save_flow(path, tensors, info)
+        return tensors, info
 
     @classmethod
     def _from_file(cls, path, tensors: dict, info: dict, device) -> "FlowCalibrator":
@@ -292,18 +284,14 @@ class FlowCalibrator(Calibrator):
         with torch.device("meta"):  # shapes only: skip the random LU initialisation
             flow = Glow(**info["glow"])
         _load_state(flow, parts["flow"], "flow.", assign=True)
+        calibrator.flow = flow.to(device).eval()  # (device None keeps it on the CPU)
         if calibrator.standardize:
             standardizer = Standardizer(parts["input"]["mean"].shape[0])
             _load_state(standardizer, parts["input"], "input.")
             if standardizer.flow_dim != flow.dim:
                 raise ValueError(f"the input standardizer passes {standardizer.flow_dim} coordinates "
                                  f"to a flow of width {flow.dim}")
-            calibrator.standardizer = standardizer
-        if device is not None:
-            flow.to(device)
-            if calibrator.standardizer is not None:
-                calibrator.standardizer.to(device)
-        calibrator.flow = flow.eval()
+            calibrator.standardizer = standardizer.to(device)
         for name in _RECORD:  # what a file lacks keeps the unfitted value
             setattr(calibrator, name, training.get(name, getattr(calibrator, name)))
         if "heldout_epochs" not in training:  # from before evaluations within epochs: one score an epoch, from 0
@@ -328,11 +316,10 @@ def _load_state(module: torch.nn.Module, state: dict, prefix: str, assign: bool 
 
 
 def _whitening_start(data: torch.Tensor, rows: torch.Tensor | None, prepare) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight, loc) of `Glow.start_linear` that whiten the flow's input (the `rows` of `data`, all if
-    None, through `prepare`), in O(d²) memory; directions without variance, which whitening drops,
-    pass unscaled, so that the map stays invertible and cosines equal whitening's."""
+    """(weight, loc) of `Glow.start_linear` that whiten the flow's input (`rows` of `data` through `prepare`);
+    directions without variance pass unscaled, so the map stays invertible and cosines equal whitening's."""
     blocks = row_blocks(data, rows, prepare)
-    whitening = Whitening().fit_moments(Moments.of_chunks(block.detach().cpu().double().numpy() for block in blocks))
+    whitening = Whitening().fit_chunks(block.detach().cpu().double().numpy() for block in blocks)
     kept = whitening.axes  # orthonormal directions U_k
     rows = [whitening.matrix.T]
     if kept.shape[1] < kept.shape[0]:

@@ -1,6 +1,5 @@
-"""How large a fit corpus must be: whitening estimates a d×d covariance and the flow a density in
-d dimensions, and both are unreliable on fewer than about MIN_ROWS_PER_DIM × d distinct sentences
-(docs/lab-notes-calib.md has the measurement behind the rule)."""
+"""How large a fit corpus must be: whitening (a d×d covariance) and the flow (a density in d dimensions)
+are unreliable on fewer than about MIN_ROWS_PER_DIM × d distinct sentences."""
 from __future__ import annotations
 
 __all__ = ["MIN_ROWS_PER_DIM", "small_corpus_warning"]
@@ -9,9 +8,8 @@ MIN_ROWS_PER_DIM = 5
 
 
 def small_corpus_warning(rows: int, dim: int, option: str = "--fit-corpus FILE", unit: str = "sentences") -> str | None:
-    """The warning for a fit corpus of `rows` distinct rows of `dim`-wide vectors, or None when it
-    is large enough (at least MIN_ROWS_PER_DIM × dim rows); `option` is how the user passes a
-    larger corpus, `unit` what its rows are ("sentences", or "vectors" for stored embeddings)."""
+    """The warning for a fit corpus of `rows` distinct `dim`-wide rows, None when large enough; `option`
+    is how the user passes a larger corpus, `unit` what its rows are ("sentences" or "vectors")."""
     threshold = MIN_ROWS_PER_DIM * dim
     if rows >= threshold:
         return None

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from flowcore.validation import as_tensor
+from flowcore.validation import as_tensor, check_matrix
 
 
 def map_on_cuda(X, fn: Callable[[torch.Tensor], torch.Tensor], *, dim: int, device: torch.device,
@@ -35,12 +35,8 @@ def map_on_cuda(X, fn: Callable[[torch.Tensor], torch.Tensor], *, dim: int, devi
 
     def finish(start: int, n: int, b: int) -> None:
         downloaded[b].synchronize()
-        finite = stage_finite[b][:n]
-        if not bool(finite.all()):
-            bad = torch.nonzero(~finite).flatten() + start
-            shown = ", ".join(str(int(i)) for i in bad[:5])
-            more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-            raise ValueError(f"{name} has NaN or Inf values in row(s) {shown}{more} (0-based)")
+        if not bool(stage_finite[b][:n].all()):  # stage_in[b] still holds the chunk: name its bad rows
+            check_matrix(stage_in[b][:n], name=name, row_offset=start)
         torch.from_numpy(out[start : start + n]).copy_(stage_out[b][:n])
 
     pending = None

@@ -1,8 +1,6 @@
-"""Flow files, the one file format of every calibrator: safetensors, never pickle, with JSON metadata
-(format, version, the calibrator's `info` and a SHA-256 of the tensor bytes). A flow file may come from
-anyone, so `load_flow` checks the header before safetensors reads any tensor data, then the checksum
-and that the weights are finite. Nothing here can run code from the file.
-"""
+"""Flow files, every calibrator's file format: safetensors (never pickle) with JSON metadata and a
+SHA-256 of the tensors. `load_flow` checks the header before safetensors reads any data, then the
+checksum and that the weights are finite: nothing here can run code from the file."""
 from __future__ import annotations
 
 import hashlib
@@ -49,9 +47,8 @@ class EncoderProvenance:
 
 def check_encoder_fits(provenance: EncoderProvenance | None, dim: int, encoder, requested_model: str | None = None,
                        what: str = "the flow") -> None:
-    """Raise a ValueError saying how to fix it unless vectors from `encoder` fit a calibration of
-    `dim`-wide vectors from `provenance` (None: only the width is checked); `requested_model`, the
-    name the encoder was asked for, also matches."""
+    """A ValueError saying how to fix it unless vectors from `encoder` fit a calibration of `dim`-wide
+    vectors from `provenance` (None: width only); `requested_model` (the name asked for) also matches."""
     if provenance is not None and provenance.model not in (str(encoder.model_id), requested_model):
         raise ValueError(f"{what} was fitted on embeddings from encoder {provenance.model!r}, not "
                          f"{encoder.model_id!r}; use the same encoder (--model {provenance.model}) or refit it")
@@ -92,8 +89,8 @@ def save_flow(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
 
 
 def check_layout(path) -> None:
-    """Refuse, from the header alone, a file that is not a well-formed safetensors file whose
-    tensors all lie inside it: raises `FlowFileError` naming the problem.
+    """`FlowFileError` naming the problem unless, by its header alone, the file is well-formed
+    safetensors whose tensors all lie inside it.
 
     Args:
         path: the file to check.

@@ -1,7 +1,5 @@
-"""Hubness of sentence vectors, the signal `auto` calibrates by: the Robin Hood index of the k-NN
-graph, measured on a seeded sample of distinct rows (`DistinctRowSample`) with an exact k-NN search
-in blocks (docs/calibration.md).
-"""
+"""Hubness, the signal `auto` calibrates by: the Robin Hood index of the exact k-NN graph of a seeded
+sample of distinct rows (docs/calibration.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,9 +15,8 @@ _MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
 def robin_hood_index(rows: np.ndarray, center: np.ndarray, neighbours: int = defaults.AUTO_NEIGHBOURS) -> float:
-    """The Robin Hood index of the k-NN graph of `rows` by cosine after subtracting `center`:
-    RH = Σ_j |N(j) − k| / (2·k·n), N(j) the rows that have row j among their k nearest neighbours;
-    in [0, 1), 0 when neighbourhoods are balanced, high when a few "hub" rows neighbour very many others.
+    """The Robin Hood index of the cosine k-NN graph of `rows` − `center`: RH = Σ_j |N(j) − k| / (2·k·n),
+    N(j) the rows that have row j among their k nearest; 0 when balanced, high when a few "hubs" dominate.
 
     Args:
         rows: (n, d) distinct vectors (duplicates would be each other's nearest neighbours).
@@ -45,9 +42,8 @@ def robin_hood_index(rows: np.ndarray, center: np.ndarray, neighbours: int = def
 
 
 class DistinctRowSample:
-    """A seeded sample of at most `size` distinct rows of a stream, in one pass: the rows with the
-    `size` smallest keys, a seeded hash of their values (bottom-k). Equal rows get equal keys, so they
-    count once, and the sample depends on the rows and the seed only, not on order or chunking.
+    """A seeded sample of at most `size` distinct rows of a stream, in one pass: those with the `size`
+    smallest hashes (bottom-k), so equal rows count once and order or chunking do not matter.
 
     Args:
         size: the most rows kept.
@@ -90,13 +86,11 @@ class DistinctRowSample:
         self._keys, self._rows = keys[:self.size], rows[first[:self.size]]
 
     def _hash(self, block: np.ndarray) -> np.ndarray:
-        """Seeded 64-bit keys of the rows: a multilinear hash of their bytes (odd random multipliers,
-        wrapping uint64 arithmetic), then SplitMix64's finaliser."""
+        """Seeded 64-bit keys of the rows: a multilinear hash of their bytes, then SplitMix64's finaliser."""
         words = block.view(np.uint64)
         if self._multipliers is None:
             generator = np.random.default_rng(self.seed)
-            self._multipliers = generator.integers(0, 2**64, size=words.shape[1] + 1, dtype=np.uint64,
-                                                   endpoint=False) | np.uint64(1)
+            self._multipliers = generator.integers(0, 2**64, size=words.shape[1] + 1, dtype=np.uint64) | np.uint64(1)
         elif len(self._multipliers) != words.shape[1] + 1:
             raise ValueError(f"expected rows of {len(self._multipliers) - 1} values, got {words.shape[1]}")
         with np.errstate(over="ignore"):

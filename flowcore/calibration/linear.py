@@ -1,8 +1,6 @@
-"""The linear calibrators, x → (x − μ)·W with W chosen from the corpus's covariance, and the one
-home of the covariance eigen-decomposition (`principal_axes`): the identity (`none`), mean-centring
-(`center`) and all-but-the-top (`abtt`, Mu & Viswanath 2018) here; whitening and ZCA in `whitening`.
-Each fits in memory or from mergeable float64 moments (`flowcore.calibration.moments`) in O(d²) memory.
-"""
+"""The linear calibrators, x → (x − μ)·W with W chosen from the corpus's covariance: the identity
+(`none`), mean-centring (`center`) and all-but-the-top (`abtt`) here, whitening and ZCA in `whitening`;
+and `principal_axes`, the one covariance eigen-decomposition."""
 from __future__ import annotations
 
 from abc import abstractmethod
@@ -21,8 +19,8 @@ TOLERANCE = 1e-8
 
 
 def principal_axes(covariance: np.ndarray, tolerance: float = TOLERANCE) -> tuple[np.ndarray, np.ndarray]:
-    """(Λ, U): the eigenvalues of a covariance, largest first, and their unit eigenvectors as columns
-    (float64 `eigh`); directions at or below tolerance × the largest (rounding's negatives too) are dropped.
+    """(Λ, U): a covariance's eigenvalues, largest first, and unit eigenvectors as columns; directions
+    at or below tolerance × the largest are dropped.
 
     Example:
         >>> eigenvalues, axes = principal_axes(np.cov(X, rowvar=False))
@@ -69,7 +67,7 @@ class LinearCalibrator(Calibrator):
         """W for a corpus of mean μ; `covariance()` computes its sample covariance when W needs it."""
 
     def fit(self, X, encoder=None) -> LinearCalibrator:
-        """Estimate μ and W from the rows of X (at least 2, finite), held in memory in float64.
+        """Estimate μ and W from the rows of X (at least 2, finite), in memory in float64.
 
         Args:
             X: (n, d) sentence vectors.
@@ -123,35 +121,27 @@ class LinearCalibrator(Calibrator):
 
     @property
     def dim(self) -> int:
-        """Width of the vectors taken."""
         return self._fitted().shape[0]
 
     @property
     def output_dim(self) -> int:
-        """Width of the vectors returned."""
         return self._fitted().shape[1]
 
     def transform(self, X) -> np.ndarray:
-        """Calibrated rows of X, float32 (n, output_dim), `defaults.TRANSFORM_CHUNK_ROWS` at a time; a row
-        with NaN/Inf is refused by number, and so is one whose result does not fit float32."""
-        self._fitted()
+        """Calibrated rows of X, float32 (n, output_dim); a row with NaN/Inf, or whose result does not fit
+        float32, is refused by number."""
         return self._map_chunks(X, self._map_chunk, defaults.TRANSFORM_CHUNK_ROWS)
 
     def _map_chunk(self, rows, row_offset: int) -> np.ndarray:
         return (_rows(rows, self.dim, self.name, row_offset) - self.mean) @ self.matrix
 
-    def save(self, path) -> None:
-        """Write μ, W and the settings to one calibrator file (safetensors + JSON header, atomically)."""
+    def _contents(self) -> tuple[dict, dict]:
         import torch
-
-        from flowcore.calibration.flow_file import save_flow
 
         self._fitted()
         tensors = {f"linear.{name}": torch.from_numpy(np.ascontiguousarray(getattr(self, name)))
                    for name in self._saved_arrays}
-        info = {**self._header(), "settings": self.settings(),
-                "fit": {name: getattr(self, name) for name in self._saved_values}}
-        save_flow(path, tensors, info)
+        return tensors, {"settings": self.settings(), "fit": {name: getattr(self, name) for name in self._saved_values}}
 
     @classmethod
     def _from_file(cls, path, tensors: dict, info: dict, device) -> LinearCalibrator:
@@ -167,8 +157,7 @@ class LinearCalibrator(Calibrator):
 
 
 class Identity(Calibrator):
-    """x → x: the raw vectors, as a calibrator. It needs no fit; fitting records the width and
-    provenance, and then other widths are refused.
+    """x → x: the raw vectors, as a calibrator; fitting only records the width (others are then refused).
 
     Example:
         >>> Identity().transform(X)      # float32 copy of X
@@ -181,7 +170,7 @@ class Identity(Calibrator):
         self._dim: int | None = None
 
     def fit(self, X, encoder=None) -> Identity:
-        """Record the width of X's rows and `encoder` (see `Calibrator.fit`); X is checked, nothing is learnt."""
+        """Check X and record its width and `encoder`; nothing is learnt."""
         return self.fit_chunks([X], encoder=encoder)
 
     def fit_chunks(self, chunks: Iterable, encoder=None) -> Identity:
@@ -209,10 +198,8 @@ class Identity(Calibrator):
         with np.errstate(over="ignore"):
             return check_output(_rows(X, self._dim, self.name).astype(np.float32))
 
-    def save(self, path) -> None:
-        from flowcore.calibration.flow_file import save_flow
-
-        save_flow(path, {}, {**self._header(), "settings": {}, "fit": {"dim": self.dim}})
+    def _contents(self) -> tuple[dict, dict]:
+        return {}, {"settings": {}, "fit": {"dim": self.dim}}
 
     @classmethod
     def _from_file(cls, path, tensors: dict, info: dict, device) -> Identity:

@@ -1,6 +1,5 @@
-"""Mergeable float64 first and second moments of a stream of vectors (Chan, Golub & LeVeque 1979),
-each chunk's taken around its own mean: the covariance of a corpus that never fits in memory, in O(d²).
-"""
+"""Mergeable float64 moments of a stream of vectors (Chan, Golub & LeVeque 1979): the covariance of
+a corpus that never fits in memory, in O(d²)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -95,8 +94,7 @@ class Moments:
 
 
 class MomentsAccumulator:
-    """Combines a stream of chunk moments pairwise, as a binary counter does: rounding grows with
-    log(chunks), and about log2(chunks) partial moments are alive at once.
+    """Combines a stream of chunk moments pairwise, as a binary counter does: rounding grows with log(chunks).
 
     Args:
         dim: the vectors' width, when known in advance (needed for `total` of an empty stream).

@@ -1,8 +1,6 @@
 """Fit recipes of `FlowCalibrator` by name: what the flow is fitted on, how long and how fast.
-`whitened` (the default) starts at BERT-whitening and keeps the weights, the start included, that
-score best on held-out rows, so a flow that does not beat whitening's likelihood stays whitening;
-`standardized` fits standardised coordinates from ActNorm's data-dependent start; `paper` is the BERT-flow code.
-"""
+`whitened` (the default) starts at BERT-whitening and keeps the best weights on held-out rows, the start
+included; `standardized` fits standardised coordinates from ActNorm's start; `paper` is the BERT-flow code."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -75,5 +73,4 @@ def recipe_named(name: str, **overrides) -> FlowRecipe:
     """
     if name not in RECIPES:
         raise ValueError(f"unknown flow recipe {name!r}; choose one of {', '.join(RECIPES)}")
-    changed = {key: value for key, value in overrides.items() if value is not None}
-    return replace(RECIPES[name], **changed) if changed else RECIPES[name]
+    return replace(RECIPES[name], **{key: value for key, value in overrides.items() if value is not None})

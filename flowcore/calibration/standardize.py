@@ -1,8 +1,5 @@
-"""Fixed per-coordinate standardisation in front of the flow, fitted once on the whole corpus.
-
-Maximum likelihood on a coordinate that never varies is unbounded and training diverges, so such
-coordinates pass through centred, untouched; every other one is scaled to unit variance.
-"""
+"""Fixed per-coordinate standardisation in front of the flow, fitted once on the whole corpus; a
+coordinate that never varies (its likelihood is unbounded) passes through centred, bypassing the flow."""
 from __future__ import annotations
 
 import torch

@@ -53,8 +53,7 @@ class Whitening(LinearCalibrator):
         if self.dim_kept is not None and self.dim_kept > width:
             raise ValueError(f"whitening dim {self.dim_kept} exceeds the embedding width {width}")
         eigenvalues, axes = principal_axes(covariance(), self.tolerance)
-        keep = min(self.dim_kept or width, len(eigenvalues))
-        self.rank, self.eigenvalues, self.axes = len(eigenvalues), eigenvalues[:keep], axes[:, :keep]
+        self.rank, self.eigenvalues, self.axes = len(eigenvalues), eigenvalues[:self.dim_kept], axes[:, :self.dim_kept]
         return self.axes / self.eigenvalues ** self.power
 
 
