@@ -261,10 +261,9 @@ def _save_checkpoint(path: Path, identity: dict, flow, optimizer, generator_stat
     from safetensors.torch import save
 
     tensors = {f"flow.{name}": value.detach().cpu().contiguous() for name, value in flow.state_dict().items()}
-    names = {id(p): name for name, p in flow.named_parameters()}
-    for parameter, values in optimizer.state.items():
-        for key, value in values.items():
-            tensors[f"adam.{names[id(parameter)]}.{key}"] = value.detach().cpu().contiguous()
+    for name, parameter in flow.named_parameters():
+        for key, value in optimizer.state.get(parameter, {}).items():
+            tensors[f"adam.{name}.{key}"] = value.detach().cpu().contiguous()
     tensors["generator.epoch_start"] = generator_state.clone()
     callback = None
     if hasattr(on_epoch, "checkpoint_state"):

@@ -140,13 +140,14 @@ class FlowcoreMTEBModel:
 
         model_id = str(self.encoder.model_id)
         hub_name = DEFAULT_MODEL_NAME if model_id == DEFAULT_MODEL else _hub_name(model_id)
+        embeddings = getattr(_loaded_model(self.encoder), "get_input_embeddings", None)
         unknown = ("loader", "release_date", "languages", "memory_usage_mb", "license", "open_weights",
                    "public_training_code", "public_training_data", "training_datasets")
         fields: dict[str, Any] = dict.fromkeys(unknown) | {
             "name": self._name or self._default_name(),
             "revision": self._revision or self._fingerprint()[:16],
             "n_parameters": _n_parameters(self.encoder, self.calibrator),
-            "n_embedding_parameters": _n_embedding_parameters(self.encoder),
+            "n_embedding_parameters": _count_parameters(embeddings()) if embeddings else None,
             "max_tokens": getattr(self.encoder, "max_length", None),
             "embed_dim": self.embed_dim,
             "framework": ["PyTorch", "Transformers"],
@@ -237,24 +238,21 @@ def _model_version(encoder) -> str | None:
     return getattr(config, "_commit_hash", None)
 
 
+def _count_parameters(module) -> int:
+    return sum(parameter.numel() for parameter in module.parameters())
+
+
 def _n_parameters(encoder, calibrator) -> int | None:
     model = _loaded_model(encoder)
     if model is None:
         return None
-    count = sum(parameter.numel() for parameter in model.parameters())
+    count = _count_parameters(model)
     flow = getattr(calibrator, "flow", None)
     if flow is not None:
-        count += sum(parameter.numel() for parameter in flow.parameters())
+        count += _count_parameters(flow)
     elif getattr(calibrator, "matrix", None) is not None:
         count += int(np.size(calibrator.matrix)) + int(np.size(calibrator.mean))
-    return int(count)
-
-
-def _n_embedding_parameters(encoder) -> int | None:
-    model = _loaded_model(encoder)
-    if model is None or not hasattr(model, "get_input_embeddings"):
-        return None
-    return int(sum(parameter.numel() for parameter in model.get_input_embeddings().parameters()))
+    return count
 
 
 def _hash_state(sha, value, depth: int = 0) -> None:

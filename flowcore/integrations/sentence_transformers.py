@@ -22,6 +22,7 @@ require("sentence_transformers", "the sentence-transformers integration (flowcor
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Transformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling as STPooling  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
 
 from flowcore import defaults  # noqa: E402
 from flowcore.calibration.base import Calibrator, load  # noqa: E402
@@ -33,8 +34,7 @@ __all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "
 
 FLOW_FILE = "flow.safetensors"
 """The calibrator's flow file inside the `FlowModule` module folder."""
-DEFAULT_MAX_LENGTH = defaults.MAX_LENGTH  # the folder truncates as the Encoder does
-_STOCK_POOLINGS = {"mean": "mean", "cls": "cls"}  # flowcore pooling -> sentence-transformers pooling_mode
+_STOCK_POOLINGS = ("mean", "cls")  # flowcore poolings that sentence-transformers' Pooling has, by the same name
 _OWN_CLASSES = ("FlowModule", "LayerPooling")
 
 
@@ -151,7 +151,7 @@ def linear_dense(calibrator) -> Dense:
 
 
 def build_model(calibrator=None, *, model: str | None = None, pooling: str | None = None, layers=None,
-                normalize: bool = False, max_length: int = DEFAULT_MAX_LENGTH,
+                normalize: bool = False, max_length: int = defaults.MAX_LENGTH,
                 device: str = "cpu") -> SentenceTransformer:
     """A `SentenceTransformer`: the encoder's transformer, the pooling, the calibration, [Normalize].
 
@@ -181,7 +181,11 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
     kind, requested = parse_pooling(pooling, layers)  # checked before any model is loaded
     model_id, source = resolve_model(model)
     needs_layers = kind not in _STOCK_POOLINGS
-    config = _model_config(source, model_id)  # checks come before the weights are loaded
+    try:  # checks come before the weights are loaded
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise FileNotFoundError(f"could not read the configuration of model {model_id!r} (flowcore never downloads "
+                                f"models; pass a local folder or a name in the Hugging Face cache): {error}") from None
     if getattr(config, "auto_map", None):
         raise ValueError(f"encoder {model_id!r}: its config.json has an 'auto_map' (remote code); flowcore never "
                          "runs remote code, so it does not export such a model")
@@ -205,19 +209,14 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
                                   config_kwargs={**local, **({"output_hidden_states": True} if needs_layers else {})})
     limits = [max_length, getattr(config, "max_position_embeddings", None), transformer.tokenizer.model_max_length]
     transformer.max_seq_length = min(int(limit) for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000)
-    modules: list = [transformer]
-    if needs_layers:
-        modules.append(LayerPooling(bound.name, list(bound.hidden_states), dim, bound.first_token))
-    else:
-        modules.append(STPooling(dim, pooling_mode=_STOCK_POOLINGS[kind]))
-    modules += calibration
-    if normalize:
-        modules.append(Normalize())
+    pooler = (LayerPooling(bound.name, list(bound.hidden_states), dim, bound.first_token) if needs_layers
+              else STPooling(dim, pooling_mode=kind))
+    modules = [transformer, pooler, *calibration, *([Normalize()] if normalize else [])]
     return SentenceTransformer(modules=modules, device=device)
 
 
 def export(out, calibrator=None, *, model: str | None = None, pooling: str | None = None, layers=None,
-           normalize: bool = False, max_length: int = DEFAULT_MAX_LENGTH) -> str:
+           normalize: bool = False, max_length: int = defaults.MAX_LENGTH) -> str:
     """Write `build_model(...)` (same arguments) as a model folder at `out`; returns its path.
 
     Load it with `load_model(out)` (or `SentenceTransformer(out)` when it names only stock classes).
@@ -259,16 +258,6 @@ def load_model(folder, **kwargs) -> SentenceTransformer:
     if needs_trust_remote_code(folder):
         kwargs.setdefault("trust_remote_code", True)
     return SentenceTransformer(str(folder), **kwargs)
-
-
-def _model_config(source: str, model_id: str):
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError) as error:
-        raise FileNotFoundError(f"could not read the configuration of model {model_id!r} (flowcore never downloads "
-                                f"models; pass a local folder or a name in the Hugging Face cache): {error}") from None
 
 
 def _module_entries(folder) -> list[dict]:
@@ -320,11 +309,9 @@ def _check_no_remote_code(folder: Path, entries: list[dict]) -> None:
         if path.is_file():
             _refuse_auto_map(path, str(folder), refusal)
     for entry in entries:
-        if entry["type"].rsplit(".", 1)[-1] != "Dense":
-            continue
         config_path = folder / entry.get("path", "") / Dense.config_file_name
-        if not config_path.is_file():
-            continue  # sentence-transformers itself reports the incomplete module
+        if entry["type"].rsplit(".", 1)[-1] != "Dense" or not config_path.is_file():
+            continue  # not a Dense, or an incomplete one (sentence-transformers itself reports it)
         config = _read_json(config_path, str(folder))
         activation = config.get("activation_function") if isinstance(config, dict) else None
         if activation is not None and activation not in _IDENTITY_ACTIVATIONS:

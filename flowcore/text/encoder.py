@@ -1,6 +1,5 @@
-"""The frozen encoder: text -> pooled sentence vectors from any Hugging Face encoder, fast: repeats are
-encoded once, sentences are batched by token count (little padding), and the forward stops after the deepest
-hidden state the pooling needs."""
+"""The frozen encoder: text -> pooled sentence vectors from any Hugging Face encoder. Repeats are encoded once,
+batches are grouped by token count (little padding) and the forward stops at the deepest state the pooling needs."""
 from __future__ import annotations
 
 import contextlib
@@ -85,9 +84,8 @@ class Encoder:
         self._autocast_dtype = _autocast_dtype(self.device, dtype)
 
     def describe(self) -> dict:
-        """What produced this encoder's vectors, for a vector file's manifest: model, Hub name,
-        folder, revision, SHA-256 of config.json and of each weights file, pooling, max_length,
-        device, dtype, attention, quantize and engine. Unknown values are None, never guessed."""
+        """What produced this encoder's vectors, for a vector file's manifest: model, folder, revision, SHA-256s
+        of config.json and the weights, and the settings. Unknown values are None, never guessed."""
         from flowcore._fs import file_sha256
 
         folder, name, revision = _model_folder(self.model_id, self._source)

@@ -143,12 +143,13 @@ def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel
 
 
 def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
-    from transformers import AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer
 
     try:
         with quiet_transformers():  # a weight-loading bar per Encoder() is noise
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-            model = _from_pretrained_sdpa(source)
+            # SDPA attention where the class has it, else eager (transformers' default); never unpickled
+            model = AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError) as error:
         if os.path.isdir(source) and not any(name.endswith(".safetensors") for name in os.listdir(source)):
             raise OSError(f"could not load the model in {source}: it has no .safetensors weights, and flowcore "
@@ -185,24 +186,9 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> L
     )
 
 
-def _from_pretrained_sdpa(source: str) -> torch.nn.Module:
-    """The model in `source` with SDPA attention where its class has it (eager otherwise).
-    Safetensors only: a pickled checkpoint is never unpickled."""
-    from transformers import AutoModel
-
-    try:
-        return AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True,
-                                         attn_implementation="sdpa")
-    except (ValueError, ImportError) as error:
-        message = str(error)
-        if "sdpa" not in message.lower() and "scaled_dot_product_attention" not in message:
-            raise
-    return AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True)
-
-
 def _find_layer_stack(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
     """The ModuleList of the model's transformer layers (e.g. `encoder.layer` in BERT)."""
-    for name, module in model.named_modules():
+    for module in model.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers and num_layers > 0 \
                 and len({type(layer) for layer in module}) == 1:
             return module

@@ -1,7 +1,6 @@
-"""The opt-in fast CPU mode of `Encoder` (`quantize="int8"`): the encoder exported to ONNX, one graph
-returning every hidden state (for all poolings), its MatMuls dynamically quantised to int8 per channel and
-run by ONNX Runtime, more accurate than torch's `quantize_dynamic` (7-bit activations, per-tensor weights on
-AVX2). The feed-forward up-projections stay float32 for the same reason."""
+"""The opt-in fast CPU mode of `Encoder` (`quantize="int8"`): the encoder exported to ONNX as one graph returning
+every hidden state, its MatMuls (but the feed-forward up-projections) dynamically quantised to int8 per channel
+and run by ONNX Runtime, which is more accurate than torch's `quantize_dynamic`."""
 from __future__ import annotations
 
 import contextlib
