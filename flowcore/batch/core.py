@@ -55,8 +55,7 @@ def default_chunk_rows(source: TextCorpus | EmbeddingFile, dim: int) -> int:
 
 
 def calibrated(transform: Callable[[np.ndarray], np.ndarray], vectors: np.ndarray) -> np.ndarray:
-    """`transform(vectors)`; a `NonFiniteOutputError` gives back its output, whose NaN/Inf rows the
-    core then rejects (`NON_FINITE_OUTPUT`)."""
+    """`transform(vectors)`, or on a `NonFiniteOutputError` its output (the core rejects its NaN/Inf rows)."""
     from flowcore.validation import NonFiniteOutputError
 
     try:
@@ -171,12 +170,11 @@ class JobSpec:
 
         calibrator = load(self.flow, device=self.device)
         sources = [self.open(path) for path in paths]
-        requested = None
-        if self.kind == "text" and encoder is None:
+        if self.kind == "text" and encoder is None:  # checked as it is loaded
             encoder = load_encoder(calibrator, self.model, self.pooling, self.quantize, self.threads, self.device)
-            requested = self.model or calibrator.provenance.model
-        for source in sources:
-            check_compatible(calibrator, source, encoder, requested)
+        else:
+            for source in sources:
+                check_compatible(calibrator, source, encoder)
         return calibrator, sources, encoder
 
     def identity(self, encoder) -> dict:

@@ -27,8 +27,7 @@ class JobInterrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def interrupts_named() -> Iterator[None]:
-    """Inside the block (or the decorated function), a plain KeyboardInterrupt (outside `StopSignals`,
-    e.g. while a model loads) becomes a `JobInterrupted` that says so."""
+    """A plain KeyboardInterrupt (outside `StopSignals`, e.g. while a model loads) as a `JobInterrupted`."""
     try:
         yield
     except KeyboardInterrupt as error:

@@ -65,8 +65,7 @@ RESUME_ADVICE = "the progress file records only the chunks completed before it; 
 
 
 def _at_stage(stage: str, chunk: CalibratedChunk) -> None:
-    """Called in the writer thread as each chunk is "writing", "written" (durable) and "committed"
-    (recorded): a seam for fault-injection tests."""
+    """Called in the writer thread as each chunk is "writing", "written" and "committed": a fault-injection seam."""
 
 
 @contextlib.contextmanager
@@ -237,7 +236,7 @@ class CalibrationJob:
             if needed is not None and free is not None and free < needed:  # refused before any work
                 raise OutputWriteError(f"cannot write {output.chunk_path(0)}: it needs {needed:,} bytes and only "
                                        f"{free:,} are free on its file system; free some space or choose another --out")
-            try:
+            with contextlib.closing(output), contextlib.closing(rejects):
                 with _writing(output.chunk_path(0), needed):
                     output.open(resume=earlier is not None)
                     rejects.open(progress.rejects_bytes if earlier is not None else None)
@@ -245,9 +244,6 @@ class CalibrationJob:
                         record.commit(rows, progress)
                 with pinned_threads(self.threads):
                     self._stream(output, rejects, record, rows, progress, stop)
-            finally:
-                output.close()
-                rejects.close()
             if stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
                 raise JobInterrupted(progress.rows, stop.signum)
         with _writing(self.out):
@@ -305,16 +301,12 @@ class CalibrationJob:
             _at_stage("committed", chunk)
 
         chunks = self.source.chunks(self.chunk_rows, Position(progress.rows, progress.offset, progress.line))
-        try:
-            with BackgroundThread.writing(write, QUEUE_DEPTH) as writer, \
-                    contextlib.closing(calibrate_chunks(chunks, self.transform, self.dim, self.encode,
-                                                          output_dim=self.output_dim)) as calibrated:
-                for chunk in calibrated:
-                    if stop.requested:
-                        break
-                    writer.put(chunk)
-        finally:
-            bar.close()
+        calibrated = calibrate_chunks(chunks, self.transform, self.dim, self.encode, output_dim=self.output_dim)
+        with bar, BackgroundThread.writing(write, QUEUE_DEPTH) as writer, contextlib.closing(calibrated):
+            for chunk in calibrated:
+                if stop.requested:
+                    break
+                writer.put(chunk)
         if progress.rows != rows and not stop.requested:
             raise InputChangedError(f"{self.source.path} changed while the job read it: expected {rows:,} rows, "
                                     f"read {progress.rows:,}; add --restart to start over")

@@ -59,12 +59,9 @@ class OutputLock:
                     raise OutputLockedError(self._refusal(holder)) from None
                 raise
             # the holder may have removed the file after we opened it: lock the one at the path now
-            try:
-                same = os.fstat(descriptor).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(descriptor).st_ino == os.stat(self.path).st_ino:
+                    break
             os.close(descriptor)
         self._descriptor = descriptor
         self.took_over = _read_holder(descriptor)

@@ -1,10 +1,9 @@
-"""The streaming computation: chunks of a source calibrated in order (`calibrate_chunks`,
-`iter_calibrated`), read a bounded number ahead in a `BackgroundThread`, the one helper that
-runs a stage of a batch job (reading, writing) beside the caller, so memory stays flat and I/O
-overlaps compute.
+"""The streaming computation: chunks calibrated in order (`calibrate_chunks`, `iter_calibrated`), read
+and written beside the caller by a `BackgroundThread`, so memory stays flat and I/O overlaps compute.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import Callable, Iterable, Iterator
@@ -82,11 +81,9 @@ class BackgroundThread:
     def _hand_over(self, item, receiver_left: threading.Event) -> bool:
         """Queue `item`, waiting while the queue is full; False once the receiving side has left."""
         while not receiver_left.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=0.1)
                 return True
-            except queue.Full:
-                continue
         return False
 
     def _run(self) -> None:

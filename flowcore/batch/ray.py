@@ -6,6 +6,7 @@ each, skipped when a rerun finds them written) and actors. See docs/scaling.md.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import logging
@@ -38,7 +39,7 @@ from flowcore.batch.core import (
 from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
 from flowcore.batch.lock import OutputLock
 from flowcore.batch.outputs import VECTOR_COLUMN, ParquetOutput, RejectsLog
-from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, require_file
+from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, one_line, require_file
 from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
 from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
 from flowcore.runtime import job_threads, use_threads_in_this_process
@@ -136,8 +137,7 @@ def input_files(pattern: str | os.PathLike, formats: dict[str, str]) -> list[Pat
 
 
 def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Position]:
-    """Where each chunk of `chunk_rows` rows of `source` starts, as the job's reader reaches it:
-    found by counting newlines (txt, jsonl) or parsing (csv)."""
+    """Where each chunk of `chunk_rows` rows of `source` starts (newlines counted for txt and jsonl, csv parsed)."""
     rows = source.rows
     if source.kind == "embeddings" or source.format == "parquet":
         return [Position(row) for row in range(0, rows, chunk_rows)]
@@ -167,16 +167,12 @@ class _Shard:
     global_row: int
 
 
-def _shard_path(folder: Path, index: int) -> Path:
-    return folder / f"part-{index:08d}.parquet"
+def _shard_path(folder: Path, index: int, suffix: str = ".parquet") -> Path:
+    return folder / f"part-{index:08d}{suffix}"
 
 
 STOPPING = ".stopping"
 """A file in the output folder while a stopped driver lets the shards in flight finish: no new one begins."""
-
-
-def _rejects_path(folder: Path, index: int) -> Path:
-    return folder / f"part-{index:08d}.rejects.jsonl"
 
 
 class _ShardWriter:
@@ -188,7 +184,7 @@ class _ShardWriter:
                                    model=spec.model, pooling=spec.pooling, batch_size=spec.batch_size, device=device,
                                    normalize=spec.normalize, threads=spec.threads, quantize=spec.quantize)
         self.folder = Path(out) / "shards"
-        self._sources: dict[int, TextCorpus | EmbeddingFile] = {}
+        self._open = functools.cache(spec.open)  # one source per input file
 
     def __call__(self, batch: dict) -> dict:
         shards = [self.shards[index] for index in batch["shard"]]
@@ -199,15 +195,12 @@ class _ShardWriter:
                 self._write(shard)
             except Exception as error:
                 where = f"{self.files[shard.file]['path']} rows {shard.start.row}-{shard.start.row + shard.rows - 1}"
-                detail = " ".join(str(error).split())
-                raise ShardError(f"shard {shard.index} ({where}): {type(error).__name__}: {detail}") from error
+                raise ShardError(f"shard {shard.index} ({where}): {type(error).__name__}: {one_line(error)}") from error
         return {"rows": np.array([shard.rows for shard in shards])}
 
     def _write(self, shard: _Shard) -> None:
         """Read, calibrate and write one shard: its rejects first, then its parquet file (atomically)."""
-        if shard.file not in self._sources:
-            self._sources[shard.file] = self.spec.open(self.files[shard.file]["path"])
-        source = self._sources[shard.file]
+        source = self._open(self.files[shard.file]["path"])
         chunk = next(source.chunks(self.spec.chunk_rows, shard.start))
         calibrated = self.calibrate._calibrated(chunk)
         changed = file_changed(self.files[shard.file])
@@ -219,7 +212,7 @@ class _ShardWriter:
         shift = shard.global_row - calibrated.row_start
         calibrated = replace(calibrated, index=shard.index, row_start=shard.global_row,
                              rejects=[replace(reject, row=reject.row + shift) for reject in calibrated.rejects])
-        log = RejectsLog(_rejects_path(self.folder, shard.index))
+        log = RejectsLog(_shard_path(self.folder, shard.index, ".rejects.jsonl"))
         log.open(None)
         log.append(calibrated.rejects)
         log.finish()
@@ -331,12 +324,10 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
 
 def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
                 address, num_workers, gpus_per_worker, progress: bool, stop: StopSignals) -> None:
-    """Write `pending` shards on an actor pool of the cluster at `address`; a SIGINT/SIGTERM (`stop`)
-    stops it once the shards in flight are written (`JobInterrupted`)."""
+    """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`)."""
     def stopped() -> JobInterrupted:
-        folder = out / "shards"
-        return JobInterrupted(sum(shard.rows for shard in shards if _shard_path(folder, shard.index).is_file()),
-                              stop.signum)
+        done = sum(shard.rows for shard in shards if _shard_path(out / "shards", shard.index).is_file())
+        return JobInterrupted(done, stop.signum)
 
     if stop.requested:
         raise stopped()
@@ -361,8 +352,7 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     stopping.unlink(missing_ok=True)
     logger = logging.getLogger("ray.data")  # its INFO and WARNING lines (execution plans) only with progress on
     level = logger.level
-    if not progress:
-        logger.setLevel(logging.ERROR)
+    logger.setLevel(level if progress else logging.ERROR)
     try:
         for batch in dataset.iter_batches(batch_size=None):
             done += int(batch["rows"].sum())
@@ -385,7 +375,7 @@ def _join_rejects(out: Path, folder: Path, shards: list[_Shard], inputs: list[st
     counts: Counter[str] = Counter()
     lines = []
     for shard in shards:
-        with open(_rejects_path(folder, shard.index), encoding="utf-8") as handle:
+        with open(_shard_path(folder, shard.index, ".rejects.jsonl"), encoding="utf-8") as handle:
             for line in handle:
                 record = json.loads(line)
                 counts[record["reason"]] += 1

@@ -20,8 +20,8 @@ __all__ = [
     "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_ID", "INVALID_UTF8", "LINE_TOO_LONG",
     "MISSING_ID", "MISSING_TEXT", "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS",
     "NUL_CHARACTER", "NULL", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "CalibratedChunk", "Chunk", "Position", "Reject",
-    "TextRow", "check_keep_columns", "count_reasons", "detect_format", "file_changed",
-    "file_identity", "id_reject", "line_reject", "not_unicode", "open_parquet", "parquet_batches", "parquet_schema",
+    "TextRow", "check_keep_columns", "count_reasons", "detect_format", "file_changed", "file_identity", "id_reject",
+    "line_reject", "not_unicode", "one_line", "open_parquet", "parquet_batches", "parquet_schema",
     "reject_non_finite", "require_columns", "require_file", "text_reject", "vector_rejects",
 ]
 
@@ -186,10 +186,11 @@ def open_parquet(path: Path):
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError, ValueError) as error:
-        raise ValueError(f"{path}: not a readable parquet file ({_one_line(error)})") from None
+        raise ValueError(f"{path}: not a readable parquet file ({one_line(error)})") from None
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
+    """An error's message on one line, for refusals that name a file."""
     return " ".join(str(error).split())
 
 
@@ -240,7 +241,7 @@ def parquet_batches(path: Path, columns: list[str | None], start_row: int,
         except StopIteration:
             return
         except (pa.ArrowException, OSError, ValueError) as error:
-            raise ValueError(f"{path}: unreadable parquet data from row {row:,} on ({_one_line(error)}); "
+            raise ValueError(f"{path}: unreadable parquet data from row {row:,} on ({one_line(error)}); "
                              "the rows before it are done") from None
         row += batch.num_rows
         if skip >= batch.num_rows:
@@ -278,8 +279,7 @@ def not_unicode(value) -> bool:
 
 
 def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:
-    """The one rule for a text value: None, a non-string, a blank one, or one holding a lone surrogate
-    or a NUL character is rejected; None for a usable text."""
+    """The one text rule: a reject for None, a non-string, blank text, a lone surrogate or a NUL; else None."""
     if text is None:
         return Reject(row, MISSING_TEXT, f"no {field!r} value", line)
     if not isinstance(text, str):

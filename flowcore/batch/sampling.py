@@ -61,8 +61,7 @@ def sample_stream(items: Iterable[T], max_rows: int | None, seed: int = 0) -> li
 
 
 def sample_row_numbers(rows: int, max_rows: int | None, seed: int = 0) -> list[int]:
-    """The sorted row numbers `sample_stream(range(rows), max_rows, seed)` picks, computed from
-    the count alone; all rows when `max_rows` is None or at least `rows`."""
+    """The sorted row numbers `sample_stream(range(rows), max_rows, seed)` picks, computed from the count alone."""
     if max_rows is None:
         return list(range(rows))
     _check(max_rows)

@@ -7,6 +7,7 @@ line, the lines after it read again, so an unclosed quote never swallows the row
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import itertools
@@ -197,10 +198,8 @@ class TextCorpus:
 
     def entries(self, start: Position = Position()) -> Iterator[tuple[TextRow, Position]]:
         """Every row from `start` on, each with the position just after it."""
-        if self.format == "txt":
-            return self._line_rows(start, self._parse_txt)
-        if self.format == "jsonl":
-            return self._line_rows(start, self._parse_jsonl)
+        if self.format in ("txt", "jsonl"):
+            return self._line_rows(start)
         if self.format == "csv":
             return self._csv_rows(start)
         return self._parquet_rows(start)
@@ -222,11 +221,18 @@ class TextCorpus:
             yield Chunk(index, rows[0].row, len(rows), ends[-1], rejects, [row.id for row in rows],
                         [row.text for row in rows], meta=meta)
 
-    def _line_rows(self, start: Position, parse) -> Iterator[tuple[TextRow, Position]]:
+    def _line_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
         row = start.row
         for line in iter_lines(self.path, start.offset, start.line):
             reject = line_reject(row, line, structured=self.format != "txt")
-            entry = parse(row, line.number, line.text) if reject is None else self._bad_line(reject, line)
+            if reject is not None:
+                entry = self._bad_line(reject, line)
+            elif not line.text.strip():
+                entry = _rejected(row, line.number, EMPTY_LINE)
+            elif self.format == "jsonl":
+                entry = self._parse_jsonl(row, line.number, line.text)
+            else:
+                entry = TextRow(row, line.number, None, line.text, None)
             row += 1
             yield entry, Position(row, line.end, line.number)
 
@@ -235,23 +241,14 @@ class TextCorpus:
         if self.id_field is None or self.format != "jsonl":
             return TextRow(reject.row, reject.line, None, None, reject)
         content = line.raw.decode("utf-8", errors="surrogateescape") if line.text is None else line.text
-        try:
-            record = json.loads(content)
-        except (ValueError, RecursionError):
-            record = None
         record_id = None
-        if isinstance(record, dict):
-            record_id, _ = id_reject(reject.row, reject.line, record.get(self.id_field), self.id_field)
+        with contextlib.suppress(ValueError, RecursionError):
+            record = json.loads(content)
+            if isinstance(record, dict):
+                record_id, _ = id_reject(reject.row, reject.line, record.get(self.id_field), self.id_field)
         return _rejected(reject.row, reject.line, reject.reason, reject.detail, record_id)
 
-    def _parse_txt(self, row: int, line: int, content: str) -> TextRow:
-        if not content.strip():
-            return _rejected(row, line, EMPTY_LINE)
-        return TextRow(row, line, None, content, None)
-
     def _parse_jsonl(self, row: int, line: int, content: str) -> TextRow:
-        if not content.strip():
-            return _rejected(row, line, EMPTY_LINE)
         try:
             record = json.loads(content)
         except json.JSONDecodeError as error:

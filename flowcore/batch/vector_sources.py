@@ -24,6 +24,7 @@ from flowcore.batch.rows import (
     detect_format,
     file_identity,
     id_reject,
+    one_line,
     open_parquet,
     parquet_batches,
     parquet_schema,
@@ -53,7 +54,7 @@ class NpyMatrix:
                     raise ValueError(f"unsupported .npy version {version}")
                 shape, self.fortran_order, self.dtype = read_header(handle)
             except (ValueError, SyntaxError, TokenError) as error:  # numpy parses the header as Python literals
-                detail = " ".join(str(error).split())
+                detail = one_line(error)
                 if not isinstance(error, ValueError):
                     detail = f"a damaged header: {type(error).__name__}: {detail}"
                 raise ValueError(f"{self.path}: not a readable .npy file ({detail})") from None
@@ -66,11 +67,11 @@ class NpyMatrix:
             raise ValueError(f"{self.path}: expected a numeric array, got dtype {self.dtype}")
         self.rows, self.dim = shape
         expected = self.header_bytes + self.rows * self.dim * self.dtype.itemsize
-        if os.path.getsize(self.path) < expected:
-            raise ValueError(f"{self.path}: truncated .npy file ({os.path.getsize(self.path)} bytes, "
-                             f"header says {expected})")
-        if os.path.getsize(self.path) > expected:  # rows the header does not count would be silently dropped
-            raise ValueError(f"{self.path}: {os.path.getsize(self.path) - expected} bytes after the "
+        size = os.path.getsize(self.path)
+        if size < expected:
+            raise ValueError(f"{self.path}: truncated .npy file ({size} bytes, header says {expected})")
+        if size > expected:  # rows the header does not count would be silently dropped
+            raise ValueError(f"{self.path}: {size - expected} bytes after the "
                              f"{self.rows} x {self.dim} rows its header describes (a damaged or appended file)")
 
     def check_streamable(self) -> None:
@@ -178,12 +179,10 @@ class EmbeddingFile:
 
     def chunks(self, chunk_rows: int, start: Position = Position()) -> Iterator[Chunk]:
         """Chunks of `chunk_rows` rows (the last may be shorter) from `start`, a chunk boundary."""
-        if self.format == "npy":
-            return self._npy_chunks(chunk_rows, start.row)
-        return self._parquet_chunks(chunk_rows, start.row)
-
-    def _npy_chunks(self, chunk_rows: int, start_row: int) -> Iterator[Chunk]:
-        for row_start, vectors in self._npy.blocks(chunk_rows, start_row):
+        if self.format == "parquet":
+            yield from self._parquet_chunks(chunk_rows, start.row)
+            return
+        for row_start, vectors in self._npy.blocks(chunk_rows, start.row):
             rejects = reject_non_finite(vectors, row_start, np.ones(len(vectors), dtype=bool))
             yield Chunk(row_start // chunk_rows, row_start, len(vectors), Position(row_start + len(vectors)),
                         rejects, vectors=vectors)
