@@ -145,19 +145,16 @@ def analyze(
             "mean_edit_distance": float(distances.mean())})
     if encoder is not None and frequency_sources:
         result["frequency"] = _frequency(encoder, sentences, frequency_sources, say)
-    scores = _mean_scores(result["pairs"])
+    # each calibration's Spearman averaged over the labelled pair sets (NaN where one failed)
+    names = {name for entry in result["pairs"] for name in entry["spearman"]}
+    scores = {name: float(np.mean([entry["spearman"].get(name, math.nan) for entry in result["pairs"]]))
+              for name in names}
     say("auto's rule on the raw corpus: hubness of its 10-NN graph")
     auto = AutoCalibration(seed=seed).fit(vectors)  # the label-free choice, the same as `flowcore fit`'s default
     result["advice"] = advise(result["isotropy"], scores, warnings=[small] if small else [], auto=auto).to_json()
     result["isotropy"] = {name: value.to_json() for name, value in result["isotropy"].items()}
     result["caveat"] = ISOTROPY_CAVEAT
     return result
-
-
-def _mean_scores(pairs: list[dict]) -> dict[str, float]:
-    """Each calibration's Spearman averaged over the labelled pair sets (NaN where one failed)."""
-    names = {name for entry in pairs for name in entry["spearman"]}
-    return {name: float(np.mean([entry["spearman"].get(name, math.nan) for entry in pairs])) for name in names}
 
 
 def _frequency(encoder, sentences, sources: list[str], say) -> dict:

@@ -1,4 +1,4 @@
-"""The analysis figures as small PNG files, drawn headless (matplotlib's Agg backend)."""
+"""The analysis figures as small PNG files, drawn headless (matplotlib figures without pyplot)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,13 +13,13 @@ DPI = 100
 """Figures are 6.4 × 4 inches at this resolution."""
 
 
-def _pyplot():
-    matplotlib = require("matplotlib", "the figures of flowcore analyze", "analysis")
+def _figure(columns: int = 1, height: float = 3.4):
+    """A figure 6.4 inches wide and its axes; without pyplot it never opens a window nor needs a display."""
+    require("matplotlib", "the figures of flowcore analyze", "analysis")
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=True)  # headless: never opens a window, works without a display
-    import matplotlib.pyplot as plt
-
-    return plt
+    figure = Figure(figsize=(6.4, height))
+    return figure, figure.subplots(1, columns)
 
 
 def _save(figure, path) -> Path:
@@ -27,7 +27,6 @@ def _save(figure, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(path, dpi=DPI)
-    _pyplot().close(figure)
     return path
 
 
@@ -43,8 +42,7 @@ def cosine_histogram_figure(histograms: dict[str, list[int]], thresholds: dict[s
     Example:
         >>> cosine_histogram_figure({"none": iso.histogram}, {"none": iso.thresholds}, "cosines.png", "STS-B")
     """
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(6.4, 4))
+    figure, axes = _figure(height=4)
     for index, (name, counts) in enumerate(histograms.items()):
         counts = np.asarray(counts, dtype=np.float64)
         edges = np.linspace(-1.0, 1.0, len(counts) + 1)
@@ -73,8 +71,7 @@ def frequency_figure(buckets: dict[str, list[dict]], path, title: str, k: str = 
     Example:
         >>> frequency_figure({"wordfreq": [b.to_json() for b in stats]}, "frequency.png", "all-MiniLM-L6-v2")
     """
-    plt = _pyplot()
-    figure, (left, right) = plt.subplots(1, 2, figsize=(6.4, 3.4))
+    figure, (left, right) = _figure(columns=2)
     for index, (source, rows) in enumerate(buckets.items()):
         labels = [_bucket_label(row) for row in rows]
         positions = np.arange(len(rows))
@@ -102,8 +99,7 @@ def lexical_figure(bias: dict[str, float], path, title: str) -> Path:
     Example:
         >>> lexical_figure(lexical_bias({"gold": gold, "none": cosines}, distances), "lexical.png", "STS-B")
     """
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(6.4, 3.4))
+    figure, axes = _figure()
     names = list(bias)
     colors = ["0.6" if name == "gold" else f"C{index}" for index, name in enumerate(names)]
     bars = axes.bar(names, [bias[name] for name in names], color=colors)
@@ -115,7 +111,5 @@ def lexical_figure(bias: dict[str, float], path, title: str) -> Path:
 
 
 def _bucket_label(row: dict) -> str:
-    def short(value: int) -> str:
-        return f"{value // 1000}K" if value >= 1000 and value % 1000 == 0 else str(value)
-
-    return f"{short(row['start'])}–{short(row['stop'])}"
+    return "–".join(f"{value // 1000}K" if value >= 1000 and value % 1000 == 0 else str(value)
+                    for value in (row["start"], row["stop"]))

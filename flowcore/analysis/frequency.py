@@ -50,9 +50,8 @@ def token_embeddings(encoder) -> TokenEmbeddings:
     _, source = resolve_model(encoder.model_id)
     loaded = load(source, encoder.model_id, encoder.device, None)  # shared with the encoder: not reloaded
     weights = loaded.model.get_input_embeddings().weight.detach().float().cpu().numpy()
-    vocabulary = loaded.tokenizer.get_vocab()
     tokens = [""] * weights.shape[0]
-    for token, index in vocabulary.items():
+    for token, index in loaded.tokenizer.get_vocab().items():
         if index < len(tokens):
             tokens[index] = token
     return TokenEmbeddings(weights, tokens, frozenset(loaded.tokenizer.all_special_ids), loaded.tokenizer)
@@ -94,14 +93,10 @@ def corpus_ranks(tokenizer, sentences: list[str], vocabulary_size: int, special_
     """
     counts = Counter()
     for start in range(0, len(sentences), 1000):
-        encoded = tokenizer(sentences[start : start + 1000], add_special_tokens=False)["input_ids"]
-        for ids in encoded:
+        for ids in tokenizer(sentences[start : start + 1000], add_special_tokens=False)["input_ids"]:
             counts.update(ids)
-    frequencies = np.zeros(vocabulary_size)
-    for index, count in counts.items():
-        if index < vocabulary_size and index not in special_ids:
-            frequencies[index] = count
-    return _ranks(frequencies)
+    return _ranks(np.array([0 if index in special_ids else counts[index] for index in range(vocabulary_size)],
+                           dtype=np.float64))
 
 
 def _ranks(frequencies: np.ndarray) -> np.ndarray:

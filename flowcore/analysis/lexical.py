@@ -32,10 +32,8 @@ def edit_distances(sentences1: list[str], sentences2: list[str], unit: str = "wo
         raise ValueError(f"unknown edit-distance unit {unit!r}; choose from {', '.join(EDIT_UNITS)}")
     if len(sentences1) != len(sentences2):
         raise ValueError(f"{len(sentences1)} first sentences but {len(sentences2)} second ones")
-    if unit == "char":
-        return np.array([Levenshtein.distance(a, b) for a, b in zip(sentences1, sentences2)], dtype=np.int64)
-    return np.array([Levenshtein.distance(_WORDS.findall(a.lower()), _WORDS.findall(b.lower()))
-                     for a, b in zip(sentences1, sentences2)], dtype=np.int64)
+    units = (lambda text: text) if unit == "char" else (lambda text: _WORDS.findall(text.lower()))
+    return np.array([Levenshtein.distance(units(a), units(b)) for a, b in zip(sentences1, sentences2)], dtype=np.int64)
 
 
 def lexical_bias(similarities: dict[str, np.ndarray], distances: np.ndarray) -> dict[str, float]:

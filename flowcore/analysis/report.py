@@ -41,7 +41,7 @@ def write_report(analysis: dict, folder) -> dict[str, Path]:
             {source: entry["buckets"] for source, entry in analysis["frequency"].items()},
             folder / "frequency.png", f"token embeddings of {analysis.get('model')} by word frequency")
     for entry in analysis["pairs"]:
-        name = f"lexical-{_slug(entry['dataset'])}"
+        name = "lexical-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in entry["dataset"])
         paths[name] = lexical_figure(entry["lexical_bias"], folder / f"{name}.png",
                                      f"similarity vs {entry['edit_unit']} edit distance, {entry['dataset']}")
     document = {**analysis, "figures": {name: path.name for name, path in paths.items()}}
@@ -94,8 +94,3 @@ def summary_markdown(analysis: dict) -> str:
 
 def _share(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
-

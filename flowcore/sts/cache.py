@@ -86,10 +86,9 @@ class EmbeddingCache:
         """
         model, pooling = str(encoder.model_id), str(encoder.pooling)
         model = os.path.abspath(model) if os.path.isdir(model) else model  # a local folder: by its absolute path
-        if getattr(encoder, "max_length", None) is not None:
-            pooling = f"{pooling}@max_length={encoder.max_length}"
-        if getattr(encoder, "quantize", None) is not None:
-            pooling = f"{pooling}@quantize={encoder.quantize}"
+        for option in ("max_length", "quantize"):
+            if (value := getattr(encoder, option, None)) is not None:
+                pooling = f"{pooling}@{option}={value}"
         known = self._known(model, pooling, int(encoder.dim))
         missing = [s for s in dict.fromkeys(sentences) if s not in known]
         if missing:

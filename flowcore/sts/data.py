@@ -132,12 +132,7 @@ def fit_corpus_sentences(data_dir, dataset: str, fit_corpus: str) -> tuple[str, 
 
 
 class BadRecord(ValueError):
-    """One bad record's problem; the loaders add the location (`path`: its file, if not the one read;
-    `lines`: the physical lines it spans)."""
-
-    def __init__(self, message: str, path: Path | None = None, lines: int = 1):
-        super().__init__(message)
-        self.path, self.lines = path, lines
+    """One bad record's problem; the loaders add its file and line."""
 
 
 def checked_score(value, label: str = "score", column: str = "") -> float:
@@ -180,22 +175,20 @@ def semeval_pairs(input_path: Path, gold_path: Path,
     if len(inputs) != len(golds):
         raise STSDataError(f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}; they must align")
     for line, gold in zip(inputs, golds):
-        try:
+        try:  # `where`: the file of the problem found
             for where, entry in ((input_path, line), (gold_path, gold)):
                 if (problem := entry.problem or entry.too_long) is not None:
-                    raise BadRecord(problem, where)
+                    raise BadRecord(problem)
             if not gold.text.strip():
                 continue  # an unscored pair
-            columns = line.text.split("\t")
+            where, columns = input_path, line.text.split("\t")
             if len(columns) < 2:
                 raise BadRecord("expected two tab-separated sentences")
             first, second = (checked_sentence(columns[i], f"column {i + 1}") for i in (0, 1))
-            try:
-                score = checked_score(gold.text.strip(), "gold score")
-            except BadRecord as bad:
-                raise BadRecord(str(bad), gold_path) from None
+            where = gold_path
+            score = checked_score(gold.text.strip(), "gold score")
         except BadRecord as bad:
-            on_bad(bad.path or input_path, line.number, str(bad))
+            on_bad(where, line.number, str(bad))
             continue
         yield first, second, score
 

@@ -35,7 +35,6 @@ def score_pairs(similarities: np.ndarray, pairs: STSPairs) -> dict:
     folder) also per subset and all three aggregations (`spearman`/`pearson` are the `all`
     aggregation, the others are under `*_wmean`, `*_mean`)."""
     result = {**correlations(similarities, pairs.scores), "n_pairs": len(pairs)}
-    # your own pairs have subsets when they are a SentEval folder of several files
     own_subsets = pairs.source is not None and len(set(pairs.subsets)) > 1
     if pairs.dataset not in MULTI_SUBSET and not own_subsets:
         result["aggregation"] = "single"

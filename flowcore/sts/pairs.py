@@ -175,8 +175,8 @@ def _tsv_records(path: Path, collector: _Collector):
 
 
 def _csv_records(path: Path, collector: _Collector):
-    """(number of its first line, fields) of each non-blank CSV record, or (number, BadRecord) when broken
-    or spanning several lines (one pair per line: a quote left open would swallow the next lines)."""
+    """(number of its first line, fields) of each non-blank CSV record; one broken or spanning several lines
+    is bad (one pair per line: a quote left open would swallow the next lines)."""
     lines = _text_lines(path, collector)
     state = {"start": None, "last": 0}
 
@@ -199,10 +199,10 @@ def _csv_records(path: Path, collector: _Collector):
         start, last = state["start"] or state["last"], state["last"]
         if last > start:
             detail = f" ({problem})" if problem is not None else ""
-            yield start, BadRecord(f"quoted field spans lines {start}-{last}{detail}; unbalanced quote? "
-                                   "(pairs files hold one pair per line)", lines=last - start + 1)
+            collector.bad(start, f"quoted field spans lines {start}-{last}{detail}; unbalanced quote? "
+                          "(pairs files hold one pair per line)", lines=last - start + 1)
         elif problem is not None:
-            yield start, BadRecord(f"broken CSV: {problem}")
+            collector.bad(start, f"broken CSV: {problem}")
         elif any(field.strip() for field in fields):
             yield start, fields
 
@@ -239,9 +239,6 @@ def _delimited_rows(path: Path, columns: PairColumns | None, collector: _Collect
     if columns is not None and columns.by_position:
         keys = indices = columns.keys
     for number, fields in records:
-        if isinstance(fields, BadRecord):
-            collector.bad(number, str(fields), lines=fields.lines)
-            continue
         if indices is None:  # the first record: a header, or the first pair of a headerless file
             lowered = {field.strip().lower() for field in fields}
             if columns is None and len(fields) >= 3 and _is_number(fields[2]) and not lowered & set(SCORE_NAMES):

@@ -238,9 +238,8 @@ def _score_in_processes(scorer: _Scorer, prepared: list[_Dataset], workers: int)
 
 
 def _start_worker() -> None:
-    """A forked worker ends on the pool's SIGTERM whatever handler the parent had (Ray's, inherited,
-    drains its node over a connection a fork cannot use, and the pool waited forever), leaves Ctrl-C
-    to the parent, and trains on one thread."""
+    """A forked worker ends on the pool's SIGTERM (an inherited handler, e.g. Ray's, could hang the pool),
+    leaves Ctrl-C to the parent, and trains on one thread."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     use_threads_in_this_process()

@@ -103,13 +103,18 @@ def markdown_table(records: list[dict], aggregation: str = "all") -> str:
         raise ValueError(f"unknown aggregation {aggregation!r}; choose from {', '.join(AGGREGATIONS)}")
     present = list(dict.fromkeys(r["dataset"] for r in records))
     columns = [d for d in DATASETS if d in present] + [d for d in present if d not in DATASETS]
-    rows: dict[str, dict[str, float | None]] = {}
+    rows: dict[str, list[float | None]] = {}
     for record in records:
-        rows.setdefault(row_label(record), {})[record["dataset"]] = spearman_of(record, aggregation)
-    lines = ["| encoder + calibration | " + " | ".join(columns) + " | Avg. |",
+        cells = rows.setdefault(row_label(record), [None] * len(columns))
+        cells[columns.index(record["dataset"])] = spearman_of(record, aggregation)
+    return _table("encoder + calibration", columns, rows)
+
+
+def _table(corner: str, columns: list[str], rows: dict[str, list]) -> str:
+    """A markdown table of `rows` ({label: a cell per column}) and their average (n/a where one is)."""
+    lines = [f"| {corner} | " + " | ".join(columns) + " | Avg. |",
              "| --- |" + " ---: |" * (len(columns) + 1)]
-    for label, values in rows.items():
-        cells = [values.get(d) for d in columns]
+    for label, cells in rows.items():
         numbers = [v for v in cells if v is not None and not math.isnan(v)]
         average = sum(numbers) / len(numbers) if len(numbers) == len(columns) else None
         lines.append(f"| {label} | " + " | ".join(number_cell(v) for v in cells + [average]) + " |")
@@ -142,27 +147,20 @@ def write_json(records: list[dict], path, **header) -> None:
 def published_table(records: list[dict], aggregation: str) -> str | None:
     """The `PUBLISHED` rows for the encoders and poolings of `records` under `aggregation`, as a
     markdown table with the same dataset columns, or None when none matches."""
-    present = list(dict.fromkeys(r["dataset"] for r in records))
+    present = {r["dataset"] for r in records}
     columns = [d for d in DATASETS if d in present]
-    if not columns:
-        return None
     encoders = {(_model_name(r["model"]), r["pooling"]) for r in records}
     sick = {r.get("split") for r in records if r["dataset"] == "SICK-R"}
-    lines = []
+    rows = {}
     for published in PUBLISHED:
         if published.aggregation != aggregation or not any(
                 model in published.models and pooling == published.pooling for model, pooling in encoders):
             continue
-        values = dict(zip(DATASETS, published.spearman))
-        cells = [values[d] for d in columns]
         label = f"{published.source}: {published.row}"
         if "SICK-R" in columns and published.sick_split not in sick:
             label += f" (SICK-R: {'all 9927' if published.sick_split == 'all' else '4927 test'} pairs)"
-        lines.append(f"| {label} | " + " | ".join(number_cell(v) for v in cells + [sum(cells) / len(cells)]) + " |")
-    if not lines:
-        return None
-    return "\n".join(["| published, same protocol | " + " | ".join(columns) + " | Avg. |",
-                      "| --- |" + " ---: |" * (len(columns) + 1), *lines])
+        rows[label] = [published.spearman[DATASETS.index(d)] for d in columns]
+    return _table("published, same protocol", columns, rows) if columns and rows else None
 
 
 def _model_name(model: str) -> str:
