@@ -14,9 +14,8 @@ import sys
 
 __version__ = "0.1.0"
 
-# Python started in a flowcore checkout has the checkout on `sys.path`, where `kernels/` would pass for
-# Hugging Face's `kernels` package, which transformers imports: drop that entry (only `flowcore.kernels`
-# may load the folder).
+# Python started in a flowcore checkout has it on `sys.path`, where `kernels/` would pass for Hugging Face's
+# `kernels` package (which transformers imports): drop that entry; only `flowcore.kernels` loads the folder.
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isfile(os.path.join(_CHECKOUT, "setup.py")) and os.path.isdir(os.path.join(_CHECKOUT, "kernels", "triton")):
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _CHECKOUT]

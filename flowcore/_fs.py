@@ -1,8 +1,5 @@
-"""Durable file writes shared by every package: atomic replace, directory fsync, file hashes.
-
-A file written with `atomic_write` is either the old content or the whole new content, never a
-torn mix, even across a power cut.
-"""
+"""Durable file writes shared by every package: atomic replace (the old content or the whole new one,
+even across a power cut), directory fsync, file hashes."""
 from __future__ import annotations
 
 import errno

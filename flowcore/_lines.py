@@ -72,9 +72,8 @@ class Line(NamedTuple):
 
 
 def require_file(path: str | os.PathLike, error: type[Exception] | None = None) -> None:
-    """An error unless `path` is a regular file (or a link to one), saying what it is: missing
-    (FileNotFoundError), a folder (IsADirectoryError), a pipe, socket or device (ValueError), or
-    unreadable (OSError); `error`: raise this type instead."""
+    """An error saying what `path` is unless a regular file (or a link to one): FileNotFoundError, IsADirectoryError,
+    ValueError (a pipe, socket or device) or OSError (unreadable); `error`: raise this type instead."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -103,9 +102,8 @@ def check_encoding(path: str | os.PathLike) -> None:
 
 
 def read_line(handle: BinaryIO, limit: int) -> tuple[bytes, int]:
-    """The next line of `handle` (with its ending), or its first `limit` bytes (cut at a UTF-8
-    character boundary) when it is longer, the rest being read past in bounded blocks; and its
-    whole length in bytes. (b"", 0) at the end of the file."""
+    """The next line of `handle` (with its ending) and its length in bytes; a longer line than `limit` as its
+    start, cut at a character boundary, the rest read past in bounded blocks. (b"", 0) at the end of the file."""
     raw = handle.readline(limit)
     if len(raw) < limit or raw.endswith(b"\n"):
         return raw, len(raw)
@@ -140,11 +138,10 @@ def iter_lines(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Itera
             if not whole:
                 return
             length = whole if whole > len(raw) else None  # cut: its whole length
-            start = offset
+            if offset == 0:
+                raw = raw.removeprefix(_BOM)
             offset += whole
             line += 1
-            if start == 0 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
             raw = raw.removesuffix(b"\n").removesuffix(b"\r")
             nul = raw.find(b"\0")
             nul = None if nul < 0 else nul

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 __all__ = [
     "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE", "BATCH_SIZE",
-    "CALIBRATION", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES", "LINE_BYTES",
-    "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS",
-    "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
+    "CALIBRATION", "CHECK_BLOCK_ROWS", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
+    "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS",
+    "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -44,12 +44,13 @@ TRANSFORM_CHUNK_ROWS = 65536
 """Rows a calibrator maps at a time (bounds its working memory)."""
 STAT_BLOCK_ROWS = 8192
 """Rows per block when statistics are summed over a corpus."""
+CHECK_BLOCK_ROWS = 65536
+"""Rows checked for NaN/Inf at a time (the temporary mask stays small)."""
 CPU_BLOCK_BYTES = 6 << 20
 """About this many bytes of activations per block of CPU flow inference."""
 LINE_BYTES = 16 << 20
-"""The most bytes of one line of a text file held in memory: the rest of a longer line is skipped
-as it is read. A plain-text line keeps its start (more than any encoder reads); a line of a
-structured format (jsonl, CSV, STS pairs) is rejected, its structure being lost."""
+"""The most bytes of one line of a text file held in memory, the rest being skipped as read: a plain-text
+line keeps its start (more than any encoder reads), a jsonl, CSV or STS pairs line is rejected."""
 
 # --- the calibration
 CALIBRATION = "auto"

@@ -124,11 +124,4 @@ def side_by_side(workers: int, run: Callable[[Item], None], items: Iterable[Item
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(workers) as pool:
-        running = [pool.submit(run, item) for item in items]
-        try:
-            for task in running:
-                task.result()
-        except BaseException:
-            for task in running:
-                task.cancel()
-            raise
+        list(pool.map(run, items))  # results in item order: the first failure cancels the items not started

@@ -7,16 +7,14 @@ import warnings
 import numpy as np
 import torch
 
-__all__ = ["NonFiniteOutputError", "as_tensor", "check_matrix", "check_output", "lone_surrogate"]
+from flowcore import defaults
 
-_CHECK_BLOCK_ROWS = 65536
-"""Rows checked at a time by `check_output` (its temporary mask stays small)."""
+__all__ = ["NonFiniteOutputError", "as_tensor", "check_matrix", "check_output", "lone_surrogate"]
 
 
 class NonFiniteOutputError(ValueError):
-    """A calibrator mapped finite rows to NaN/Inf (values too large for its arithmetic, e.g. near
-    3.4e38 in float32). `rows`: their 0-based numbers; `output`: the whole result as computed, those
-    rows included, so that a batch job can reject just those rows and keep the others."""
+    """A calibrator mapped finite rows to NaN/Inf (values too large for its arithmetic). `rows`: their
+    0-based numbers; `output`: the whole result, so that a batch job can reject just those rows."""
 
     def __init__(self, message: str, rows: np.ndarray, output: np.ndarray):
         super().__init__(message)
@@ -26,17 +24,15 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def lone_surrogate(text: str) -> int | None:
-    """The position of the first lone surrogate in `text` (a JSON "\\ud800" escape, or bytes decoded
-    with "surrogateescape"), which is not Unicode text and which no UTF-8 writer or tokenizer
-    accepts; None when there is none."""
+    """The position of the first lone surrogate in `text` (a JSON "\\ud800" escape, or bytes decoded with
+    "surrogateescape"), which no UTF-8 writer or tokenizer accepts; None when there is none."""
     match = _SURROGATE.search(text)
     return match.start() if match else None
 
 
 def as_tensor(X, name: str = "X") -> torch.Tensor:
-    """`X` (tensor, numpy array or memory map) as a tensor sharing its memory: a memory map stays
-    one. An array in the other byte order (a big-endian .npy on a little-endian machine) is
-    converted, which is a copy. Raises ValueError when X is not numeric."""
+    """`X` (tensor, numpy array or memory map) as a tensor sharing its memory, except an array in the other
+    byte order (a big-endian .npy), which is converted. Raises ValueError when X is not numeric."""
     if isinstance(X, torch.Tensor):
         return X
     array = np.asarray(X)
@@ -51,15 +47,12 @@ def as_tensor(X, name: str = "X") -> torch.Tensor:
 
 def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X",
                  row_offset: int = 0) -> torch.Tensor:
-    """Return `X` as a 2-D tensor (no copy where possible) after checking shape and finiteness.
-
-    Raises ValueError naming the problem: not 2-D, wrong width, too few rows, or the rows
-    holding NaN/Inf (numbered from `row_offset`, for callers that check a chunk at a time).
-    """
+    """`X` as a 2-D tensor (no copy where possible), or a ValueError naming the problem: not 2-D, wrong
+    width, too few rows, or the rows holding NaN/Inf (numbered from `row_offset`, for a chunk at a time)."""
     tensor = as_tensor(X, name)
     if tensor.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows x features), got shape {tuple(tensor.shape)}")
-    if not (tensor.is_floating_point()):
+    if not tensor.is_floating_point():
         tensor = tensor.to(torch.get_default_dtype())
     if dim is not None and tensor.shape[1] != dim:
         raise ValueError(f"{name} has {tensor.shape[1]} features per row but the flow expects {dim}")
@@ -75,11 +68,10 @@ def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X
 
 
 def check_output(output: np.ndarray, name: str = "X", row_offset: int = 0) -> np.ndarray:
-    """`output`, a calibrator's result for finite rows of `name`, returned as it is unless a row
-    holds NaN/Inf: then `NonFiniteOutputError` naming those rows (numbered from `row_offset`) and
-    carrying `output`. The Python API raises it; the batch engines reject just those rows."""
-    bad = [start + np.flatnonzero(~np.isfinite(output[start:start + _CHECK_BLOCK_ROWS]).all(axis=1))
-           for start in range(0, len(output), _CHECK_BLOCK_ROWS)]
+    """`output`, a calibrator's result for finite rows of `name`, unless a row holds NaN/Inf: then
+    `NonFiniteOutputError` naming those rows (numbered from `row_offset`) and carrying `output`."""
+    bad = [start + np.flatnonzero(~np.isfinite(output[start:start + defaults.CHECK_BLOCK_ROWS]).all(axis=1))
+           for start in range(0, len(output), defaults.CHECK_BLOCK_ROWS)]
     bad = np.concatenate(bad) if bad else np.empty(0, dtype=np.intp)
     if len(bad):
         shown = ", ".join(str(int(i) + row_offset) for i in bad[:5])

@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from functools import partial
+
+from flowcore.extras import MissingExtraError
 
 SUBCOMMANDS = ("fit", "encode", "calibrate", "sts", "export", "analyze")
 
@@ -12,10 +15,10 @@ class CLIError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def check_device(name: str | None) -> str | None:
-    """`--device` as given, after checking that torch knows it and that it exists here."""
+def check_device(name: str | None) -> None:
+    """A `CLIError` unless `--device` (every subcommand has it) is unset or a torch device that exists here."""
     if name is None:
-        return None
+        return
     import torch
 
     try:
@@ -24,34 +27,30 @@ def check_device(name: str | None) -> str | None:
         raise CLIError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CLIError(f"--device {name}: this torch build or machine has no CUDA GPU; use --device cpu")
-    return name
 
 
 def build_parser() -> argparse.ArgumentParser:
     from flowcore import __version__
+    from flowcore.cli.arguments import HelpFormatter
 
     parser = argparse.ArgumentParser(
         prog="flowcore",
         description="Calibrate sentence embeddings with an unsupervised normalizing flow (BERT-flow).",
     )
     parser.add_argument("--version", action="version", version=f"flowcore {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                       parser_class=partial(argparse.ArgumentParser, formatter_class=HelpFormatter))
     for name in SUBCOMMANDS:
         importlib.import_module(f"flowcore.cli.{name}").register(subparsers)
-    from flowcore.cli.arguments import HelpFormatter
-
-    for subparser in subparsers.choices.values():
-        subparser.formatter_class = HelpFormatter  # one rule for defaults in every --help
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flowcore.extras import MissingExtraError
-
     args = build_parser().parse_args(argv)
     try:
+        check_device(args.device)
         return int(args.func(args) or 0)
-    except (CLIError, MissingExtraError, ValueError, FileNotFoundError, OSError) as error:
+    except (CLIError, MissingExtraError, ValueError, OSError) as error:
         print(f"flowcore {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:  # a batch job's JobInterrupted says where it stopped, and by which signal

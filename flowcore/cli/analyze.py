@@ -6,7 +6,7 @@ import os
 import sys
 
 from flowcore import defaults
-from flowcore.cli import CLIError, check_device
+from flowcore.cli import CLIError
 from flowcore.cli.arguments import (
     add_calibration_arguments,
     add_encoding_arguments,
@@ -23,7 +23,8 @@ from flowcore.cli.arguments import (
     show_progress,
 )
 from flowcore.sts.baselines import CALIBRATIONS
-from flowcore.sts.data import DATASETS
+from flowcore.sts.data import DATASETS, fit_corpus_sentences, load_test, read_sentence_file
+from flowcore.sts.pairs import load_pairs_files
 
 __all__ = ["register", "run"]
 
@@ -74,7 +75,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_device(args.device)
     check_positive(("--random-pairs", args.random_pairs), ("--batch-size", args.batch_size))
     settings = calibration_settings(args)
     frequency = [] if "none" in args.frequency else args.frequency
@@ -93,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
     # Deferred: these import torch, which the CLI's start-up does without.
     from flowcore.analysis.analyze import analyze
     from flowcore.analysis.report import write_report
-    from flowcore.sts.data import fit_corpus_sentences, load_test, read_sentence_file
-    from flowcore.sts.pairs import load_pairs_files
+    from flowcore.batch.vector_sources import NpyMatrix
 
     if args.model is None and args.embeddings is not None:  # no encoder: only the vectors' isotropy
         if args.pairs:
@@ -112,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.input is not None:
         sentences, name = read_sentence_file(args.input), os.path.basename(args.input)
     elif args.embeddings is not None:
-        vectors, name = _load_vectors(args.embeddings), os.path.basename(args.embeddings)
+        vectors, name = NpyMatrix(args.embeddings).read(), os.path.basename(args.embeddings)
         if encoder is not None and vectors.shape[1] != encoder.dim:
             raise CLIError(f"--embeddings {args.embeddings} holds {vectors.shape[1]}-wide vectors but "
                            f"{encoder.model_id} gives {encoder.dim}: use the --model that made them")
@@ -134,17 +133,3 @@ def run(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-def _load_vectors(path):
-    """Stored vectors, memory-mapped; a file numpy cannot read is a one-line error."""
-    from tokenize import TokenError
-
-    import numpy as np
-
-    try:
-        vectors = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, SyntaxError, TokenError) as error:  # numpy parses the header as Python literals
-        raise CLIError(f"--embeddings {path}: not a readable .npy file ({' '.join(str(error).split())})") from None
-    if vectors.ndim != 2:
-        raise CLIError(f"--embeddings {path}: expected a 2-D (rows, dim) array, got shape {vectors.shape}")
-    return vectors

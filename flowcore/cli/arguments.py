@@ -18,13 +18,12 @@ from flowcore.sts.pairs import PairColumns
 __all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_calibration_arguments", "add_device_argument",
            "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments", "add_progress_arguments",
            "add_quantize_argument", "add_renamed", "calibration_settings", "check_data_dir", "check_input",
-           "check_output", "check_positive", "comma_files", "comma_names", "embedding_cache", "pair_columns",
+           "check_output", "check_positive", "comma_names", "embedding_cache", "pair_columns",
            "quantize_options", "show_progress"]
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
-    """`out` checked before any work (kind, parent folder, none of `inputs`, one of `suffixes`), as a
-    `CLIError` naming it."""
+    """`out` as a Path, checked before any work: its kind, its folder, none of `inputs`, one of `suffixes`."""
     path = Path(out)
     if folder and path.exists() and not path.is_dir():
         raise CLIError(f"{flag} {out} is an existing file; give a folder to write into")
@@ -34,9 +33,7 @@ def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = 
         raise CLIError(f"{flag} {out}: the folder {path.absolute().parent} does not exist")
     if suffixes and path.suffix.lower() not in suffixes:
         raise CLIError(f"{flag} {out} must end in {' or '.join(suffixes)}")
-    for source in inputs:
-        if source is None:
-            continue
+    for source in filter(None, inputs):
         try:  # the same path, a symlink to it, or a hard link
             same = os.path.samefile(path, source)
         except OSError:  # one of them does not exist (yet)
@@ -47,8 +44,7 @@ def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = 
 
 
 def check_input(path, flag: str) -> None:
-    """A `CLIError` naming `flag` unless `path` is a regular file: missing, a folder, a pipe or a
-    device, each named as what it is (`flowcore._lines.require_file`)."""
+    """A `CLIError` naming `flag` unless `path` is a regular file, saying what it is instead."""
     if not os.path.lexists(path):
         raise CLIError(f"{flag} {path}: no such file")
     try:
@@ -88,11 +84,6 @@ def comma_names(text: str, allowed: tuple[str, ...] | None, what: str) -> list[s
     return list(dict.fromkeys(names))
 
 
-def comma_files(text: str) -> list[str]:
-    """Comma-separated pairs files."""
-    return _comma_list(text, "pairs file")
-
-
 def pair_columns(text: str) -> PairColumns:
     """`--pairs-columns S1,S2,SCORE` (names or positions)."""
     try:
@@ -125,12 +116,9 @@ class _Renamed(argparse.Action):
 def add_renamed(parser, old: str, new: str) -> None:
     """Accept `old` as a hidden alias of the flag `new`: the same destination, type, choices or switch."""
     action = next(action for action in parser._actions if new in action.option_strings)
-    if action.nargs == 0:  # a switch
-        values = {"nargs": 0, "const": action.const}
-    else:
-        values = {"type": action.type, "choices": action.choices}
     parser.add_argument(old, dest=action.dest, action=_Renamed, new=new, default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS, **values)
+                        help=argparse.SUPPRESS, nargs=action.nargs, const=action.const, type=action.type,
+                        choices=action.choices)
 
 
 def add_progress_arguments(parser) -> None:
@@ -193,7 +181,8 @@ def embedding_cache(args: argparse.Namespace):
 
 def add_pairs_arguments(parser: argparse.ArgumentParser, pairs_help: str) -> None:
     """--pairs (what they are for: `pairs_help`), --pairs-columns, --skip-bad and --data-dir (`sts`, `analyze`)."""
-    parser.add_argument("--pairs", default=None, action="extend", type=comma_files, metavar="FILE[,FILE...]",
+    parser.add_argument("--pairs", default=None, action="extend", type=lambda text: _comma_list(text, "pairs file"),
+                        metavar="FILE[,FILE...]",
                         help=f"{pairs_help}: .tsv, .csv, .jsonl, or SentEval pairs (STS.input.<name>.txt with its "
                         "STS.gs.<name>.txt beside it, or a folder of them); blank lines are ignored")
     parser.add_argument("--pairs-columns", default=None, type=pair_columns, metavar="S1,S2,SCORE",
@@ -224,8 +213,7 @@ def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def calibration_settings(args: argparse.Namespace, **flow_settings):
-    """The checked `CalibrationSettings` of `add_calibration_arguments`' flags, --seed, --device and
-    `flow_settings`."""
+    """The checked `CalibrationSettings` of `add_calibration_arguments`' flags, --seed, --device and `flow_settings`."""
     check_positive(("--whitening-dim", args.whitening_dim), ("--abtt-k", args.abtt_k))
     if not 0 <= args.whitening_power <= 1:
         raise CLIError(f"--whitening-power must be from 0 to 1 (0.5: full whitening), got {args.whitening_power}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 
 from flowcore import defaults
-from flowcore.cli import check_device
 from flowcore.cli.arguments import (
     add_device_argument,
     add_progress_arguments,
@@ -95,7 +94,6 @@ def job_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_device(args.device)
     if args.engine == "ray":
         from flowcore.ray import calibrate_ray
 

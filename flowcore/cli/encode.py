@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from flowcore import defaults
-from flowcore.cli import check_device
+from flowcore._fs import atomic_write, write_error
+from flowcore._lines import iter_lines, require_file
 from flowcore.cli.arguments import (
     add_encoder_arguments,
     add_progress_arguments,
@@ -42,12 +43,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from flowcore._fs import atomic_write, write_error
     from flowcore.text.encoder import Encoder
 
     check_output(args.out, inputs=[args.input], suffixes=(".npy",))
     sentences, unusable = read_sentences(args.input)
-    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=check_device(args.device),
+    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=args.device,
                       **quantize_options(args))
     embeddings = np.full((len(sentences), encoder.dim), np.nan, dtype=np.float32)
     good = [row for row, text in enumerate(sentences) if text is not None]
@@ -75,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
 def read_sentences(path: str) -> tuple[list[str | None], dict[str, list[int]]]:
     """The lines of `path` (row i is line i; None where a line is not valid UTF-8 or holds a NUL byte)
     and the numbers of those lines by problem, read by `flowcore._lines`."""
-    from flowcore._lines import iter_lines, require_file
-
     require_file(path)
     lines = list(iter_lines(path))
     if not lines:

@@ -6,8 +6,11 @@ import argparse
 import sys
 
 from flowcore import defaults
-from flowcore.cli import CLIError, check_device
+from flowcore.calibration.base import create, load
+from flowcore.calibration.corpus_size import small_corpus_warning
+from flowcore.cli import CLIError
 from flowcore.cli.arguments import add_device_argument, add_progress_arguments, add_renamed, check_output
+from flowcore.cli.fit import encode_sample
 from flowcore.text.pooling import NAMED_POOLINGS
 
 
@@ -54,10 +57,6 @@ def register(subparsers) -> None:
 
 
 def _fit_whitening(args):
-    from flowcore.calibration.base import create
-    from flowcore.calibration.corpus_size import small_corpus_warning
-    from flowcore.cli.fit import encode_sample
-
     settings = {"dim": args.whitening_dim, "power": args.whitening_power}
     whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
     vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr, model=args.model or defaults.MODEL,
@@ -71,11 +70,9 @@ def _fit_whitening(args):
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.out, inputs=[args.calibrator, args.whitening], folder=True)
-    check_device(args.device)
-    if args.calibrator is not None and any(value is not None for value in (args.whitening_dim, args.whitening_power,
-                                                                     args.max_rows)):
+    whitening_only = (args.whitening_dim, args.whitening_power, args.max_rows)
+    if args.calibrator is not None and any(value is not None for value in whitening_only):
         raise CLIError("--whitening-dim, --whitening-power and --max-rows apply to --whitening, not to --calibrator")
-    from flowcore.calibration.base import load
     from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
 
     if args.whitening is not None:
@@ -86,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
         what = f"{calibrator.name} {args.calibrator}"
     out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
                  max_length=args.max_length)
-    load = f"flowcore.integrations.sentence_transformers.load_model({out!r})  (needs flowcore installed; " \
-        "SentenceTransformer(..., trust_remote_code=True) would trust every file in the folder)" \
-        if needs_trust_remote_code(out) else f"SentenceTransformer({out!r})"
-    print(f"wrote {out} ({what}); load it with {load}")
+    how = (f"flowcore.integrations.sentence_transformers.load_model({out!r})  (needs flowcore installed; "
+           "SentenceTransformer(..., trust_remote_code=True) would trust every file in the folder)"
+           if needs_trust_remote_code(out) else f"SentenceTransformer({out!r})")
+    print(f"wrote {out} ({what}); load it with {how}")
     return 0

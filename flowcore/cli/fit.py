@@ -4,6 +4,7 @@ killed run resumes to the same model (docs/batch.md)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -11,16 +12,17 @@ from pathlib import Path
 import numpy as np
 
 from flowcore import defaults
-from flowcore.calibration.base import NAMES
+from flowcore.calibration.base import NAMES, create, setting_names
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
 from flowcore.calibration.moments import row_blocks
 from flowcore.calibration.recipes import RECIPES
-from flowcore.cli import CLIError, check_device
+from flowcore.cli import CLIError
 from flowcore.cli.arguments import (
     add_device_argument,
     add_progress_arguments,
     add_quantize_argument,
     add_renamed,
+    check_input,
     check_output,
     check_positive,
     quantize_options,
@@ -46,10 +48,9 @@ def register(subparsers) -> None:
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")
     parser.add_argument("--out", type=Path, required=True, help="where to write the calibrator file")
     parser.add_argument("--calibration", default=defaults.CALIBRATION, choices=NAMES,
-                        help=f"the calibration fitted (default: {defaults.CALIBRATION}): auto (whitening of the "
-                        "leading directions or none, chosen by the hubness of the vectors' 10-NN graph on a seeded "
-                        "sample; --seed), whitening (BERT-whitening), zca, center (mean-centring), abtt "
-                        "(all-but-the-top), none (the raw vectors) or flow (a Glow)")
+                        help="auto (whitening of the leading directions or none, chosen by the hubness of the "
+                        "vectors' 10-NN graph on a seeded sample; --seed), whitening (BERT-whitening), zca, center "
+                        "(mean-centring), abtt (all-but-the-top), none (the raw vectors) or flow (a Glow)")
     method = parser.add_argument_group("whitening and abtt (--calibration whitening, abtt)")
     method.add_argument("--whitening-power", type=float, default=None, metavar="GAMMA",
                         help="whitening's power: x -> (x - mean) U L^-GAMMA; 0.5 (the default) is full whitening, "
@@ -106,10 +107,8 @@ def _load_embeddings(args) -> np.ndarray:
     from flowcore.batch.sampling import sample_row_numbers
     from flowcore.batch.vector_sources import NpyMatrix
 
-    try:
-        matrix = NpyMatrix(args.embeddings)
-    except FileNotFoundError:
-        raise CLIError(f"{args.embeddings}: no such file") from None
+    check_input(args.embeddings, "--embeddings")
+    matrix = NpyMatrix(args.embeddings)
     if args.max_rows is None or args.max_rows >= matrix.rows:
         return matrix.read()
     if args.max_rows < 2:
@@ -118,9 +117,8 @@ def _load_embeddings(args) -> np.ndarray:
 
 
 def encode_sample(path, args, skipped_to=None, **encoder_options):
-    """The vectors of a `--max-rows` sample of the corpus at `path` (skipped rows reported on
-    `skipped_to`, default stdout), the `Encoder(**encoder_options)` that made them, and their number
-    of distinct sentences."""
+    """The vectors of a `--max-rows` sample of the corpus at `path` (skipped rows reported on `skipped_to`),
+    the `Encoder(**encoder_options)` that made them, and their number of distinct sentences."""
     from flowcore.batch.rows import count_reasons
     from flowcore.batch.text_sources import sample_texts
     from flowcore.text.encoder import Encoder
@@ -143,12 +141,8 @@ def _encoder_options(args) -> dict:
 
 
 def _cached_corpus(args):
-    """The whole corpus's vectors as a memory map of the cache, the row numbers of its good rows
-    (None: all are good) and the `Encoder`. The cache is the batch job's .npy output (rejected
-    rows NaN, listed in CACHE.rejects.jsonl), resumable; a finished cache of the same corpus and
-    encoder is reused."""
-    import json
-
+    """The whole corpus's vectors, memory-mapped from the resumable cache (the batch job's .npy output,
+    reused when finished for the same corpus and encoder), its good rows (None: all) and the `Encoder`."""
     from flowcore.batch.job import CalibrationJob
     from flowcore.batch.pipeline import encode_with
     from flowcore.batch.text_sources import TextCorpus
@@ -186,8 +180,7 @@ def _cached_corpus(args):
 
 
 def _distinct_rows(data: np.ndarray, rows: np.ndarray | None) -> int:
-    """The number of distinct rows of `data` (of its `rows`, if given), counted up to all that the
-    small-corpus warning needs; reads the rows in blocks, so a memory-mapped file is never loaded whole."""
+    """Distinct rows of `data` (of its `rows`, if given), up to what the small-corpus warning needs, read in blocks."""
     seen: set[bytes] = set()
     for block in row_blocks(data, rows):
         for row in np.ascontiguousarray(block):
@@ -199,8 +192,6 @@ def _distinct_rows(data: np.ndarray, rows: np.ndarray | None) -> int:
 
 def _method_settings(args) -> dict:
     """The settings of `--calibration` from its options; an option of another one is a one-line error."""
-    from flowcore.calibration.base import setting_names
-
     if args.calibration != "flow":
         for name in _FLOW_OPTIONS:
             if getattr(args, name) is not None:
@@ -217,17 +208,13 @@ def _method_settings(args) -> dict:
 
 
 def run(args) -> int:
-    from flowcore.calibration.base import create
-
     check_output(args.out, inputs=[args.embeddings, args.input])
     if args.cache is not None:
         check_output(args.cache, inputs=[args.embeddings, args.input, args.out], suffixes=(".npy",), flag="--cache")
-    check_device(args.device)
     started = time.perf_counter()
     settings = _method_settings(args)
     check_positive(("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience))
-    # bad settings are refused before any encoding
-    calibrator = create(args.calibration, **settings) if args.calibration != "flow" else None
+    calibrator = create(args.calibration, **settings) if args.calibration != "flow" else None  # bad settings fail early
     rows = None  # the rows of data to fit on: all, unless the cache holds rejected rows
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
@@ -269,7 +256,6 @@ def _fit_flow(args, data, rows, encoder, fitted_rows: int) -> int:
     checkpoint = args.out.with_name(args.out.name + ".checkpoint")
     if args.restart:
         checkpoint.unlink(missing_ok=True)
-    # records the encoder and pooling (None: raw embeddings)
     calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, show_progress_bar=show_progress(args),
                    checkpoint_every=args.checkpoint_every or defaults.CHECKPOINT_EVERY, rows=rows, threads=args.threads)
     calibrator.save(args.out)

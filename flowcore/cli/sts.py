@@ -10,7 +10,7 @@ import time
 
 from flowcore import defaults
 from flowcore.calibration.recipes import RECIPES
-from flowcore.cli import CLIError, check_device
+from flowcore.cli import CLIError
 from flowcore.cli.arguments import (
     add_calibration_arguments,
     add_encoding_arguments,
@@ -28,8 +28,9 @@ from flowcore.cli.arguments import (
 )
 from flowcore.flows.configs import CONFIGS
 from flowcore.runtime import parallel_jobs
-from flowcore.sts.baselines import CALIBRATIONS, FLOW_INPUTS
+from flowcore.sts.baselines import CALIBRATIONS, FLOW_INPUTS, prefitted
 from flowcore.sts.data import DATASETS
+from flowcore.sts.pairs import load_pairs_files
 from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import (
     AGGREGATION_NOTES,
@@ -133,17 +134,13 @@ def register(subparsers) -> None:
                         "forked one-thread process; the results do not change with it (default: the CPUs this "
                         "process may use)")
     add_encoding_arguments(parser)
-    add_renamed(parser, "--flow", "--calibrator")
-    add_renamed(parser, "--flow-config", "--config")
-    add_renamed(parser, "--flow-recipe", "--recipe")
-    add_renamed(parser, "--flow-epochs", "--epochs")
-    add_renamed(parser, "--flow-lr", "--lr")
-    add_renamed(parser, "--flow-batch-size", "--train-batch-size")
+    for old, new in (("--flow", "--calibrator"), ("--flow-config", "--config"), ("--flow-recipe", "--recipe"),
+                     ("--flow-epochs", "--epochs"), ("--flow-lr", "--lr"), ("--flow-batch-size", "--train-batch-size")):
+        add_renamed(parser, old, new)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_device(args.device)
     # Deferred: the encoder imports torch; registering this subcommand at CLI start-up must not.
     from flowcore.text.encoder import Encoder
 
@@ -174,11 +171,10 @@ def run(args: argparse.Namespace) -> int:
     cache = embedding_cache(args)
     started = time.perf_counter()
     records = []
-    calibrations = args.calibration or comma_names(DEFAULT_CALIBRATIONS, CALIBRATIONS, "calibration")
+    calibrations = args.calibration or DEFAULT_CALIBRATIONS.split(",")
     fitted = None
     if args.calibrator is not None:
         from flowcore.calibration.flow_file import check_encoder_fits  # import torch: only with --calibrator
-        from flowcore.sts.baselines import prefitted
 
         given = prefitted(args.calibrator, device=args.device)
         name = given.calibrator.name
@@ -190,11 +186,7 @@ def run(args: argparse.Namespace) -> int:
         fitted = {name: given}
     progress = show_progress(args)
     with _progress_on_stderr(progress):
-        pairs = None
-        if args.pairs is not None:
-            from flowcore.sts.pairs import load_pairs_files
-
-            pairs = load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad)
+        pairs = None if args.pairs is None else load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad)
         for pooling in args.pooling:
             encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device,
                               **quantize_options(args))
@@ -205,7 +197,6 @@ def run(args: argparse.Namespace) -> int:
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
                                 settings=settings, cache=cache, batch_size=args.batch_size, show_progress_bar=progress,
                                 pairs=pairs, fitted=fitted, jobs=parallel_jobs(args.jobs))
-    seconds = time.perf_counter() - started
     if pairs is not None:
         print("Spearman x100 of cosine similarity on your pairs: "
               + ", ".join(f"{p.dataset} ({len(p)} pairs)" for p in pairs) + ".")
@@ -214,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
               f"SICK-R: {'all 9927 pairs' if args.sick_split == 'all' else '4927-pair test set'}.")
     _print_tables(records, args.aggregation)
     if args.json:
-        write_json(records, args.json, seconds=round(seconds, 1))
+        write_json(records, args.json, seconds=round(time.perf_counter() - started, 1))
         print(f"wrote {len(records)} records to {args.json}", file=sys.stderr)
     failed = [r for r in records if r.get("error")]
     if failed:
@@ -225,9 +216,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_tables(records: list[dict], aggregation: str) -> None:
-    """The table under `aggregation`, then under each other of `REPORTED` when STS12-16 are in it
-    (their only difference), each with the published figures of the same protocol under it, then
-    what auto chose."""
+    """The table under `aggregation`, then (with STS12-16, the only difference) under each other of `REPORTED`,
+    each followed by its protocol's published figures, then what auto chose."""
     shown = [aggregation]
     if any(r.get("aggregation") == "all" for r in records):  # a multi-subset dataset: the aggregations differ
         shown += [other for other in REPORTED if other != aggregation]
