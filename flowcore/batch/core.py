@@ -45,6 +45,11 @@ class JobMismatchError(ValueError):
 class InputChangedError(JobMismatchError):
     """The input changed while a job read it (appended, truncated, replaced, rewritten)."""
 
+    @classmethod
+    def while_read(cls, path, change: str) -> InputChangedError:
+        return cls(f"{path} changed while the job read it ({change}); the output so far is kept as it was, "
+                   "and a rerun is refused: add --restart to start over")
+
 
 def default_chunk_rows(source: TextCorpus | EmbeddingFile, dim: int) -> int:
     """Text: `defaults.TEXT_CHUNK_ROWS`; embeddings: a power of two of rows within `defaults.EMBEDDING_CHUNK_BYTES`."""

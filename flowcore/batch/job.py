@@ -89,42 +89,6 @@ class _Progress:
     rejects: dict[str, int] = field(default_factory=dict)
 
 
-class _ProgressFile:
-    """`OUT.progress.json`: the job's identity, row count and `_Progress`, replaced after each chunk."""
-
-    def __init__(self, path: Path, identity: dict):
-        self.path, self.identity = path, identity
-
-    def load(self) -> tuple[int, _Progress] | None:
-        """(rows, progress) of an unfinished earlier run of this job, or None."""
-        if not self.path.exists():
-            legacy, kind = self.path.with_name(self.path.name.replace(".progress.json", ".manifest.json")), None
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                kind = json.loads(legacy.read_text(encoding="utf-8")).get("format")
-            if kind == "flowcore-calibrate-manifest":
-                raise JobMismatchError(_EARLIER.format(legacy))
-            return None
-        try:
-            record = json.loads(self.path.read_text(encoding="utf-8"))
-            if record.get("format") != PROGRESS_FORMAT or record.get("version") != PROGRESS_VERSION:
-                raise ValueError("unknown progress file format")
-            recorded, rows, progress = record["job"], record["rows"], _Progress(**record["done"])
-            if not isinstance(recorded, dict) or not isinstance(rows, int):
-                raise ValueError("no job identity or row count")
-            fingerprinted = "fingerprint" in recorded["input"]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise JobMismatchError(f"{self.path}: unreadable progress file ({error}); "
-                                   "rerun with --restart to start over") from None
-        if not fingerprinted:
-            raise JobMismatchError(_EARLIER.format(self.path))
-        check_identity(recorded, self.identity, self.path, self.identity["input"]["path"])
-        return rows, progress
-
-    def commit(self, rows: int, progress: _Progress) -> None:
-        atomic_write_json(self.path, {"format": PROGRESS_FORMAT, "version": PROGRESS_VERSION, "job": self.identity,
-                                      "rows": rows, "done": progress.__dict__}, indent=1, sort_keys=True)
-
-
 class CalibrationJob:
     """Calibrate `source` into `out` (.npy or .parquet), resumably.
 
@@ -162,7 +126,7 @@ class CalibrationJob:
         self.transform = normalized(transform) if self.normalize else transform
         self.out = Path(out)
         self.format = detect_format(self.out, OUTPUT_FORMATS)
-        self.keep_columns = tuple(getattr(source, "keep_columns", ()))
+        self.keep_columns = source.keep_columns
         if self.format == "npy" and (self.keep_columns or vector_column is not None):
             raise ValueError(f"{out}: --keep-columns and --vector-column need .parquet output "
                              "(.npy holds the vectors only)")
@@ -199,8 +163,6 @@ class CalibrationJob:
             `JobMismatchError`/`InputChangedError` when an unfinished run cannot be resumed.
         """
         started = time.perf_counter()
-        if not self.out.parent.is_dir():
-            raise FileNotFoundError(f"output folder not found: {self.out.parent}")
         lock = OutputLock(self.out)
         with _writing(lock.path, advice="choose a writable output folder"):
             lock.acquire()
@@ -212,9 +174,38 @@ class CalibrationJob:
         summary.lock_taken_over = lock.took_over
         return summary
 
+    def _load_progress(self, identity: dict) -> tuple[int, _Progress] | None:
+        """(rows, progress) of an unfinished earlier run of the job `identity` (`OUT.progress.json`), or None."""
+        if not self.progress_path.exists():
+            kind = None  # an earlier flowcore recorded an unfinished run in OUT.manifest.json
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                kind = json.loads(self.manifest_path.read_text(encoding="utf-8")).get("format")
+            if kind == "flowcore-calibrate-manifest":
+                raise JobMismatchError(_EARLIER.format(self.manifest_path))
+            return None
+        try:
+            record = json.loads(self.progress_path.read_text(encoding="utf-8"))
+            if record.get("format") != PROGRESS_FORMAT or record.get("version") != PROGRESS_VERSION:
+                raise ValueError("unknown progress file format")
+            recorded, rows, progress = record["job"], record["rows"], _Progress(**record["done"])
+            if not isinstance(recorded, dict) or not isinstance(rows, int):
+                raise ValueError("no job identity or row count")
+            fingerprinted = "fingerprint" in recorded["input"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise JobMismatchError(f"{self.progress_path}: unreadable progress file ({error}); "
+                                   "rerun with --restart to start over") from None
+        if not fingerprinted:
+            raise JobMismatchError(_EARLIER.format(self.progress_path))
+        check_identity(recorded, identity, self.progress_path, identity["input"]["path"])
+        return rows, progress
+
+    def _commit_progress(self, identity: dict, rows: int, progress: _Progress) -> None:
+        atomic_write_json(self.progress_path, {"format": PROGRESS_FORMAT, "version": PROGRESS_VERSION, "job": identity,
+                                               "rows": rows, "done": progress.__dict__}, indent=1, sort_keys=True)
+
     def _run(self, started: float, stop: StopSignals) -> CalibrationSummary:
-        record = _ProgressFile(self.progress_path, self.identity())
-        earlier = None if self.restart else record.load()
+        identity = self.identity()
+        earlier = None if self.restart else self._load_progress(identity)
         rows, progress = earlier if earlier else (self.source.rows, _Progress())
         resumed_from = progress.rows
         if self.format == "npy":
@@ -241,9 +232,9 @@ class CalibrationJob:
                     output.open(resume=earlier is not None)
                     rejects.open(progress.rejects_bytes if earlier is not None else None)
                     if earlier is None:
-                        record.commit(rows, progress)
+                        self._commit_progress(identity, rows, progress)
                 with pinned_threads(self.threads):
-                    self._stream(output, rejects, record, rows, progress, stop)
+                    self._stream(output, rejects, identity, rows, progress, stop)
             if stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
                 raise JobInterrupted(progress.rows, stop.signum)
         with _writing(self.out):
@@ -269,7 +260,7 @@ class CalibrationJob:
                         description=self.description, threads=self.threads, chunk_rows=self.chunk_rows,
                         versions={"progress": PROGRESS_VERSION})
 
-    def _stream(self, output, rejects: RejectsLog, record: _ProgressFile, rows: int, progress: _Progress,
+    def _stream(self, output, rejects: RejectsLog, identity: dict, rows: int, progress: _Progress,
                 stop: StopSignals) -> None:
         from tqdm import tqdm
 
@@ -279,11 +270,9 @@ class CalibrationJob:
         def write(chunk: CalibratedChunk) -> None:
             if stop.requested:  # chunks read ahead of a stop are dropped, to be redone on resume
                 return
-            changed = file_changed(record.identity["input"])
+            changed = file_changed(identity["input"])
             if changed is not None or chunk.end.row > rows:
-                raise InputChangedError(f"{self.source.path} changed while the job read it "
-                                        f"({changed or f'it now has more than {rows:,} rows'}); the output so far "
-                                        "is kept as it was, and a rerun is refused: add --restart to start over")
+                raise InputChangedError.while_read(self.source.path, changed or f"it now has more than {rows:,} rows")
             _at_stage("writing", chunk)
             with _writing(output.chunk_path(chunk.index), chunk.vectors.nbytes):
                 output.write(chunk)
@@ -295,8 +284,8 @@ class CalibrationJob:
                 progress.rejects[reason] = progress.rejects.get(reason, 0) + count
             progress.rows, progress.offset, progress.line = chunk.end.row, chunk.end.offset, chunk.end.line
             progress.chunks, progress.rejects_bytes = chunk.index + 1, rejects_bytes
-            with _writing(record.path):
-                record.commit(rows, progress)
+            with _writing(self.progress_path):
+                self._commit_progress(identity, rows, progress)
             bar.update(len(chunk.vectors))
             _at_stage("committed", chunk)
 
@@ -308,8 +297,7 @@ class CalibrationJob:
                     break
                 writer.put(chunk)
         if progress.rows != rows and not stop.requested:
-            raise InputChangedError(f"{self.source.path} changed while the job read it: expected {rows:,} rows, "
-                                    f"read {progress.rows:,}; add --restart to start over")
+            raise InputChangedError.while_read(self.source.path, f"expected {rows:,} rows, read {progress.rows:,}")
 
 
 @interrupts_named()

@@ -207,8 +207,7 @@ class _ShardWriter:
         if chunk.rows != shard.rows:
             changed = changed or f"shard {shard.index} has {chunk.rows} rows, expected {shard.rows}"
         if changed is not None:
-            raise InputChangedError(f"{source.path} changed while the job read it ({changed}); "
-                                    "add --restart to start over")
+            raise InputChangedError.while_read(source.path, changed)
         shift = shard.global_row - calibrated.row_start
         calibrated = replace(calibrated, index=shard.index, row_start=shard.global_row,
                              rejects=[replace(reject, row=reject.row + shift) for reject in calibrated.rejects])
@@ -296,7 +295,6 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         if pending:
             _run_shards(ray, spec, inputs, shards, pending, out, address, num_workers, gpus_per_worker,
                         progress_wanted(show_progress_bar), stop)
-        written = [shard for shard in pending if _shard_path(folder, shard.index).is_file()]
         missing = [shard.index for shard in shards if not _shard_path(folder, shard.index).is_file()]
         if missing:
             raise ShardsFailedError(f"{len(missing)} shard(s) were not written (first: {missing[0]}); rerun the same "
@@ -317,9 +315,9 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
                                 "first_id_row": shard.global_row} for shard in shards]
         described["resume_granularity"] = "one shard"
         atomic_write_json(out / "manifest.json", described, indent=1)
-    rows_this_run = sum(shard.rows for shard in written)
+    rows_this_run = sum(shard.rows for shard in pending)  # every shard is written by now
     return CalibrationSummary(global_row, rejects, seconds, rows_this_run, global_row - rows_this_run, folder,
-                              out / "rejects.jsonl", out / "manifest.json", lock.took_over, len(shards), len(written))
+                              out / "rejects.jsonl", out / "manifest.json", lock.took_over, len(shards), len(pending))
 
 
 def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,

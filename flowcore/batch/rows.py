@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ NULL, NOT_NUMBERS = -1, -2
 
 PARQUET_BATCH_ROWS = 8192
 """Rows per parquet record batch read (sources re-cut batches into chunks)."""
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # a lone surrogate: text no UTF-8 writer takes
 
 
 @dataclass(frozen=True)
@@ -235,21 +238,18 @@ def parquet_batches(path: Path, columns: list[str | None], start_row: int,
     batches = parquet.iter_batches(batch_size=batch_rows, columns=columns,
                                    row_groups=range(group, parquet.num_row_groups))
     row = start_row - skip
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except (pa.ArrowException, OSError, ValueError) as error:
-            raise ValueError(f"{path}: unreadable parquet data from row {row:,} on ({one_line(error)}); "
-                             "the rows before it are done") from None
-        row += batch.num_rows
-        if skip >= batch.num_rows:
-            skip -= batch.num_rows
-            continue
-        if skip:
-            batch, skip = batch.slice(skip), 0
-        yield batch
+    try:
+        for batch in batches:
+            row += batch.num_rows
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            if skip:
+                batch, skip = batch.slice(skip), 0
+            yield batch
+    except (pa.ArrowException, OSError, ValueError) as error:
+        raise ValueError(f"{path}: unreadable parquet data from row {row:,} on ({one_line(error)}); "
+                         "the rows before it are done") from None
 
 
 def reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarray,
@@ -269,13 +269,7 @@ def reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarra
 
 def not_unicode(value) -> bool:
     """Whether a string holds a lone surrogate (JSON "\\ud800"), which no UTF-8 writer accepts."""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
+    return isinstance(value, str) and _SURROGATE.search(value) is not None
 
 
 def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:

@@ -48,12 +48,10 @@ def sample_stream(items: Iterable[T], max_rows: int | None, seed: int = 0) -> li
     _check(max_rows)
     reservoir: list[tuple[int, T]] = []
     replacements = _replacements(max_rows, random.Random(seed))
-    next_position, slot = -1, 0
+    next_position, slot = next(replacements, (-1, 0))  # the first position past the full reservoir taken
     for position, item in enumerate(items):
         if position < max_rows:
             reservoir.append((position, item))
-            if position == max_rows - 1:
-                next_position, slot = next(replacements, (-1, 0))
         elif position == next_position:
             reservoir[slot] = (position, item)
             next_position, slot = next(replacements, (-1, 0))

@@ -145,29 +145,25 @@ class TextCorpus:
             check_encoding(self.path)
         self.text_field = text_field
         self.id_field = id_field
-        if self.format == "txt" and id_field is not None:
-            raise ValueError(f"{self.path}: a .txt corpus has no fields; --id-field needs jsonl, csv or parquet")
-        if self.format == "txt" and keep_columns:
-            raise ValueError(f"{self.path}: a .txt corpus has no fields; --keep-columns needs jsonl, csv or parquet")
+        if self.format == "txt" and (id_field is not None or keep_columns):
+            flag = "--id-field" if id_field is not None else "--keep-columns"
+            raise ValueError(f"{self.path}: a .txt corpus has no fields; {flag} needs jsonl, csv or parquet")
         available = None
         if self.format == "csv":
-            self._csv_header_end, self._csv_columns = self._read_csv_header()
+            with open(self.path, "rb") as handle:
+                raw = handle.readline()
+            try:
+                header = next(csv.reader([raw.decode("utf-8-sig")], strict=True), [])
+            except (UnicodeDecodeError, csv.Error) as error:
+                raise ValueError(f"{self.path}: line 1: unreadable CSV header ({error})") from None
+            self._csv_header_end = len(raw)
+            self._csv_columns = {name.strip(): index for index, name in enumerate(header)}
             available = list(self._csv_columns)
+            require_columns(self.path, available, " in the CSV header", text=text_field, id=id_field)
         if self.format == "parquet":
             self._schema = parquet_schema(self.path, text=text_field, id=id_field)
             available = self._schema.names
         self.keep_columns = check_keep_columns(self.path, keep_columns, available)
-
-    def _read_csv_header(self) -> tuple[int, dict[str, int]]:
-        with open(self.path, "rb") as handle:
-            raw = handle.readline()
-        try:
-            header = next(csv.reader([raw.decode("utf-8-sig")], strict=True), [])
-        except (UnicodeDecodeError, csv.Error) as error:
-            raise ValueError(f"{self.path}: line 1: unreadable CSV header ({error})") from None
-        columns = {name.strip(): index for index, name in enumerate(header)}
-        require_columns(self.path, list(columns), " in the CSV header", text=self.text_field, id=self.id_field)
-        return len(raw), columns
 
     def meta_types(self) -> list[tuple[str, object]]:
         """(name, pyarrow type) of each kept column: string, or the stored type for parquet."""
@@ -238,14 +234,13 @@ class TextCorpus:
 
     def _bad_line(self, reject: Reject, line) -> TextRow:
         """A line that cannot be read, with its id when one can still be read (jsonl)."""
-        if self.id_field is None or self.format != "jsonl":
-            return TextRow(reject.row, reject.line, None, None, reject)
-        content = line.raw.decode("utf-8", errors="surrogateescape") if line.text is None else line.text
         record_id = None
-        with contextlib.suppress(ValueError, RecursionError):
-            record = json.loads(content)
-            if isinstance(record, dict):
-                record_id, _ = id_reject(reject.row, reject.line, record.get(self.id_field), self.id_field)
+        if self.id_field is not None and self.format == "jsonl":
+            content = line.raw.decode("utf-8", errors="surrogateescape") if line.text is None else line.text
+            with contextlib.suppress(ValueError, RecursionError):
+                record = json.loads(content)
+                if isinstance(record, dict):
+                    record_id, _ = id_reject(reject.row, reject.line, record.get(self.id_field), self.id_field)
         return _rejected(reject.row, reject.line, reject.reason, reject.detail, record_id)
 
     def _parse_jsonl(self, row: int, line: int, content: str) -> TextRow:
