@@ -9,6 +9,7 @@ from typing import Iterable
 import numpy as np
 
 from flowcore import defaults
+from flowcore.calibration.base import positive_int
 from flowcore.calibration.hubness import DistinctRowSample, robin_hood_index
 from flowcore.calibration.linear import LinearCalibrator, _rows, principal_axes
 from flowcore.calibration.moments import Moments, MomentsAccumulator, row_blocks
@@ -17,8 +18,6 @@ from flowcore.calibration.whitening import Whitening
 __all__ = ["AutoCalibration"]
 
 CHOICES = ("none", "whitening")
-_NEEDS_ROWS = ("auto measures the hubness of a sample of the fit rows, which moments alone do not hold: fit it "
-               "with fit(X) or fit_chunks(chunks)")
 
 
 class AutoCalibration(LinearCalibrator):
@@ -56,17 +55,11 @@ class AutoCalibration(LinearCalibrator):
         for setting, value in (("threshold", threshold), ("variance_share", variance_share)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ValueError(f"auto {setting} must be a number in (0, 1], got {value!r}")
-        for setting, value in (("sample_rows", sample_rows), ("neighbours", neighbours)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"auto {setting} must be a positive integer, got {value!r}")
         self.seed, self.threshold, self.variance_share = int(seed), float(threshold), float(variance_share)
-        self.sample_rows, self.neighbours = int(sample_rows), int(neighbours)
+        self.sample_rows = positive_int(sample_rows, "auto sample_rows")
+        self.neighbours = positive_int(neighbours, "auto neighbours")
         self.choice: str | None = None
         self.signals: dict = {}
-
-    def settings(self) -> dict:
-        return {"seed": self.seed, "threshold": self.threshold, "variance_share": self.variance_share,
-                "sample_rows": self.sample_rows, "neighbours": self.neighbours}
 
     @property
     def reason(self) -> str:
@@ -113,12 +106,9 @@ class AutoCalibration(LinearCalibrator):
         self.provenance = provenance
         return self
 
-    def fit_moments(self, moments: Moments, encoder=None) -> AutoCalibration:
-        """Refused: the choice needs a sample of the rows, which moments do not hold."""
-        raise ValueError(_NEEDS_ROWS)
-
-    def _fitted_matrix(self, mean, covariance):
-        raise ValueError(_NEEDS_ROWS)  # only reached through moments; `_choose` sets the map from rows
+    def _fitted_matrix(self, mean, covariance):  # only `fit_moments` calls this: refused, `_choose` fits from rows
+        raise ValueError("auto measures the hubness of a sample of the fit rows, which moments alone do not hold: "
+                         "fit it with fit(X) or fit_chunks(chunks)")
 
     def _choose(self, moments: Moments, sample: np.ndarray) -> None:
         eigenvalues, _ = principal_axes(moments.covariance())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import numbers
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
     from flowcore.calibration.flow_file import EncoderProvenance
 
-__all__ = ["NAMES", "Calibrator", "calibrator_class", "create", "load", "setting_names"]
+__all__ = ["NAMES", "Calibrator", "calibrator_class", "create", "load", "positive_int", "setting_names"]
 
 _CLASSES = {
     "none": "flowcore.calibration.linear:Identity",
@@ -135,6 +136,13 @@ class Calibrator(ABC):
         if encoder is None:
             return self.provenance
         return encoder if isinstance(encoder, EncoderProvenance) else EncoderProvenance.of(encoder)
+
+
+def positive_int(value, what: str) -> int:
+    """`value` as an int, or a ValueError naming `what` unless it is a positive integer (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def calibrator_class(name: str) -> type[Calibrator]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowcore import defaults
+from flowcore.calibration.base import positive_int
 
 __all__ = ["DistinctRowSample", "robin_hood_index"]
 
@@ -57,9 +58,7 @@ class DistinctRowSample:
     """
 
     def __init__(self, size: int = defaults.AUTO_SAMPLE_ROWS, seed: int = 0):
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"the sample size must be a positive integer, got {size!r}")
-        self.size, self.seed = int(size), seed
+        self.size, self.seed = positive_int(size, "the sample size"), seed
         self._keys = np.empty(0, dtype=np.uint64)
         self._rows: np.ndarray | None = None
         self._multipliers: np.ndarray | None = None

@@ -9,7 +9,7 @@ from typing import Callable, ClassVar, Iterable
 import numpy as np
 
 from flowcore import defaults
-from flowcore.calibration.base import Calibrator
+from flowcore.calibration.base import Calibrator, positive_int, setting_names
 from flowcore.calibration.moments import Moments
 
 __all__ = ["TOLERANCE", "AllButTheTop", "Identity", "LinearCalibrator", "MeanCentering", "principal_axes"]
@@ -66,6 +66,10 @@ class LinearCalibrator(Calibrator):
     def _fitted_matrix(self, mean: np.ndarray, covariance: Callable[[], np.ndarray]) -> np.ndarray:
         """W for a corpus of mean μ; `covariance()` computes its sample covariance when W needs it."""
 
+    def settings(self) -> dict:
+        """The constructor's settings, which these classes keep as attributes of the same names."""
+        return {name: getattr(self, name) for name in setting_names(self.name)}
+
     def fit(self, X, encoder=None) -> LinearCalibrator:
         """Estimate μ and W from the rows of X (at least 2, finite), in memory in float64.
 
@@ -74,8 +78,6 @@ class LinearCalibrator(Calibrator):
             encoder: the `Encoder` (or `EncoderProvenance`) that produced X, saved as `provenance`.
         """
         X = _rows(X, None, self.name)
-        if len(X) < 2:
-            raise ValueError(f"{self.name} needs at least 2 rows, got {len(X)}")
         mean = X.mean(axis=0)
         return self._fit(mean, lambda: np.cov(X - mean, rowvar=False), len(X), encoder)
 
@@ -86,8 +88,6 @@ class LinearCalibrator(Calibrator):
             moments: the corpus's `Moments`.
             encoder: as in `fit`.
         """
-        if moments.count < 2:
-            raise ValueError(f"{self.name} needs at least 2 rows, got {moments.count}")
         return self._fit(moments.mean, lambda: moments.covariance(ddof=1), moments.count, encoder)
 
     def fit_chunks(self, chunks: Iterable, encoder=None) -> LinearCalibrator:
@@ -108,6 +108,8 @@ class LinearCalibrator(Calibrator):
         return cls(**settings).fit_moments(moments)
 
     def _fit(self, mean, covariance: Callable[[], np.ndarray], rows: int, encoder) -> LinearCalibrator:
+        if rows < 2:
+            raise ValueError(f"{self.name} needs at least 2 rows, got {rows}")
         provenance = self._provenance_of(encoder)
         mean = np.asarray(mean, dtype=np.float64)
         self.matrix = self._fitted_matrix(mean, covariance)
@@ -235,12 +237,7 @@ class AllButTheTop(LinearCalibrator):
 
     def __init__(self, k: int | None = None):
         super().__init__()
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
-            raise ValueError(f"all-but-the-top k must be a positive integer, got {k!r}")
-        self.k = None if k is None else int(k)
-
-    def settings(self) -> dict:
-        return {"k": self.k}
+        self.k = None if k is None else positive_int(k, "all-but-the-top k")
 
     def removed(self, dim: int) -> int:
         """How many directions are removed from `dim`-wide vectors."""

@@ -85,9 +85,9 @@ class Moments:
         return self.comoment / (self.count - ddof)
 
     @classmethod
-    def of_chunks(cls, chunks: Iterable, dim: int | None = None) -> "Moments":
+    def of_chunks(cls, chunks: Iterable) -> "Moments":
         """The moments of a stream of (rows, d) chunks, combined pairwise (`MomentsAccumulator`)."""
-        accumulator = MomentsAccumulator(dim)
+        accumulator = MomentsAccumulator()
         for chunk in chunks:
             accumulator.add(chunk)
         return accumulator.total()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowcore import defaults
+from flowcore.calibration.base import positive_int
 from flowcore.calibration.linear import TOLERANCE, LinearCalibrator, principal_axes
 
 __all__ = ["Whitening", "ZCAWhitening"]
@@ -32,14 +33,12 @@ class Whitening(LinearCalibrator):
 
     def __init__(self, dim: int | None = None, power: float = defaults.WHITENING_POWER, tolerance: float = TOLERANCE):
         super().__init__()
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1):
-            raise ValueError(f"whitening dim must be a positive integer (the directions kept), got {dim!r}")
+        self.dim_kept = None if dim is None else positive_int(dim, "whitening dim")
         if isinstance(power, bool) or not isinstance(power, (int, float)) or not 0 <= power <= 1:
             raise ValueError(f"whitening power must be a number from 0 (centre and rotate only) to 1; "
                              f"0.5 is full whitening; got {power!r}")
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
             raise ValueError(f"whitening tolerance must be a number in [0, 1), got {tolerance!r}")
-        self.dim_kept = None if dim is None else int(dim)
         self.power, self.tolerance = float(power), float(tolerance)
         self.eigenvalues: np.ndarray | None = None
         self.axes: np.ndarray | None = None

@@ -15,9 +15,7 @@ from flowcore.kernels.compat import functorch_transforms_active, has_forward_hoo
 from flowcore.kernels.dispatch import resolve
 from flowcore.runtime import inference_workers, pinned_threads, side_by_side
 
-__all__ = ["CONFIGS", "CPU_BLOCK_BYTES", "LINEAR_START_SCALE", "Glow"]
-
-CPU_BLOCK_BYTES = defaults.CPU_BLOCK_BYTES
+__all__ = ["CONFIGS", "LINEAR_START_SCALE", "Glow"]
 
 LINEAR_START_SCALE = 0.999
 """Initial scale of each level's last coupling in `Glow.start_linear` (sigmoid cannot reach 1)."""
@@ -111,9 +109,8 @@ class Glow(nn.Module):
 
     def _blocked_inference(self, x: torch.Tensor) -> bool:
         """CPU inference runs the flow a block of rows at a time, so activations stay in cache."""
-        if self.training or x.device.type != "cpu" or x.shape[0] * self.dim * x.element_size() <= CPU_BLOCK_BYTES:
-            return False
-        if functorch_transforms_active():
+        small = x.shape[0] * self.dim * x.element_size() <= defaults.CPU_BLOCK_BYTES
+        if self.training or x.device.type != "cpu" or small or functorch_transforms_active():
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
 
@@ -123,7 +120,7 @@ class Glow(nn.Module):
         Forward hooks, autocast and the Triton backend keep the blocks in this thread."""
         z = torch.empty_like(x, memory_format=torch.contiguous_format)
         logdet = x.new_empty(x.shape[0], dtype=accumulation_dtype(x))
-        step = max(1, CPU_BLOCK_BYTES // (self.dim * x.element_size()))
+        step = max(1, defaults.CPU_BLOCK_BYTES // (self.dim * x.element_size()))
         starts = range(0, x.shape[0], step)
         inference = torch.is_inference_mode_enabled()
 

@@ -160,11 +160,18 @@ def _flow_content(path):
 
 
 def test_threads_option_trains_on_that_many_threads(embeddings, tmp_path, capsys, monkeypatch):
+    import torch
+
     import flowcore.flows.train as train
 
     seen = []
-    real = train._fit
-    monkeypatch.setattr(train, "_fit", lambda *args: seen.append(__import__("torch").get_num_threads()) or real(*args))
+    real = train.tqdm
+
+    def progress_bar(*args, **kwargs):  # made once per train.fit, on its pinned threads
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train, "tqdm", progress_bar)
     flow = ["--calibration", "flow", "--config", "l2_d2_w32", "--train-batch-size", "32"]
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "t.flow"), *flow,
                  "--threads", "2"]) == 0

@@ -218,7 +218,7 @@ def test_small_batch_training_applies_the_factors_and_equals_the_folded_step(dim
 
 
 def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
-    import flowcore.flows.glow as glow_module
+    from flowcore import defaults
     glow = trained_like_glow(16).double().eval()
     x = torch.randn(1000, 16, dtype=torch.float64)
     with torch.no_grad():
@@ -227,7 +227,7 @@ def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
     blocks = []
     latent_parts = glow._latent_parts
     monkeypatch.setattr(glow, "_latent_parts", lambda rows: blocks.append(len(rows)) or latent_parts(rows))
-    monkeypatch.setattr(glow_module, "CPU_BLOCK_BYTES", 128 * 16 * 8)  # 128 rows per block
+    monkeypatch.setattr(defaults, "CPU_BLOCK_BYTES", 128 * 16 * 8)  # 128 rows per block
     with torch.no_grad():
         z, logdet = glow(x)
         log_prob = glow.log_prob(x)
@@ -243,9 +243,9 @@ def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
 
 def _side_by_side(monkeypatch, rows_per_block: int, dim: int, workers: int = 2):
     """Row blocks of `rows_per_block` float32 rows, `workers` CPUs and torch threads."""
-    import flowcore.flows.glow as glow_module
     import flowcore.runtime as runtime
-    monkeypatch.setattr(glow_module, "CPU_BLOCK_BYTES", rows_per_block * dim * 4)
+    from flowcore import defaults
+    monkeypatch.setattr(defaults, "CPU_BLOCK_BYTES", rows_per_block * dim * 4)
     monkeypatch.setattr(runtime, "available_cpus", lambda: workers)
     before = torch.get_num_threads()
     torch.set_num_threads(workers)
