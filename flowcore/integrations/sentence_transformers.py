@@ -27,7 +27,7 @@ from transformers import AutoConfig  # noqa: E402
 from flowcore import defaults  # noqa: E402
 from flowcore.calibration.base import Calibrator, load  # noqa: E402
 from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits  # noqa: E402
-from flowcore.text.loading import quiet_transformers, resolve_model  # noqa: E402
+from flowcore.text.loading import quiet_transformers, resolve_model, token_limit  # noqa: E402
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling  # noqa: E402
 
 __all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense", "load_model"]
@@ -207,8 +207,7 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
     with quiet_transformers():
         transformer = Transformer(source, model_kwargs=dict(local), processor_kwargs=dict(local),
                                   config_kwargs={**local, **({"output_hidden_states": True} if needs_layers else {})})
-    limits = [max_length, getattr(config, "max_position_embeddings", None), transformer.tokenizer.model_max_length]
-    transformer.max_seq_length = min(int(limit) for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000)
+    transformer.max_seq_length = token_limit(config, transformer.tokenizer, max_length)
     pooler = (LayerPooling(bound.name, list(bound.hidden_states), dim, bound.first_token) if needs_layers
               else STPooling(dim, pooling_mode=kind))
     modules = [transformer, pooler, *calibration, *([Normalize()] if normalize else [])]

@@ -14,7 +14,7 @@ import numpy as np
 from flowcore._lines import iter_lines, read_lines
 
 __all__ = ["BadRecord", "DATASETS", "DATA_ENV", "STSDataError", "STSPairs", "checked_score", "checked_sentence",
-           "concat", "default_data_dir", "fit_corpus_sentences", "load_split", "load_test", "read_sentence_file",
+           "default_data_dir", "fit_corpus_sentences", "load_split", "load_test", "read_sentence_file",
            "semeval_pairs", "splits"]
 
 DATASETS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
@@ -98,16 +98,12 @@ def load_test(data_dir: str | os.PathLike, dataset: str, sick_split: str = "test
     """The evaluation pairs: the test split, or for SICK-R with `sick_split="all"` all 9927
     pairs (MTEB's protocol; the paper's is the 4927-pair test set)."""
     if dataset == "SICK-R" and sick_split == "all":
-        return concat([load_split(data_dir, dataset, split) for split in splits(dataset)], split="all")
+        parts = [load_split(data_dir, dataset, split) for split in splits(dataset)]
+        return STSPairs.from_rows(dataset, "all", (row for part in parts for row in zip(
+            part.sentences1, part.sentences2, part.scores, part.subsets)))
     if sick_split not in ("test", "all"):
         raise STSDataError(f"unknown SICK split {sick_split!r}: choose 'test' or 'all'")
     return load_split(data_dir, dataset, "test")
-
-
-def concat(parts: list[STSPairs], split: str) -> STSPairs:
-    """Several splits of one dataset as one."""
-    rows = (row for part in parts for row in zip(part.sentences1, part.sentences2, part.scores, part.subsets))
-    return STSPairs.from_rows(parts[0].dataset, split, rows)
 
 
 def read_sentence_file(path: str | os.PathLike) -> list[str]:

@@ -78,10 +78,12 @@ class Encoder:
         self._pooling: Pooling = bind_pooling(kind, requested, self._loaded.num_layers)
         self.pooling: str = self._pooling.name
         self._quantized = None if self.quantize is None else load_quantized(
-            self._source, self._loaded.input_names, self._loaded.num_layers, self.quantize)
+            self._source, self._loaded.input_names, self._loaded.num_layers)
         self.dim: int = self._loaded.dim
         self.max_length: int = min(max_length, self._loaded.max_positions)
-        self._autocast_dtype = _autocast_dtype(self.device, dtype)
+        self._autocast_dtype = None  # on CUDA without a dtype: bf16 autocast, or fp16 where bf16 is missing
+        if dtype is None and self.device.type == "cuda":
+            self._autocast_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
     def describe(self) -> dict:
         """What produced this encoder's vectors, for a vector file's manifest: model, folder, revision, SHA-256s
@@ -275,10 +277,3 @@ def _cut(text: str, budget: int) -> str:
     head = text[:budget]
     space = _LAST_SPACE.search(head)
     return head[:space.start()] if space and space.start() > 0 else head
-
-
-def _autocast_dtype(device: torch.device, dtype):
-    """bf16 (or fp16 where bf16 is missing) autocast on CUDA when no dtype was asked for."""
-    if dtype is not None or device.type != "cuda":
-        return None
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

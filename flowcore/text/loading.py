@@ -15,7 +15,7 @@ import torch
 from flowcore import defaults
 
 __all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "default_model_revision", "load",
-           "quiet_transformers", "resolve_device", "resolve_dtype", "resolve_model"]
+           "quiet_transformers", "resolve_device", "resolve_dtype", "resolve_model", "shared", "token_limit"]
 
 DEFAULT_MODEL = defaults.MODEL
 
@@ -97,7 +97,6 @@ class LoadedModel:
 
     model: torch.nn.Module
     tokenizer: object
-    layers: torch.nn.ModuleList
     taps: LayerTaps
     num_layers: int
     dim: int
@@ -109,10 +108,6 @@ class LoadedModel:
     def attention(self) -> str | None:
         """The attention implementation the model runs: "sdpa", or "eager" where its class has no SDPA."""
         return getattr(self.model.config, "_attn_implementation", None)
-
-
-_loaded_models: "weakref.WeakValueDictionary[tuple, LoadedModel]" = weakref.WeakValueDictionary()
-_most_recent: list[LoadedModel] = []  # keeps the last model alive between two Encoder() calls
 
 
 def resolve_model(model) -> tuple[str, str]:
@@ -133,16 +128,24 @@ def resolve_model(model) -> tuple[str, str]:
     return model, model
 
 
+def shared(build):
+    """Decorator: `build(*args)` runs once per `args` and its result is shared while anything holds it;
+    the most recent result is kept alive too (e.g. between two Encoder() calls)."""
+    built = weakref.WeakValueDictionary()
+    most_recent = []
+
+    @functools.wraps(build)
+    def get(*args):
+        value = built.get(args)
+        if value is None:
+            value = built[args] = build(*args)
+        most_recent[:] = [value]
+        return value
+    return get
+
+
+@shared
 def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
-    key = (source, str(device), str(dtype))
-    loaded = _loaded_models.get(key)
-    if loaded is None:
-        loaded = _loaded_models[key] = _load_uncached(source, model_id, device, dtype)
-    _most_recent[:] = [loaded]
-    return loaded
-
-
-def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
     from transformers import AutoModel, AutoTokenizer
 
     try:
@@ -170,20 +173,24 @@ def _load_uncached(source: str, model_id: str, device: torch.device, dtype) -> L
     model.to(device=device, dtype=dtype)
     config = model.config
     num_layers = int(config.num_hidden_layers)
-    layers = _find_layer_stack(model, num_layers)
-    positions = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
     accepted = inspect.signature(model.forward).parameters  # e.g. DistilBERT takes no token_type_ids
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        layers=layers,
-        taps=LayerTaps(layers),
+        taps=LayerTaps(_find_layer_stack(model, num_layers)),
         num_layers=num_layers,
         dim=int(getattr(config, "hidden_size", None) or model.get_input_embeddings().embedding_dim),
-        max_positions=min(int(limit) for limit in positions if isinstance(limit, int) and 0 < limit < 1_000_000),
+        max_positions=token_limit(config, tokenizer),
         input_names=tuple(name for name in tokenizer.model_input_names if name in accepted),
         pad_values={"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id},
     )
+
+
+def token_limit(config, tokenizer, *limits) -> int:
+    """The smallest real token limit of the model's positions, its tokenizer and `limits` (a tokenizer
+    without a limit reports a huge number)."""
+    limits = (getattr(config, "max_position_embeddings", None), tokenizer.model_max_length, *limits)
+    return min(int(limit) for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000)
 
 
 def _find_layer_stack(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:

@@ -7,11 +7,11 @@ import contextlib
 import os
 import tempfile
 import threading
-import weakref
 
 import torch
 
 from flowcore.extras import require
+from flowcore.text.loading import shared
 
 __all__ = ["QUANTIZE_MODES", "QuantizedModel", "check_quantize", "load_quantized", "weight_type"]
 
@@ -85,20 +85,6 @@ class QuantizedModel:
             return self._sessions[threads]
 
 
-_quantized: "weakref.WeakValueDictionary[tuple, QuantizedModel]" = weakref.WeakValueDictionary()
-_most_recent: list[QuantizedModel] = []
-
-
-def load_quantized(source: str, input_names: tuple[str, ...], num_layers: int, mode: str = "int8") -> QuantizedModel:
-    """The quantised graph of the model in `source`, built once and shared while any Encoder uses it."""
-    key = (source, input_names, mode)
-    model = _quantized.get(key)
-    if model is None:
-        model = _quantized[key] = _build(source, input_names, num_layers)
-    _most_recent[:] = [model]
-    return model
-
-
 class _HiddenStates(torch.nn.Module):
     """The model's forward returning every hidden state (the last one after any final norm)."""
 
@@ -113,7 +99,9 @@ class _HiddenStates(torch.nn.Module):
         return (*output.hidden_states[:self.num_layers], output.last_hidden_state)
 
 
-def _build(source: str, input_names: tuple[str, ...], num_layers: int) -> QuantizedModel:
+@shared
+def load_quantized(source: str, input_names: tuple[str, ...], num_layers: int) -> QuantizedModel:
+    """The int8 graph of the model in `source`, built once and shared while any Encoder uses it."""
     onnx = require("onnx", _FEATURE, "onnx")  # check_quantize has required onnxscript too
     require("onnxruntime.quantization", _FEATURE, "onnx")
     from onnxruntime.quantization import QuantType, quantize_dynamic

@@ -216,7 +216,7 @@ def test_forward_stops_after_the_deepest_needed_layer(tiny_bert, pooling, layers
     encoder = Encoder(tiny_bert, pooling=pooling)
     ran = []
     hooks = [layer.register_forward_hook(lambda module, args, output, i=i: ran.append(i))
-             for i, layer in enumerate(encoder._loaded.layers)]
+             for i, layer in enumerate(encoder._loaded.model.encoder.layer)]
     try:
         encoder.encode(["the cat sat on the mat", "a dog"])
     finally:

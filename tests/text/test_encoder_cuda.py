@@ -63,7 +63,8 @@ def test_cuda_encodes_under_half_precision_autocast_with_sdpa(tiny_bert, monkeyp
     assert weights.device.type == "cuda" and weights.dtype == torch.float32  # autocast, not converted weights
 
     linear_outputs, sdpa_queries = [], []
-    linear = next(module for module in encoder._loaded.layers[0].modules() if isinstance(module, torch.nn.Linear))
+    first_layer = encoder._loaded.model.encoder.layer[0]
+    linear = next(module for module in first_layer.modules() if isinstance(module, torch.nn.Linear))
     hook = linear.register_forward_hook(lambda module, args, output: linear_outputs.append(output.dtype))
     real_sdpa = torch.nn.functional.scaled_dot_product_attention
 
