@@ -100,7 +100,7 @@ def analyze(
     check_matrix(vectors, min_rows=2, name="the corpus vectors")  # one clear error naming the bad rows, up front
     distinct = len(set(sentences)) if sentences is not None else len(vectors)
     fitted = [name for name in calibrations if name != "none"]
-    unit, option = ("sentences", "--corpus FILE") if sentences is not None else ("vectors", "--embeddings FILE")
+    unit, option = ("sentences", "--input FILE") if sentences is not None else ("vectors", "--embeddings FILE")
     small = small_corpus_warning(distinct, vectors.shape[1], option=option, unit=unit) if fitted else None
     if small is not None:
         say(f"warning: {small}")

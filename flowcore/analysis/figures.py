@@ -30,27 +30,25 @@ def _save(figure, path) -> Path:
     return path
 
 
-def cosine_histogram_figure(histograms: dict[str, list[int]], thresholds: dict[str, dict], path, title: str) -> Path:
+def cosine_histogram_figure(isotropy: dict[str, dict], path, title: str) -> Path:
     """Overlaid random-pair cosine densities, one per calibration, each 99th percentile dashed.
 
     Args:
-        histograms: {calibration: counts in equal bins over [-1, 1]} (`Isotropy.histogram`).
-        thresholds: {calibration: `Isotropy.thresholds`}.
+        isotropy: {calibration: `Isotropy.to_json()`}: its `histogram` and its `thresholds`' p99.
         path: the PNG written.
         title: the figure's title.
 
     Example:
-        >>> cosine_histogram_figure({"none": iso.histogram}, {"none": iso.thresholds}, "cosines.png", "STS-B")
+        >>> cosine_histogram_figure({"none": iso.to_json()}, "cosines.png", "STS-B")
     """
     figure, axes = _figure(height=4)
-    for index, (name, counts) in enumerate(histograms.items()):
-        counts = np.asarray(counts, dtype=np.float64)
+    for index, (name, measured) in enumerate(isotropy.items()):
+        counts = np.asarray(measured["histogram"], dtype=np.float64)
         edges = np.linspace(-1.0, 1.0, len(counts) + 1)
         density = counts / max(counts.sum(), 1) / np.diff(edges)
         color = f"C{index}"
         axes.stairs(density, edges, label=name, color=color, linewidth=1.4)
-        if "p99" in thresholds.get(name, {}):
-            axes.axvline(thresholds[name]["p99"], color=color, linestyle="--", linewidth=0.8)
+        axes.axvline(measured["thresholds"]["p99"], color=color, linestyle="--", linewidth=0.8)
     axes.set_xlabel("cosine of a random pair (dashed: 99th percentile, a suggested threshold)")
     axes.set_ylabel("density")
     axes.set_xlim(-1, 1)

@@ -32,10 +32,8 @@ def write_report(analysis: dict, folder) -> dict[str, Path]:
     subject = " ".join(str(part) for part in (analysis.get("model"), analysis.get("pooling")) if part) or "vectors"
     paths: dict[str, Path] = {}
     if analysis["isotropy"]:
-        paths["cosines"] = cosine_histogram_figure(
-            {name: iso["histogram"] for name, iso in analysis["isotropy"].items()},
-            {name: iso["thresholds"] for name, iso in analysis["isotropy"].items()},
-            folder / "cosines.png", f"random-pair cosines, {subject}, {analysis['corpus']['name']}")
+        paths["cosines"] = cosine_histogram_figure(analysis["isotropy"], folder / "cosines.png",
+                                                   f"random-pair cosines, {subject}, {analysis['corpus']['name']}")
     if analysis["frequency"]:
         paths["frequency"] = frequency_figure(
             {source: entry["buckets"] for source, entry in analysis["frequency"].items()},

