@@ -359,8 +359,9 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     except Exception as error:  # a worker's error reaches the driver as text inside Ray's: one line for the user
         reasons = [line.strip() for line in str(error).splitlines() if _ERROR_LINE.match(line.strip())]
         reason = reasons[-1] if reasons else f"{type(error).__name__}: {str(error).splitlines()[0]}"
-        raise ShardsFailedError(f"the Ray job stopped: {reason}; the shards already written are kept: rerun the "
-                                "same command to finish") from None
+        # a changed input's message says that only --restart runs the job again
+        advice = "" if "InputChangedError" in reason else ": rerun the same command to finish"
+        raise ShardsFailedError(f"the Ray job stopped: {reason}; the shards already written are kept{advice}") from None
     finally:
         logger.setLevel(level)
         stopping.unlink(missing_ok=True)

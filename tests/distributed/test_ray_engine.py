@@ -241,8 +241,9 @@ def test_the_ray_engine_refuses_and_stops_as_the_local_job_does(ray_session, vec
                           _as_matrix(pq.read_table(tmp_path / "single.parquet").column("embedding")))
 
     monkeypatch.setattr(ray_engine, "_before_shard_write", rewrite_at_shard(str(tmp_path / "in.npy"), at_shard=2))
-    with pytest.raises(ShardsFailedError, match=r"in.npy changed while the job read it \(it was modified"):
+    with pytest.raises(ShardsFailedError, match=r"in.npy changed while the job read it \(it was modified") as failed:
         calibrate_ray(vector_flow, out, restart=True, **options)
+    assert "add --restart to start over" in str(failed.value) and "rerun the same command" not in str(failed.value)
     with pytest.raises(InputChangedError, match=r"in.npy changed since the unfinished run that .*job.json records"):
         calibrate_ray(vector_flow, out, **options)
     with pytest.raises(ValueError, match="the output folder .* holds the input"):
