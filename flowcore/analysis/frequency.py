@@ -48,7 +48,7 @@ def token_embeddings(encoder) -> TokenEmbeddings:
     from flowcore.text.loading import load, resolve_model
 
     _, source = resolve_model(encoder.model_id)
-    loaded = load(source, encoder.model_id, encoder.device, None)  # shared with the encoder: not reloaded
+    loaded = load(source, encoder.device, None)  # shared with the encoder: not reloaded
     weights = loaded.model.get_input_embeddings().weight.detach().float().cpu().numpy()
     tokens = [""] * weights.shape[0]
     for token, index in loaded.tokenizer.get_vocab().items():

@@ -74,7 +74,7 @@ class Encoder:
         self.device = resolve_device(device)
         self.quantize: str | None = check_quantize(quantize, self.device, resolve_dtype(dtype))
         self.model_id, self._source = resolve_model(model)
-        self._loaded = load(self._source, self.model_id, self.device, resolve_dtype(dtype))
+        self._loaded = load(self._source, self.device, resolve_dtype(dtype))
         self._pooling: Pooling = bind_pooling(kind, requested, self._loaded.num_layers)
         self.pooling: str = self._pooling.name
         self._quantized = None if self.quantize is None else load_quantized(

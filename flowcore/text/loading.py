@@ -145,7 +145,8 @@ def shared(build):
 
 
 @shared
-def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel:
+def load(source: str, device: torch.device, dtype) -> LoadedModel:
+    """The model and tokenizer in `source` (a local folder or a cached hub name), on `device` in `dtype`."""
     from transformers import AutoModel, AutoTokenizer
 
     try:
@@ -162,8 +163,8 @@ def load(source: str, model_id: str, device: torch.device, dtype) -> LoadedModel
         if os.path.isdir(source):
             raise OSError(f"could not load the model in {source}: {error}") from None
         raise FileNotFoundError(
-            f"model {model_id!r} is not a local folder and is not in the Hugging Face cache, and flowcore never "
-            f"downloads models at run time. Download it once (e.g. `hf download {model_id}`) or pass the path "
+            f"model {source!r} is not a local folder and is not in the Hugging Face cache, and flowcore never "
+            f"downloads models at run time. Download it once (e.g. `hf download {source}`) or pass the path "
             f"of a local folder holding config.json, the weights and the tokenizer: "
             f"Encoder(model='/path/to/folder') or --model /path/to/folder"
         ) from None
