@@ -41,6 +41,12 @@ def random_pair_cosines(X, pairs: int = 10_000, seed: int = 0) -> np.ndarray:
     return cosine_similarity(X[first], X[second])
 
 
+def _spectrum(X: np.ndarray) -> np.ndarray:
+    """Eigenvalues of the covariance of X, descending (the order SVD returns), float64."""
+    singular = np.linalg.svd(X - X.mean(axis=0), compute_uv=False)
+    return singular**2 / max(len(X) - 1, 1)
+
+
 def isoscore(eigenvalues: np.ndarray, rank: int | None = None) -> float:
     """IsoScore of a covariance spectrum: 1 for equal leading variances, 0 when one direction holds all.
 
@@ -124,8 +130,7 @@ def isotropy(X, pairs: int = 10_000, seed: int = 0, max_rows: int = 20_000) -> I
     sample = X
     if len(X) > max_rows:
         sample = X[np.sort(np.random.default_rng(seed).choice(len(X), max_rows, replace=False))]
-    # the covariance eigenvalues, descending (as singular values come)
-    spectrum = np.linalg.svd(sample - sample.mean(axis=0), compute_uv=False) ** 2 / (len(sample) - 1)
+    spectrum = _spectrum(sample)
     total = spectrum.sum()
     shares = {str(k): float(spectrum[:k].sum() / total) if total > 0 else 1.0 for k in TOP_COMPONENTS
               if k <= X.shape[1]}
