@@ -85,97 +85,103 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
     if threads is None and parameter.device.type == "cpu":
         threads = training_threads(batch_size)
     with pinned_threads(threads):
-        flow_dim = getattr(flow, "dim", None)
-        data = training_matrix(X, dim=flow_dim if prepare is None else None, rows=rows)
-        index = None if rows is None else row_index(rows, data.shape[0])
-        count = data.shape[0] if index is None else len(index)
+        return _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on_epoch, checkpoint,
+                    checkpoint_every, rows, prepare, parameter, evaluate_every)
 
-        def batch_of(positions: torch.Tensor) -> torch.Tensor:
-            batch = data[positions if index is None else index[positions]]
-            if prepare is not None:
-                batch = prepare(batch)
-            return batch.to(device=parameter.device, dtype=parameter.dtype)
 
-        generator = torch.Generator().manual_seed(seed)
-        parameters = list(flow.parameters())  # walked once, not at every step
-        optimizer = torch.optim.Adam(parameters, lr=lr, fused=True)  # one pass per tensor
-        steps_per_epoch = math.ceil(count / batch_size)
-        identity = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed, "init_rows": init_rows,
-                    "rows": count, "dim": int(flow_dim or data.shape[1]),
-                    "dtype": str(parameter.dtype).removeprefix("torch."),
-                    "parameters": {name: list(p.shape) for name, p in flow.named_parameters()},
-                    "torch_threads": torch.get_num_threads()}
-        if evaluate_every is not None and on_epoch is not None:  # another schedule of evaluations is another run
-            identity["evaluate_every"] = evaluate_every
-        state = _TrainingState()
-        if checkpoint is not None and Path(checkpoint).exists():
-            state = _load_checkpoint(Path(checkpoint), identity, flow, optimizer, generator, on_epoch)
+def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on_epoch, checkpoint, checkpoint_every,
+         rows, prepare, parameter, evaluate_every) -> list[float]:
+    flow_dim = getattr(flow, "dim", None)
+    data = training_matrix(X, dim=flow_dim if prepare is None else None, rows=rows)
+    index = None if rows is None else row_index(rows, data.shape[0])
+    count = data.shape[0] if index is None else len(index)
 
-        def save(generator_state: torch.Tensor) -> None:
-            _save_checkpoint(Path(checkpoint), identity, flow, optimizer, generator_state, state, on_epoch)
+    def batch_of(positions: torch.Tensor) -> torch.Tensor:
+        batch = data[positions if index is None else index[positions]]
+        if prepare is not None:
+            batch = prepare(batch)
+        return batch.to(device=parameter.device, dtype=parameter.dtype)
 
-        bar = tqdm(total=epochs * steps_per_epoch, initial=state.epoch * steps_per_epoch + state.step,
-                   desc="fit flow", unit="step", disable=not progress_wanted(show_progress_bar))
-        try:
-            for epoch in range(state.epoch, epochs if not state.finished else 0):
-                flow.train()  # an on_epoch that scored held-out rows may have left it in eval mode
-                epoch_start = generator.get_state()
-                order = torch.randperm(count, generator=generator)
-                if epoch == 0 and state.step == 0:
-                    with torch.no_grad():
-                        flow(batch_of(order[: max(batch_size, init_rows)]))
-                for step in range(state.step, steps_per_epoch):
-                    batch = batch_of(order[step * batch_size : (step + 1) * batch_size])
-                    loss = flow.bits_per_dim(batch)
-                    where = f"epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}"
-                    if not torch.isfinite(loss):
-                        raise TrainingDivergedError(
-                            f"the training loss became {loss.item()} at {where}; the weights are kept from the "
-                            f"previous step. Try a lower learning rate (now {lr}), standardising the inputs, "
-                            f"or float64"
-                        )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    gradients = [p.grad for p in parameters if p.grad is not None]
-                    if not _all_finite(gradients):
-                        raise TrainingDivergedError(
-                            f"the gradients became non-finite at {where}; the weights are kept from the "
-                            f"previous step. Try a lower learning rate (now {lr}) or standardising the inputs"
-                        )
-                    optimizer.step()
-                    value = loss.item()
-                    state.total += value * batch.shape[0]
-                    state.step = step + 1
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{value:.4f}", refresh=False)
-                    state.epoch = epoch
-                    if (evaluate_every is not None and on_epoch is not None and state.step % evaluate_every == 0
-                            and state.step < steps_per_epoch):
-                        trained = min(state.step * batch_size, count)
-                        if on_epoch(epoch + state.step / steps_per_epoch, state.total / trained):
-                            state.losses.append(state.total / trained)
-                            state.finished = True
-                            break
-                        flow.train()  # the evaluation may have left it in eval mode
-                    if (checkpoint is not None and (epoch * steps_per_epoch + state.step) % checkpoint_every == 0
-                            and state.step < steps_per_epoch):
-                        save(epoch_start)
-                if state.finished:  # stopped within the epoch
-                    if checkpoint is not None:
-                        save(epoch_start)
-                    break
-                state.losses.append(state.total / count)
-                state.epoch, state.step, state.total = epoch + 1, 0, 0.0
-                stop = on_epoch is not None and bool(on_epoch(epoch + 1, state.losses[-1]))
-                state.finished = stop or epoch + 1 == epochs
+    generator = torch.Generator().manual_seed(seed)
+    parameters = list(flow.parameters())  # walked once, not at every step
+    optimizer = torch.optim.Adam(parameters, lr=lr, fused=True)  # one pass per tensor
+    steps_per_epoch = math.ceil(count / batch_size)
+    identity = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "seed": seed, "init_rows": init_rows,
+                "rows": count, "dim": int(flow_dim or data.shape[1]),
+                "dtype": str(parameter.dtype).removeprefix("torch."),
+                "parameters": {name: list(p.shape) for name, p in flow.named_parameters()},
+                "torch_threads": torch.get_num_threads()}
+    if evaluate_every is not None and on_epoch is not None:  # another schedule of evaluations is another run
+        identity["evaluate_every"] = evaluate_every
+    state = _TrainingState()
+    if checkpoint is not None and Path(checkpoint).exists():
+        state = _load_checkpoint(Path(checkpoint), identity, flow, optimizer, generator, on_epoch)
+
+    def save(generator_state: torch.Tensor) -> None:
+        _save_checkpoint(Path(checkpoint), identity, flow, optimizer, generator_state, state, on_epoch)
+
+    bar = tqdm(total=epochs * steps_per_epoch, initial=state.epoch * steps_per_epoch + state.step,
+               desc="fit flow", unit="step", disable=not progress_wanted(show_progress_bar))
+    try:
+        for epoch in range(state.epoch, epochs if not state.finished else 0):
+            flow.train()  # an on_epoch that scored held-out rows may have left it in eval mode
+            epoch_start = generator.get_state()
+            order = torch.randperm(count, generator=generator)
+            if epoch == 0 and state.step == 0:
+                with torch.no_grad():
+                    flow(batch_of(order[: max(batch_size, init_rows)]))
+            for step in range(state.step, steps_per_epoch):
+                batch = batch_of(order[step * batch_size : (step + 1) * batch_size])
+                loss = flow.bits_per_dim(batch)
+                where = f"epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}"
+                if not torch.isfinite(loss):
+                    raise TrainingDivergedError(
+                        f"the training loss became {loss.item()} at {where}; the weights are kept from the "
+                        f"previous step. Try a lower learning rate (now {lr}), standardising the inputs, "
+                        f"or float64"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                gradients = [p.grad for p in parameters if p.grad is not None]
+                if not _all_finite(gradients):
+                    raise TrainingDivergedError(
+                        f"the gradients became non-finite at {where}; the weights are kept from the "
+                        f"previous step. Try a lower learning rate (now {lr}) or standardising the inputs"
+                    )
+                optimizer.step()
+                value = loss.item()
+                state.total += value * batch.shape[0]
+                state.step = step + 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+                state.epoch = epoch
+                if (evaluate_every is not None and on_epoch is not None and state.step % evaluate_every == 0
+                        and state.step < steps_per_epoch):
+                    trained = min(state.step * batch_size, count)
+                    if on_epoch(epoch + state.step / steps_per_epoch, state.total / trained):
+                        state.losses.append(state.total / trained)
+                        state.finished = True
+                        break
+                    flow.train()  # the evaluation may have left it in eval mode
+                if (checkpoint is not None and (epoch * steps_per_epoch + state.step) % checkpoint_every == 0
+                        and state.step < steps_per_epoch):
+                    save(epoch_start)
+            if state.finished:  # stopped within the epoch
                 if checkpoint is not None:
-                    save(generator.get_state())
-                if stop:
-                    break
-        finally:
-            bar.close()
-            flow.eval()
-        return list(state.losses)
+                    save(epoch_start)
+                break
+            state.losses.append(state.total / count)
+            state.epoch, state.step, state.total = epoch + 1, 0, 0.0
+            stop = on_epoch is not None and bool(on_epoch(epoch + 1, state.losses[-1]))
+            state.finished = stop or epoch + 1 == epochs
+            if checkpoint is not None:
+                save(generator.get_state())
+            if stop:
+                break
+    finally:
+        bar.close()
+        flow.eval()
+    return list(state.losses)
 
 
 def training_matrix(X, dim: int | None = None, min_rows: int = 2, rows=None) -> torch.Tensor:
