@@ -50,13 +50,12 @@ def set_backend(name: str | None) -> None:
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
     """Run the enclosed code on backend `name`, restoring the previous choice afterwards."""
-    global _override
     previous = _override
-    _override = _check_name(name)
+    set_backend(name)
     try:
         yield
     finally:
-        _override = previous
+        set_backend(previous)
 
 
 def interpreter_enabled() -> bool:

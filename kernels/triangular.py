@@ -89,9 +89,10 @@ BLOCK_WIDTH = 192
 masked, the rest of each block row is read straight from `lu`, and zero blocks are never multiplied."""
 
 
-def _bounds(d: int, blocks: int) -> list[int]:
-    """The block edges 0 = b_0 < ... < b_blocks = d of near-equal diagonal blocks."""
-    return [index * d // blocks for index in range(blocks + 1)]
+def _bounds(d: int, blocks: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The block edges 0 = b_0 < ... < b_blocks = d of near-equal diagonal blocks, and each block's (lo, hi)."""
+    bounds = [index * d // blocks for index in range(blocks + 1)]
+    return bounds, list(zip(bounds, bounds[1:]))
 
 
 def _column_blocks(matrix: torch.Tensor, bounds: list[int]) -> tuple[torch.Tensor, ...]:
@@ -115,8 +116,7 @@ def factored_forward(x, loc, logs, lu, diagonal, perm):
     scale = torch.exp(logs)
     a = torch.add(x, loc).mul_(scale)
     d = lu.shape[0]
-    bounds = _bounds(d, max(1, d // BLOCK_WIDTH))
-    spans = list(zip(bounds, bounds[1:]))
+    bounds, spans = _bounds(d, max(1, d // BLOCK_WIDTH))
     diagonal_blocks = ([(lu, diagonal)] if len(spans) == 1
                        else [(lu[lo:hi, lo:hi], diagonal[lo:hi]) for lo, hi in spans])
     lowers = [_unit_lower(block) for block, _ in diagonal_blocks]
@@ -141,8 +141,7 @@ def factored_backward(dy, lu, perm, saved, needs):
     blocks = len(factors) // 2
     lowers, uppers = factors[:blocks], factors[blocks:]
     d = lu.shape[0]
-    bounds = _bounds(d, blocks)
-    spans = list(zip(bounds, bounds[1:]))
+    bounds, spans = _bounds(d, blocks)
     dv = dy.index_select(1, torch.argsort(perm))  # y = v[:, perm]
     dt = torch.empty_like(dv)
     dv_blocks, dt_blocks = _column_blocks(dv, bounds), _column_blocks(dt, bounds)

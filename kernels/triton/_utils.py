@@ -82,8 +82,7 @@ def triton_gemm(tensor: torch.Tensor) -> bool:
 
 @functools.cache
 def _sm_count(index: int | None) -> int:
-    device = torch.cuda.current_device() if index is None else index
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return torch.cuda.get_device_properties(index).multi_processor_count  # None: the current device
 
 
 def row_splits(row_blocks: int, other_programs: int, device: torch.device) -> int:
@@ -179,12 +178,6 @@ def load_shift_logit(
 
 
 @triton.jit
-def log_sigmoid(x):
-    """log(sigmoid(x)) = min(x, 0) - log(1 + exp(-|x|)), finite for any x."""
-    return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
-
-
-@triton.jit
 def affine_couple(inp, shift, logit, INVERSE: tl.constexpr):
     """The affine coupling of one tile, forward or INVERSE; returns (out, log sigmoid(logit))."""
     reciprocal_scale = 1.0 + tl.exp(-logit)
@@ -192,7 +185,7 @@ def affine_couple(inp, shift, logit, INVERSE: tl.constexpr):
         out = inp * reciprocal_scale - shift
     else:
         out = (inp + shift) / reciprocal_scale
-    return out, log_sigmoid(logit)
+    return out, tl.minimum(logit, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(logit)))  # finite for any logit
 
 
 @triton.jit

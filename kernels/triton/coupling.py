@@ -96,34 +96,33 @@ def _additive_kernel(
     tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch_affine_fwd(inp, h, out, logdet, inverse: bool) -> None:
+def _launch_affine_fwd(inp, h, out, inverse: bool) -> torch.Tensor:
     B, D2 = inp.shape
+    logdet = torch.empty((B,), dtype=accumulation_dtype(inp), device=inp.device)
     block_b, block_d = _utils.coupling_tiles(D2)
     wrap_triton(_affine_fwd_kernel)[(triton.cdiv(B, block_b),)](
         inp, h, out, logdet, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1), out.stride(0),
         SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FP64=is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
     )
+    return logdet
 
 
 @_utils.registered_op("flowcore::affine_coupling_fwd", mutates_args=())
 def _affine_fwd(inp: torch.Tensor, h: torch.Tensor, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
-    logdet = torch.empty((inp.shape[0],), dtype=accumulation_dtype(inp), device=inp.device)
-    _launch_affine_fwd(inp, h, out, logdet, inverse)
-    return out, logdet
+    return out, _launch_affine_fwd(inp, h, out, inverse)
 
 
 @_utils.registered_op("flowcore::affine_coupling_fwd_into", mutates_args=("out",))
 def _affine_fwd_into(inp: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out = the forward coupling of inp (out may be inp: in place, rows of any stride, unit
     column stride); returns the row log-dets."""
-    logdet = torch.empty((inp.shape[0],), dtype=accumulation_dtype(inp), device=inp.device)
-    _launch_affine_fwd(inp, h, out, logdet, inverse=False)
-    return logdet
+    return _launch_affine_fwd(inp, h, out, inverse=False)
 
 
-def _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse: bool, from_output: bool) -> None:
+def _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, inverse: bool, from_output: bool) -> torch.Tensor:
     B, D2 = inp.shape
+    dh = torch.empty((B, 2 * D2), dtype=h.dtype, device=h.device)
     block_b, block_d = _utils.coupling_tiles(D2)
     wrap_triton(_affine_bwd_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
         grad, grad_logdet, inp, h, dinp, dh,
@@ -132,6 +131,7 @@ def _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse: bool, from_
         SCALE_OFFSET=SCALE_OFFSET, INVERSE=inverse, FROM_OUTPUT=from_output, FP64=is_fp64(inp),
         BLOCK_B=block_b, BLOCK_D=block_d,
     )
+    return dh
 
 
 @_utils.registered_op("flowcore::affine_coupling_bwd", mutates_args=())
@@ -139,9 +139,7 @@ def _affine_bwd(
     grad: torch.Tensor, grad_logdet: torch.Tensor, inp: torch.Tensor, h: torch.Tensor, inverse: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     dinp = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
-    dh = torch.empty((inp.shape[0], 2 * inp.shape[1]), dtype=h.dtype, device=h.device)
-    _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, dh, inverse, from_output=False)
-    return dinp, dh
+    return dinp, _launch_affine_bwd(grad, grad_logdet, inp, h, dinp, inverse, from_output=False)
 
 
 @_utils.registered_op("flowcore::affine_coupling_bwd_from_output", mutates_args=("dinp",))
@@ -149,9 +147,7 @@ def _affine_bwd_from_output(grad: torch.Tensor, grad_logdet: torch.Tensor, out: 
                             dinp: torch.Tensor) -> torch.Tensor:
     """The forward coupling's backward from its output z2 (not its input): writes d(input) into
     `dinp` (rows of any stride, unit column stride) and returns the interleaved dh."""
-    dh = torch.empty((out.shape[0], 2 * out.shape[1]), dtype=h.dtype, device=h.device)
-    _launch_affine_bwd(grad, grad_logdet, out, h, dinp, dh, inverse=False, from_output=True)
-    return dh
+    return _launch_affine_bwd(grad, grad_logdet, out, h, dinp, inverse=False, from_output=True)
 
 
 @_utils.registered_op("flowcore::additive_coupling_fwd", mutates_args=())

@@ -17,7 +17,7 @@ from torch.library import wrap_triton
 from .._utils import accumulation_dtype, is_fp64, require_matrix
 from ..compat import composed_backward
 from ..coupling import SCALE_OFFSET
-from ..step import folded_step_ref
+from ..step import _Folded, folded_step_ref
 from . import _utils
 from ._utils import affine_couple, linear_tile, load_shift_logit, row_block
 from .coupling import _affine_bwd_from_output, _affine_fwd_into
@@ -50,11 +50,13 @@ def _folded_gemm_kernel(
     tl.store(z_ptr + rows[:, None] * stride_zb + ns[None, :], acc.to(z_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch_gemm(x, weight, bias, h, z, part_logdet, coupling: bool) -> None:
+def _launch_gemm(x, weight, bias, h, z, coupling: bool) -> torch.Tensor:
     B, K = x.shape
     N = weight.shape[0]
     block_b, block_n, block_k, options = _utils.fused_step_tiles(x.dtype, B, max(N, K))
-    grid = (triton.cdiv(B, block_b) * triton.cdiv(N, block_n),)
+    col_blocks = triton.cdiv(N, block_n)
+    part_logdet = torch.empty((col_blocks, B), dtype=accumulation_dtype(x), device=x.device) if coupling else bias
+    grid = (triton.cdiv(B, block_b) * col_blocks,)
     wrap_triton(_folded_gemm_kernel)[grid](
         x, weight, bias, h, z, part_logdet,
         B, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), bias.stride(0),
@@ -62,24 +64,21 @@ def _launch_gemm(x, weight, bias, h, z, part_logdet, coupling: bool) -> None:
         SCALE_OFFSET=SCALE_OFFSET, COUPLING=coupling, FP64=is_fp64(x), TF32=_utils.allow_tf32(x),
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, **options,
     )
+    return part_logdet
 
 
 @_utils.registered_op("flowcore::folded_gemm_into", mutates_args=("z",))
 def _folded_gemm_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> None:
     """z[:, :n] = x @ weight.T + bias, n = weight.shape[0] (z's other columns untouched)."""
     # No coupling here: bias stands in for the h and log-det pointers, which are never read.
-    _launch_gemm(x, weight, bias, bias[None, :], z, bias, coupling=False)
+    _launch_gemm(x, weight, bias, bias[None, :], z, coupling=False)
 
 
 @_utils.registered_op("flowcore::folded_gemm_coupling_into", mutates_args=("z",))
 def _folded_gemm_coupling_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, h: torch.Tensor,
                                z: torch.Tensor) -> torch.Tensor:
     """z[:, split:] = affine coupling of x @ weight.T + bias with h; returns the row log-dets."""
-    B, N = x.shape[0], weight.shape[0]
-    block_n = _utils.fused_step_tiles(x.dtype, B, max(N, x.shape[1]))[1]
-    part_logdet = torch.empty((triton.cdiv(N, block_n), B), dtype=accumulation_dtype(x), device=x.device)
-    _launch_gemm(x, weight, bias, h, z, part_logdet, coupling=True)
-    return part_logdet.sum(dim=0)
+    return _launch_gemm(x, weight, bias, h, z, coupling=True).sum(dim=0)
 
 
 def _first_half(x, weight, bias, split: int) -> torch.Tensor:
@@ -121,12 +120,11 @@ class _TritonAffineStep(torch.autograd.Function):
     def backward(ctx, dz, dlogdet):
         x, weight, bias, z, *params = ctx.saved_tensors
         split, (y1, h) = ctx.split, ctx.graph
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        needs = ctx.needs_input_grad[:3]  # x, weight, bias
         need_params = ctx.needs_input_grad[5:]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the composed twin
             outputs = folded_step_ref(x, weight, bias, split, ctx.conditioner)
-            grads = composed_backward(outputs, (x, weight, bias, *params), (need_x, need_w, need_b, *need_params),
-                                      (dz, dlogdet))
+            grads = composed_backward(outputs, (x, weight, bias, *params), (*needs, *need_params), (dz, dlogdet))
             return (*grads[:3], None, None, *grads[3:])
         dy = torch.empty_like(z)
         dh = _affine_bwd_from_output(dz[:, split:], dlogdet, z[:, split:], h.detach(), dy[:, split:])
@@ -138,10 +136,7 @@ class _TritonAffineStep(torch.autograd.Function):
         else:
             torch.add(dz[:, :split], dy1, out=dy[:, :split])
         param_grads = [next(grads) if needed else None for needed in need_params]
-        dx = dy @ weight if need_x else None
-        dweight = dy.T @ x if need_w else None
-        dbias = dy.sum(dim=0) if need_b else None
-        return dx, dweight, dbias, None, None, *param_grads
+        return (*_Folded.backward(dy, x, (weight, bias), (), needs), None, None, *param_grads)
 
 
 def affine_step(x, weight, bias, split: int, conditioner):
