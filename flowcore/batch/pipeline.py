@@ -42,7 +42,7 @@ class BackgroundThread:
     Leaving the block joins the thread: a reader stops early (its iterator closed in its own
     thread), a writer first consumes every item already put (unless it has failed)."""
 
-    def __init__(self, work: Callable[[], None], depth: int, name: str, reads: bool):
+    def __init__(self, work: Callable[["BackgroundThread"], None], depth: int, name: str, reads: bool):
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
         self._work, self._reads = work, reads
@@ -55,7 +55,7 @@ class BackgroundThread:
     @classmethod
     def reading(cls, items: Iterable, depth: int, name: str = "flowcore-reader") -> "BackgroundThread":
         """Iterate `items` in the thread; iterate the result (inside its `with` block) to get them."""
-        def produce() -> None:
+        def produce(pipe: BackgroundThread) -> None:
             iterator = iter(items)
             try:
                 for item in iterator:
@@ -64,19 +64,17 @@ class BackgroundThread:
             finally:
                 getattr(iterator, "close", lambda: None)()  # a generator's cleanup runs in this thread
 
-        pipe = cls(produce, depth, name, reads=True)
-        return pipe
+        return cls(produce, depth, name, reads=True)
 
     @classmethod
     def writing(cls, consume: Callable[[object], None], depth: int,
                 name: str = "flowcore-writer") -> "BackgroundThread":
         """Call `consume(item)` in the thread for each item the caller `put`s."""
-        def drain() -> None:
+        def drain(pipe: BackgroundThread) -> None:
             while (item := pipe._queue.get()) is not _END:
                 consume(item)
 
-        pipe = cls(drain, depth, name, reads=False)
-        return pipe
+        return cls(drain, depth, name, reads=False)
 
     def _hand_over(self, item, receiver_left: threading.Event) -> bool:
         """Queue `item`, waiting while the queue is full; False once the receiving side has left."""
@@ -88,7 +86,7 @@ class BackgroundThread:
 
     def _run(self) -> None:
         try:
-            self._work()
+            self._work(self)
         except BaseException as error:  # re-raised in the caller's thread
             self._error = error
         finally:

@@ -148,9 +148,8 @@ def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Po
         while block := handle.read(SCAN_BLOCK_BYTES):
             newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
             lines = seen + 1 + np.arange(len(newlines))  # the line each newline ends
-            for index in np.flatnonzero(lines % chunk_rows == 0):
-                if int(lines[index]) < rows:
-                    starts.append(Position(int(lines[index]), offset + int(newlines[index]) + 1, int(lines[index])))
+            for index in np.flatnonzero((lines % chunk_rows == 0) & (lines < rows)):
+                starts.append(Position(int(lines[index]), offset + int(newlines[index]) + 1, int(lines[index])))
             seen += len(newlines)
             offset += len(block)
     return starts

@@ -158,9 +158,8 @@ def file_identity(path: str | os.PathLike) -> dict:
     sha = hashlib.sha256()
     with open(path, "rb") as handle:
         sha.update(handle.read(FINGERPRINT_BYTES))
-        if stat.st_size > FINGERPRINT_BYTES:
-            handle.seek(max(FINGERPRINT_BYTES, stat.st_size - FINGERPRINT_BYTES))
-            sha.update(handle.read(FINGERPRINT_BYTES))
+        handle.seek(max(FINGERPRINT_BYTES, stat.st_size - FINGERPRINT_BYTES))  # a small file: at its end, adds nothing
+        sha.update(handle.read(FINGERPRINT_BYTES))
     return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
             "fingerprint": sha.hexdigest()}
 
@@ -230,8 +229,6 @@ def parquet_batches(path: Path, columns: list[str | None], start_row: int,
     while group < parquet.num_row_groups and skip >= parquet.metadata.row_group(group).num_rows:
         skip -= parquet.metadata.row_group(group).num_rows
         group += 1
-    if group == parquet.num_row_groups:
-        return
     batches = parquet.iter_batches(batch_size=batch_rows, columns=columns,
                                    row_groups=range(group, parquet.num_row_groups))
     row = start_row - skip
@@ -254,12 +251,10 @@ def reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarra
     """Reject the `candidates` rows of `vectors` holding NaN/Inf: each becomes all-NaN and is cleared
     in `candidates` (in place). `detail`: where they came from (default: the row's NaN and Inf counts)."""
     bad = candidates & ~np.isfinite(vectors).all(axis=1)
-    rejects = []
-    for offset in np.flatnonzero(bad):
-        row = vectors[offset]
-        what = detail or f"{int(np.isnan(row).sum())} NaN, {int(np.isinf(row).sum())} Inf of {vectors.shape[1]} values"
-        rejects.append(Reject(row_start + int(offset), reason, what))
-        vectors[offset] = np.nan
+    nans, infs = np.isnan(vectors[bad]).sum(axis=1), np.isinf(vectors[bad]).sum(axis=1)
+    rejects = [Reject(row_start + int(offset), reason, detail or f"{nan} NaN, {inf} Inf of {vectors.shape[1]} values")
+               for offset, nan, inf in zip(np.flatnonzero(bad), nans, infs)]
+    vectors[bad] = np.nan
     candidates &= ~bad
     return rejects
 

@@ -64,9 +64,8 @@ def sample_row_numbers(rows: int, max_rows: int | None, seed: int = 0) -> list[i
         return list(range(rows))
     _check(max_rows)
     reservoir = list(range(min(rows, max_rows)))
-    if rows > max_rows:
-        for position, slot in _replacements(max_rows, random.Random(seed)):
-            if position >= rows:
-                break
-            reservoir[slot] = position
+    for position, slot in _replacements(max_rows, random.Random(seed)):  # positions from `max_rows` on
+        if position >= rows:
+            break
+        reservoir[slot] = position
     return sorted(reservoir)

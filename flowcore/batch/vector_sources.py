@@ -93,8 +93,6 @@ class NpyMatrix:
 
     def read(self, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """The chosen rows as a copy in the file's dtype, or (`rows=None`) all as a read-only memory map."""
-        if self.rows == 0 or (rows is not None and len(rows) == 0):
-            return np.empty((0, self.dim), dtype=self.dtype)
         if rows is None:
             return np.memmap(self.path, self.dtype, mode="r", offset=self.header_bytes, shape=(self.rows, self.dim),
                              order="F" if self.fortran_order else "C")
@@ -105,8 +103,6 @@ class NpyMatrix:
         """(row_start, float32 copy of rows [row_start, row_start + block_rows)) from `start_row` on,
         dropping the pages copied so that resident memory stays flat (`check_streamable`)."""
         self.check_streamable()
-        if self.rows == 0:
-            return
         row_bytes = self.dim * self.dtype.itemsize
         with self._mapped() as (matrix, mapped):
             for row_start in range(start_row, self.rows, block_rows):
