@@ -1,7 +1,6 @@
 """`analyze`: the whole analysis of one encoder (or stored vectors) on one corpus, as one JSON-ready dict."""
 from __future__ import annotations
 
-import math
 import re
 import time
 from typing import Callable, Iterable
@@ -147,7 +146,7 @@ def analyze(
         result["frequency"] = _frequency(encoder, sentences, frequency_sources, say)
     # each calibration's Spearman averaged over the labelled pair sets (NaN where one failed)
     names = {name for entry in result["pairs"] for name in entry["spearman"]}
-    scores = {name: float(np.mean([entry["spearman"].get(name, math.nan) for entry in result["pairs"]]))
+    scores = {name: float(np.mean([entry["spearman"][name] for entry in result["pairs"]]))
               for name in names}
     say("auto's rule on the raw corpus: hubness of its 10-NN graph")
     auto = AutoCalibration(seed=seed).fit(vectors)  # the label-free choice, the same as `flowcore fit`'s default

@@ -8,9 +8,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 from scipy.stats import spearmanr
 
 from flowcore.extras import require
+from flowcore.text.loading import load, resolve_model
 
 __all__ = ["BUCKETS", "FREQUENCY_SOURCES", "KNN", "FrequencyBucket", "TokenEmbeddings", "bucket_statistics",
            "corpus_ranks", "token_embeddings", "wordfreq_ranks"]
@@ -45,8 +47,6 @@ def token_embeddings(encoder) -> TokenEmbeddings:
         >>> table.vectors.shape
         (30522, 384)
     """
-    from flowcore.text.loading import load, resolve_model
-
     _, source = resolve_model(encoder.model_id)
     loaded = load(source, encoder.device, None)  # shared with the encoder: not reloaded
     weights = loaded.model.get_input_embeddings().weight.detach().float().cpu().numpy()
@@ -141,8 +141,6 @@ def bucket_statistics(vectors: np.ndarray, ranks: np.ndarray, buckets=BUCKETS, k
         >>> stats, rho = bucket_statistics(table.vectors, wordfreq_ranks(table.tokens))
         >>> [round(b.mean_norm, 2) for b in stats]      # rising with rarity in BERT
     """
-    import torch
-
     vectors = np.asarray(vectors, dtype=np.float32)
     ranks = np.asarray(ranks)
     if vectors.ndim != 2 or len(ranks) != len(vectors):

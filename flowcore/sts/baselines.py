@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 
 from flowcore import defaults
 from flowcore.calibration.base import NAMES, create, load
+from flowcore.calibration.recipes import RECIPES, recipe_named
 
 __all__ = ["CALIBRATIONS", "FLOW_INPUTS", "CalibrationSettings", "FlowBaseline", "PreFitted", "build_calibrator",
            "prefitted", "settings_record"]
@@ -81,8 +82,6 @@ def build_calibrator(name: str, settings: CalibrationSettings, show_progress_bar
 def settings_record(name: str, settings: CalibrationSettings) -> dict:
     """The settings of calibration `name` that are stored in its result records."""
     if name == "flow":
-        from flowcore.calibration.recipes import recipe_named
-
         recipe = recipe_named(settings.flow_recipe, epochs=settings.flow_epochs, lr=settings.flow_lr,
                               batch_size=settings.flow_batch_size)
         record = {key: value for key, value in asdict(settings).items() if key.startswith("flow_") or key == "seed"}
@@ -113,8 +112,6 @@ def prefitted(path, device=None) -> PreFitted:
         fitted = calibrator.settings()
         return PreFitted(calibrator, str(path), {
             **record, **{key: fitted[setting] for key, setting in _RECORDED.get(calibrator.name, {}).items()}})
-    from flowcore.calibration.recipes import RECIPES
-
     recipe = calibrator.recipe
     record.update(flow_config=calibrator.config, flow_epochs=calibrator.epochs, flow_lr=calibrator.lr,
                   flow_batch_size=calibrator.batch_size, seed=calibrator.seed, flow_recipe=recipe.name,

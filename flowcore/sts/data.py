@@ -153,12 +153,8 @@ def checked_sentence(value, column: str) -> str:
     return value
 
 
-def _raise_bad(path: Path, line_number: int, message: str) -> None:
-    raise STSDataError(f"{path}:{line_number}: {message}")
-
-
 def semeval_pairs(input_path: Path, gold_path: Path,
-                  on_bad: Callable[[Path, int, str], None] = _raise_bad) -> Iterator[tuple[str, str, float]]:
+                  on_bad: Callable[[Path, int, str], None] | None = None) -> Iterator[tuple[str, str, float]]:
     """The scored pairs of one SemEval/SentEval subset: input lines `s1<TAB>s2[<TAB>extra...]`,
     aligned with gold lines holding a score or nothing (an unscored pair, skipped).
 
@@ -184,6 +180,8 @@ def semeval_pairs(input_path: Path, gold_path: Path,
             where = gold_path
             score = checked_score(gold.text.strip(), "gold score")
         except BadRecord as bad:
+            if on_bad is None:
+                raise STSDataError(f"{where}:{line.number}: {bad}") from None
             on_bad(where, line.number, str(bad))
             continue
         yield first, second, score

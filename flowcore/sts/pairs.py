@@ -59,7 +59,6 @@ class PairColumns:
 
     @property
     def keys(self) -> tuple:
-        """(sentence1, sentence2, score)."""
         return self.sentence1, self.sentence2, self.score
 
     def __str__(self) -> str:
@@ -177,26 +176,23 @@ def _tsv_records(path: Path, collector: _Collector):
 def _csv_records(path: Path, collector: _Collector):
     """(number of its first line, fields) of each non-blank CSV record; one broken or spanning several lines
     is bad (one pair per line: a quote left open would swallow the next lines)."""
-    lines = _text_lines(path, collector)
-    state = {"start": None, "last": 0}
+    numbers: list[int] = []  # the line numbers of the record being read
 
     def feed():
-        for number, text in lines:
-            state["last"] = number
-            if state["start"] is None:
-                state["start"] = number
+        for number, text in _text_lines(path, collector):
+            numbers.append(number)
             yield text + "\n"  # the reader keeps a line break inside a quoted field
 
     reader = csv.reader(feed(), strict=True)
     while True:
-        state["start"] = None
+        numbers.clear()
         try:
             fields, problem = next(reader), None
         except StopIteration:
             return
-        except csv.Error as error:
+        except csv.Error as error:  # raised on a line read, never before the first
             fields, problem = None, str(error)
-        start, last = state["start"] or state["last"], state["last"]
+        start, last = numbers[0], numbers[-1]
         if last > start:
             detail = f" ({problem})" if problem is not None else ""
             collector.bad(start, f"quoted field spans lines {start}-{last}{detail}; unbalanced quote? "

@@ -17,6 +17,7 @@ import numpy as np
 from flowcore import defaults
 from flowcore._progress import progress_wanted
 from flowcore.calibration.corpus_size import small_corpus_warning
+from flowcore.calibration.recipes import recipe_named
 from flowcore.runtime import training_threads, use_threads_in_this_process
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, PreFitted, build_calibrator, settings_record
 from flowcore.sts.cache import EmbeddingCache
@@ -114,9 +115,8 @@ def evaluate(
             else:
                 corpus = embedded_corpus(*fit_corpus_sentences(data_dir, dataset, fit_corpus), dataset)
         elif needs_fit:
-            if file_corpus is None:
-                label, sentences = fit_corpus_sentences(data_dir, dataset, fit_corpus)
-                file_corpus = embedded_corpus(label, sentences, label)
+            if file_corpus is None:  # its label is the file's name
+                file_corpus = embedded_corpus(*fit_corpus_sentences(data_dir, dataset, fit_corpus), fit_corpus)
             corpus = file_corpus
         prepared.append(_Dataset(given, pairs_, left, right, *corpus))
     scorer = _Scorer(calibrations, settings, factories, fitted, fit_corpus, progress, str(encoder.pooling),
@@ -214,8 +214,6 @@ def _flow_fits_in_parallel(scorer: _Scorer) -> bool:
         return False
     if "fork" not in multiprocessing.get_all_start_methods() or settings.device not in (None, "cpu"):
         return False
-    from flowcore.calibration.recipes import recipe_named
-
     return training_threads(recipe_named(settings.flow_recipe, batch_size=settings.flow_batch_size).batch_size) == 1
 
 
