@@ -116,8 +116,7 @@ class Glow(nn.Module):
 
     def _forward_in_blocks(self, x: torch.Tensor):
         """(z, logdet) of CPU inference, block by block; with n torch threads, n blocks run side by
-        side on one thread each, so the output is that of a one-thread run whatever n or the load.
-        Forward hooks, autocast and the Triton backend keep the blocks in this thread."""
+        side on one thread each, so the output is that of a one-thread run whatever n or the load."""
         z = torch.empty_like(x, memory_format=torch.contiguous_format)
         logdet = x.new_empty(x.shape[0], dtype=accumulation_dtype(x))
         step = max(1, defaults.CPU_BLOCK_BYTES // (self.dim * x.element_size()))

@@ -44,8 +44,7 @@ class FlowStep(nn.Module):
         shift, scale 1) and mark ActNorm initialised. A `weight` needs the LU mixing."""
         self.actnorm.loc.copy_(loc if loc is not None else torch.zeros_like(self.actnorm.loc))
         self.actnorm.logs.copy_(torch.log(scale) if scale is not None else torch.zeros_like(self.actnorm.logs))
-        self.actnorm.initialized.fill_(True)
-        self._fold_cache = None
+        self.actnorm.initialized.fill_(True)  # copy_ bumps the parameters' versions: a cached fold is rebuilt
         if weight is None:
             return
         if not isinstance(self.mixing, LULinear):

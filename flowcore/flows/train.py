@@ -154,7 +154,6 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
                 state.step = step + 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{value:.4f}", refresh=False)
-                state.epoch = epoch
                 if (evaluate_every is not None and on_epoch is not None and state.step % evaluate_every == 0
                         and state.step < steps_per_epoch):
                     trained = min(state.step * batch_size, count)

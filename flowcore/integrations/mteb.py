@@ -23,8 +23,6 @@ __all__ = ["FlowcoreMTEBModel"]
 class FlowcoreMTEBModel:
     """A flowcore `Encoder`, optionally calibrated, as an mteb encoder (`mteb.models.EncoderProtocol`).
 
-    mteb's `encode_kwargs["batch_size"]` is the encoder's batch size (flowcore's default when absent).
-
     Args:
         encoder: a `flowcore.Encoder`, or anything with its `encode`, `model_id`, `pooling` and `dim`.
         calibrator: a fitted flowcore calibrator for this encoder, or anything with `transform(X)`; None: raw.
@@ -101,7 +99,7 @@ class FlowcoreMTEBModel:
         Args:
             inputs: mteb's DataLoader (any iterable of batches, each a mapping with a "text" list).
             task_metadata, hf_split, hf_subset, prompt_type: mteb's context; not used (no prompts).
-            kwargs: mteb's encode_kwargs: `batch_size`, `show_progress_bar` (others are ignored).
+            kwargs: mteb's encode_kwargs: `batch_size` (else flowcore's default), `show_progress_bar` (others ignored).
         """
         texts: list[str] = []
         for batch in inputs:

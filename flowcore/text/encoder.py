@@ -118,10 +118,7 @@ class Encoder:
             normalize: scale rows to unit length (norm 1 within ~1e-7; an all-zero row stays zero).
             max_tokens: at most this many padded tokens per forward pass.
 
-        Returns:
-            float32 numpy array (len(sentences), dim). Texts longer than `max_length` tokens are
-            truncated, with one warning counting them.
-
+        Texts longer than `max_length` tokens are truncated, with one warning counting them.
         The same call on the same machine and thread count gives the same bits; other batch compositions
         differ by float32 rounding (by the int8 step with `quantize="int8"`, one activation scale per batch).
         """
@@ -182,13 +179,12 @@ class Encoder:
                             return_token_type_ids="token_type_ids" in self._loaded.input_names)
         tokens = {name: encoded[name] for name in self._loaded.input_names if name != "attention_mask"}
         lengths = np.fromiter(map(len, tokens["input_ids"]), dtype=np.int64, count=len(texts))
-        truncated = cut.copy()
         at_limit = np.flatnonzero((lengths >= self.max_length) & ~cut)
         if at_limit.size:  # only texts that fill max_length can have been cut: re-count those in full
             full = tokenizer([texts[i] for i in at_limit], truncation=False, padding=False, verbose=False,
                              return_attention_mask=False)["input_ids"]
-            truncated[at_limit] = [len(ids) > self.max_length for ids in full]
-        return tokens, lengths, truncated
+            cut[at_limit] = [len(ids) > self.max_length for ids in full]
+        return tokens, lengths, cut
 
     def _collate(self, tokens: dict, lengths: np.ndarray, rows: np.ndarray):
         """Right-padded tensors on the device for the texts `rows` (all no longer than the first)."""
