@@ -109,8 +109,7 @@ class FlowCalibrator(Calibrator):
 
     @property
     def dim(self) -> int:
-        self._fitted()
-        return self.standardizer.dim if self.standardizer is not None else self.flow.dim
+        return self.standardizer.dim if self.standardizer is not None else self._fitted().dim
 
     def _fitted(self) -> Glow:
         if self.flow is None:
@@ -208,22 +207,18 @@ class FlowCalibrator(Calibrator):
         y = self._on_varying(z, self.flow.inverse)
         return y if self.standardizer is None else self.standardizer.inverse(y)
 
+    @torch.inference_mode()
     def _map(self, X, inverse: bool, chunk_rows: int) -> np.ndarray:
         """X mapped through the flow (or back), `chunk_rows` rows at a time, refused as `transform` says."""
         name, function = ("Z", self._inverse) if inverse else ("X", self._forward)
-        if np.ndim(X) != 2:
-            check_matrix(np.asarray(X), name=name)  # the shape error
         parameter, dim = next(self._fitted().parameters()), self.dim
         if parameter.device.type == "cuda":  # transfers overlapped with the compute
-            with torch.inference_mode():
-                out = map_on_cuda(X, function, dim=dim, device=parameter.device, dtype=parameter.dtype,
-                                  chunk_rows=chunk_rows, name=name)
-            return check_output(out, name)
+            return check_output(map_on_cuda(X, function, dim=dim, device=parameter.device, dtype=parameter.dtype,
+                                            chunk_rows=chunk_rows, name=name), name)
 
         def map_chunk(rows, row_offset: int) -> np.ndarray:
             chunk = check_matrix(rows, dim=dim, row_offset=row_offset, name=name)
-            with torch.inference_mode():
-                return function(chunk.to(device=parameter.device, dtype=parameter.dtype)).float().cpu().numpy()
+            return function(chunk.to(device=parameter.device, dtype=parameter.dtype)).float().cpu().numpy()
 
         return self._map_chunks(X, map_chunk, chunk_rows, name)
 

@@ -65,8 +65,7 @@ class FlowFileError(ValueError):
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
     sha = hashlib.sha256()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().cpu().contiguous()
+    for name, tensor in sorted(tensors.items()):  # CPU and contiguous: as saved, or as safetensors reads them
         sha.update(name.encode())
         sha.update(str(tensor.dtype).encode())
         sha.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")

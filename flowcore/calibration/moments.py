@@ -121,8 +121,6 @@ class MomentsAccumulator:
             self.dim = moments.dim
         elif moments.dim != self.dim:
             raise ValueError(f"expected {self.dim}-dimensional vectors, got {moments.dim}")
-        if moments.count == 0:
-            return
         self.rows += moments.count
         while self._stack and self._stack[-1].count <= moments.count:
             moments = self._stack.pop().merge(moments)

@@ -71,8 +71,7 @@ class ZCAWhitening(Whitening):
     def __init__(self, tolerance: float = TOLERANCE):
         super().__init__(tolerance=tolerance)
 
-    def settings(self) -> dict:
-        return {"tolerance": self.tolerance}
+    settings = LinearCalibrator.settings  # its one setting is an attribute of the same name
 
     def _fitted_matrix(self, mean, covariance):
         return super()._fitted_matrix(mean, covariance) @ self.axes.T
