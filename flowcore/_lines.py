@@ -143,8 +143,7 @@ def iter_lines(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Itera
             offset += whole
             line += 1
             raw = raw.removesuffix(b"\n").removesuffix(b"\r")
-            nul = raw.find(b"\0")
-            nul = None if nul < 0 else nul
+            nul = raw.index(b"\0") if b"\0" in raw else None
             try:
                 yield Line(line, offset, raw.decode("utf-8"), None, nul, None, length)
             except UnicodeDecodeError as error:

@@ -32,6 +32,6 @@ def require(module: str, feature: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        missing = (getattr(error, "name", None) or module).split(".")[0]
+        missing = (error.name or module).split(".")[0]
         raise MissingExtraError(f"{feature} needs {missing}, which is not installed: "
                                 f"pip install 'flowcore[{extra}]'") from None

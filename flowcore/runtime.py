@@ -23,13 +23,11 @@ SMALL_BATCH_ROWS = 256
 def available_cpus() -> int:
     """CPUs this process may run on: its affinity mask, capped by a cgroup v2 quota (`cpu.max`)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
+    with contextlib.suppress(OSError, ValueError):  # no cgroup v2 quota ("max", or no such file)
         with open("/sys/fs/cgroup/cpu.max") as limit:
             quota, period = limit.read().split()[:2]
         cpus = min(cpus, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):  # no cgroup v2 quota ("max", or no such file)
-        pass
-    return max(1, cpus)
+    return cpus
 
 
 def _torch_threads() -> int:
@@ -55,7 +53,7 @@ def training_threads(batch_size: int) -> int:
     """
     if batch_size < SMALL_BATCH_ROWS:
         return 1
-    return max(1, min(_torch_threads(), available_cpus()))
+    return min(_torch_threads(), available_cpus())
 
 
 def encoder_threads(requested: int | None, quantized: bool) -> tuple[int, int]:

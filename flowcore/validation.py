@@ -36,7 +36,7 @@ def as_tensor(X, name: str = "X") -> torch.Tensor:
     if isinstance(X, torch.Tensor):
         return X
     array = np.asarray(X)
-    if array.dtype == object or not np.issubdtype(array.dtype, np.number):
+    if not np.issubdtype(array.dtype, np.number):
         raise ValueError(f"{name} must be a numeric array, got dtype {array.dtype}")
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
@@ -67,16 +67,15 @@ def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X
     return tensor
 
 
-def check_output(output: np.ndarray, name: str = "X", row_offset: int = 0) -> np.ndarray:
+def check_output(output: np.ndarray, name: str = "X") -> np.ndarray:
     """`output`, a calibrator's result for finite rows of `name`, unless a row holds NaN/Inf: then
-    `NonFiniteOutputError` naming those rows (numbered from `row_offset`) and carrying `output`."""
+    `NonFiniteOutputError` naming those rows and carrying `output`."""
     bad = [start + np.flatnonzero(~np.isfinite(output[start:start + defaults.CHECK_BLOCK_ROWS]).all(axis=1))
            for start in range(0, len(output), defaults.CHECK_BLOCK_ROWS)]
     bad = np.concatenate(bad) if bad else np.empty(0, dtype=np.intp)
     if len(bad):
-        shown = ", ".join(str(int(i) + row_offset) for i in bad[:5])
+        shown = ", ".join(str(int(i)) for i in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise NonFiniteOutputError(f"{name} row(s) {shown}{more} (0-based) are finite, but calibrated they hold "
-                                   "NaN or Inf: values too large for the calibration's arithmetic", bad + row_offset,
-                                   output)
+                                   "NaN or Inf: values too large for the calibration's arithmetic", bad, output)
     return output

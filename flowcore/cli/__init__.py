@@ -56,7 +56,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as error:  # a batch job's JobInterrupted says where it stopped, and by which signal
         print(f"flowcore {args.command}: {str(error) or 'interrupted (SIGINT)'}", file=sys.stderr)
         return getattr(error, "exit_status", 130)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -77,20 +77,19 @@ def register(subparsers) -> None:
 
 def _column_list(value: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in value.split(","))
-    if not value.strip() or not all(names):
+    if not all(names):
         raise argparse.ArgumentTypeError(f"expected column names separated by commas, got {value!r}")
     return names
 
 
 def job_options(args: argparse.Namespace) -> dict:
-    """The keyword arguments of both engines (`calibrate_file`, `calibrate_ray`; after the flow
-    path and the output) that the parsed `calibrate` flags ask for."""
+    """The job options (`flowcore.batch.core.JobSpec`) of both engines that the parsed `calibrate` flags ask for."""
     return dict(input=args.input, embeddings=args.embeddings, text_field=args.text_field, id_field=args.id_field,
                 vector_field=args.vector_field, model=args.model, pooling=args.pooling, quantize=args.quantize,
                 batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart,
                 show_progress_bar=show_progress(args), threads=args.threads, keep_columns=args.keep_columns or (),
                 vector_column=None if args.vector_column == defaults.VECTOR_COLUMN else args.vector_column,
-                normalize=args.normalize, **({"device": args.device} if args.device is not None else {}))
+                normalize=args.normalize, device=args.device)
 
 
 def run(args: argparse.Namespace) -> int:

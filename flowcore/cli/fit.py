@@ -173,8 +173,7 @@ def _distinct_rows(data: np.ndarray, rows: np.ndarray | None) -> int:
     """Distinct rows of `data` (of its `rows`, if given), up to what the small-corpus warning needs, read in blocks."""
     seen: set[bytes] = set()
     for block in row_blocks(data, rows):
-        for row in np.ascontiguousarray(block):
-            seen.add(hashlib.blake2b(row.tobytes(), digest_size=16).digest())
+        seen.update(hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in np.ascontiguousarray(block))
         if len(seen) >= MIN_ROWS_PER_DIM * data.shape[1]:
             break
     return len(seen)
