@@ -77,4 +77,3 @@ class StopSignals:
     def __exit__(self, *exc_info) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-        self._previous.clear()

@@ -126,8 +126,7 @@ class CalibrationJob:
         self.transform = normalized(transform) if self.normalize else transform
         self.out = Path(out)
         self.format = detect_format(self.out, OUTPUT_FORMATS)
-        self.keep_columns = source.keep_columns
-        if self.format == "npy" and (self.keep_columns or vector_column is not None):
+        if self.format == "npy" and (source.keep_columns or vector_column is not None):
             raise ValueError(f"{out}: --keep-columns and --vector-column need .parquet output "
                              "(.npy holds the vectors only)")
         self.vector_column = (vector_column or VECTOR_COLUMN) if self.format == "parquet" else None
@@ -213,7 +212,7 @@ class CalibrationJob:
         else:
             output = ParquetOutput(self.out, rows, self.output_dim, with_ids=self.source.id_field is not None,
                                    vector_column=self.vector_column,
-                                   meta_types=self.source.meta_types() if self.keep_columns else ())
+                                   meta_types=self.source.meta_types())
         rejects = RejectsLog(self.rejects_path)
         if earlier is None:
             with _writing(self.progress_path):
@@ -256,7 +255,7 @@ class CalibrationJob:
         return manifest(file=self.out.name, parquet=self.out if self.format == "parquet" else None, rows=rows,
                         rejects=rejects, rejects_file=self.rejects_path.name, dim=self.output_dim,
                         normalized=self.normalize, id_field=source.id_field, vector_column=self.vector_column,
-                        kept_columns=self.keep_columns, input={"kind": source.kind, **source.identity()},
+                        kept_columns=source.keep_columns, input={"kind": source.kind, **source.identity()},
                         description=self.description, threads=self.threads, chunk_rows=self.chunk_rows,
                         versions={"progress": PROGRESS_VERSION})
 

@@ -218,7 +218,7 @@ class _ShardWriter:
         output = ParquetOutput(self.folder / "vectors.parquet", shard.rows, self.calibrate.calibrator.output_dim,
                                with_ids=source.id_field is not None,
                                vector_column=self.spec.vector_column or VECTOR_COLUMN,
-                               meta_types=source.meta_types() if source.keep_columns else (),
+                               meta_types=source.meta_types(),
                                parts=self.folder)  # shard files are the output's part files
         output.write(calibrated)
         output.sync()

@@ -216,8 +216,7 @@ def parquet_schema(path: Path, **wanted: str | None):
     return schema
 
 
-def parquet_batches(path: Path, columns: list[str | None], start_row: int,
-                    batch_rows: int = PARQUET_BATCH_ROWS) -> Iterator:
+def parquet_batches(path: Path, columns: list[str | None], start_row: int) -> Iterator:
     """Record batches of `columns` (each read once; None skipped) from row `start_row` on,
     skipping whole row groups first; data that cannot be decoded raises a ValueError naming the
     file and the row it starts at."""
@@ -229,7 +228,7 @@ def parquet_batches(path: Path, columns: list[str | None], start_row: int,
     while group < parquet.num_row_groups and skip >= parquet.metadata.row_group(group).num_rows:
         skip -= parquet.metadata.row_group(group).num_rows
         group += 1
-    batches = parquet.iter_batches(batch_size=batch_rows, columns=columns,
+    batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns,
                                    row_groups=range(group, parquet.num_row_groups))
     row = start_row - skip
     try:

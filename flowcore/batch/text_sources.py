@@ -102,7 +102,7 @@ class _CsvLines:
         if self.record:  # the lines after a record's first, whose quoted field runs on
             if self.record_bytes + len(entry.text) > CSV_SPAN_BYTES:
                 self.again.appendleft(entry)
-                raise _SpanTooLong
+                raise _SpanTooLong(f"a quoted field runs on past {CSV_SPAN_BYTES >> 20} MiB")
             self.record_bytes += len(entry.text)
         self.record.append(entry)
         return entry.text
@@ -235,13 +235,11 @@ class TextCorpus:
     def _bad_line(self, reject: Reject, line) -> TextRow:
         """A line that cannot be read, with its id when one can still be read (jsonl)."""
         record_id = None
-        if self.id_field is not None and self.format == "jsonl":
+        if self.id_field is not None:  # jsonl: a .txt corpus has no id field
             content = line.raw.decode("utf-8", errors="surrogateescape") if line.text is None else line.text
-            with contextlib.suppress(ValueError, RecursionError):
-                record = json.loads(content)
-                if isinstance(record, dict):
-                    record_id, _ = id_reject(reject.row, reject.line, record.get(self.id_field), self.id_field)
-        return _rejected(reject.row, reject.line, reject.reason, reject.detail, record_id)
+            with contextlib.suppress(ValueError, RecursionError, AttributeError):  # not a JSON object: no id
+                record_id = json.loads(content).get(self.id_field)
+        return self._from_fields(reject.row, reject.line, None, record_id, reject)
 
     def _parse_jsonl(self, row: int, line: int, content: str) -> TextRow:
         try:
@@ -252,8 +250,7 @@ class TextCorpus:
             return _rejected(row, line, BROKEN_JSON, "nested too deeply")
         if not isinstance(record, dict):
             return _rejected(row, line, BROKEN_JSON, f"expected a JSON object, got {type(record).__name__}")
-        entry = self._from_fields(row, line, record.get(self.text_field),
-                                  record.get(self.id_field) if self.id_field else None)
+        entry = self._from_fields(row, line, record.get(self.text_field), record.get(self.id_field))
         if self.keep_columns:
             meta = tuple(_json_text(record.get(name)) for name in self.keep_columns)
             unwritable = [name for name, value in zip(self.keep_columns, meta) if not_unicode(value)]
@@ -265,12 +262,13 @@ class TextCorpus:
             entry = entry._replace(meta=meta)
         return entry
 
-    def _from_fields(self, row: int, line: int | None, text, record_id) -> TextRow:
-        """A row from its text and id values (`text_reject`, `id_reject`), keeping a sound id when rejected."""
+    def _from_fields(self, row: int, line: int | None, text, record_id, reject: Reject | None = None) -> TextRow:
+        """A row from its text and id values (`text_reject`, `id_reject`), or rejected for `reject` (a
+        problem found before them), keeping a sound id when rejected."""
         id_problem = None
         if self.id_field is not None:
             record_id, id_problem = id_reject(row, line, record_id, self.id_field)
-        reject = text_reject(row, line, text, self.text_field) or id_problem
+        reject = reject or text_reject(row, line, text, self.text_field) or id_problem
         if reject is not None:
             return _rejected(row, line, reject.reason, reject.detail, record_id)
         return TextRow(row, line, record_id, text, None)
@@ -300,8 +298,7 @@ class TextCorpus:
     def _broken_csv(self, row: int, lines: _CsvLines, error: Exception) -> TextRow:
         """A record the csv module could not close: its first line is rejected, the others read again."""
         first, last = lines.record[0], lines.record[-1]
-        too_long = isinstance(error, _SpanTooLong)
-        detail = f"a quoted field runs on past {CSV_SPAN_BYTES >> 20} MiB" if too_long else str(error)
+        detail = str(error)
         if last.number > first.number:
             detail += (f" (a record from line {first.number} to line {last.number}: an unclosed quote?); the lines "
                        "after this one are read again as rows")
@@ -315,14 +312,14 @@ class TextCorpus:
         first = record[0].number
 
         def value(name: str | None) -> str | None:
-            index = self._csv_columns[name] if name is not None else None
+            index = self._csv_columns.get(name)  # None: no id field
             return fields[index] if index is not None and index < len(fields) else None
 
         problems = [(entry.number, entry.problem) for entry in record if entry.problem is not None]
-        record_id = id_reject(row, first, value(self.id_field), self.id_field)[0] if self.id_field else None
         if problems:
             number, (reason, where) = problems[0]
-            entry = _rejected(row, first, reason, f"{where} of line {number}", record_id)
+            entry = self._from_fields(row, first, None, value(self.id_field),
+                                      Reject(row, reason, f"{where} of line {number}", first))
         elif not fields or not any(field.strip() for field in fields):
             entry = _rejected(row, first, EMPTY_LINE)
         else:
@@ -340,13 +337,12 @@ class TextCorpus:
             metas = (zip(*(batch.column(name).to_pylist() for name in self.keep_columns)) if self.keep_columns
                      else [None] * len(texts))
             for text, record_id, meta in zip(texts, ids, metas):
+                undecodable = None
                 try:
                     text = text.decode("utf-8") if isinstance(text, bytes) else text
                 except UnicodeDecodeError as error:
-                    known = id_reject(row, None, record_id, self.id_field)[0] if self.id_field else None
-                    entry = _rejected(row, None, INVALID_UTF8, f"byte {error.start} of the value", known)
-                else:
-                    entry = self._from_fields(row, None, text, record_id)
+                    undecodable = Reject(row, INVALID_UTF8, f"byte {error.start} of the value")
+                entry = self._from_fields(row, None, text, record_id, undecodable)
                 row += 1
                 yield entry._replace(meta=meta), Position(row)
 
