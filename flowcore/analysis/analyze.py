@@ -10,7 +10,6 @@ import numpy as np
 from flowcore import defaults
 from flowcore.analysis.advice import ISOTROPY_CAVEAT, advise
 from flowcore.analysis.frequency import (
-    BUCKETS,
     FREQUENCY_SOURCES,
     KNN,
     bucket_statistics,
@@ -167,7 +166,7 @@ def _frequency(encoder, sentences, sources: list[str], say) -> dict:
             ranks = wordfreq_ranks(table.tokens, table.special_ids)
         else:
             ranks = corpus_ranks(table.tokenizer, sentences, len(table.tokens), table.special_ids)
-        buckets, rho = bucket_statistics(table.vectors, ranks, BUCKETS, KNN, neighbours=neighbours)
+        buckets, rho = bucket_statistics(table.vectors, ranks, neighbours=neighbours)
         out[source] = {"buckets": [b.to_json() for b in buckets], "norm_rank_spearman": rho,
                        "ranked_tokens": int((ranks >= 0).sum())}
     return out

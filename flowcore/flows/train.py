@@ -118,7 +118,8 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
         state = _load_checkpoint(Path(checkpoint), identity, flow, optimizer, generator, on_epoch)
 
     def save(generator_state: torch.Tensor) -> None:
-        _save_checkpoint(Path(checkpoint), identity, flow, optimizer, generator_state, state, on_epoch)
+        if checkpoint is not None:
+            _save_checkpoint(Path(checkpoint), identity, flow, optimizer, generator_state, state, on_epoch)
 
     bar = tqdm(total=epochs * steps_per_epoch, initial=state.epoch * steps_per_epoch + state.step,
                desc="fit flow", unit="step", disable=not progress_wanted(show_progress_bar))
@@ -162,19 +163,16 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
                         state.finished = True
                         break
                     flow.train()  # the evaluation may have left it in eval mode
-                if (checkpoint is not None and (epoch * steps_per_epoch + state.step) % checkpoint_every == 0
-                        and state.step < steps_per_epoch):
+                if (epoch * steps_per_epoch + state.step) % checkpoint_every == 0 and state.step < steps_per_epoch:
                     save(epoch_start)
             if state.finished:  # stopped within the epoch
-                if checkpoint is not None:
-                    save(epoch_start)
+                save(epoch_start)
                 break
             state.losses.append(state.total / count)
             state.epoch, state.step, state.total = epoch + 1, 0, 0.0
             stop = on_epoch is not None and bool(on_epoch(epoch + 1, state.losses[-1]))
             state.finished = stop or epoch + 1 == epochs
-            if checkpoint is not None:
-                save(generator.get_state())
+            save(generator.get_state())
             if stop:
                 break
     finally:
