@@ -16,7 +16,7 @@ from torch import nn
 
 from ._utils import require_matrix, require_vector
 from .compat import composed_autograd_only, composed_backward, has_forward_hooks, plain_tensors, relu_backward
-from .coupling import affine_coupling_backward, affine_coupling_forward, affine_coupling_ref, shift_and_logit
+from .coupling import SCALE_OFFSET, affine_coupling_backward, affine_coupling_forward, affine_coupling_ref
 from .dispatch import resolve, triton_ops
 from .folded_linear import folded_linear_ref
 from .triangular import factored_backward, factored_forward, factored_linear_ref, lu_product
@@ -217,7 +217,9 @@ def _coupling_forward(y, split: int, layers):
     for index in range(0, len(layers) - 2, 2):
         a = torch.addmm(layers[index + 1], a, layers[index].T).relu_()
         hidden.append(a)
-    shift, logit = shift_and_logit(torch.addmm(layers[-1], a, layers[-2].T))
+    weight, bias = layers[-2], layers[-1]  # the last layer as two GEMMs: shift and logit come out contiguous
+    shift = torch.addmm(bias[0::2], a, weight[0::2].T)
+    logit = torch.addmm(bias[1::2], a, weight[1::2].T).add_(SCALE_OFFSET)
     _, logdet, scale = affine_coupling_forward(y[:, split:], shift, logit, inplace=True)
     return y, logdet, scale, hidden
 
