@@ -250,7 +250,8 @@ def reject_non_finite(vectors: np.ndarray, row_start: int, candidates: np.ndarra
     """Reject the `candidates` rows of `vectors` holding NaN/Inf: each becomes all-NaN and is cleared
     in `candidates` (in place). `detail`: where they came from (default: the row's NaN and Inf counts)."""
     bad = candidates & ~np.isfinite(vectors).all(axis=1)
-    nans, infs = np.isnan(vectors[bad]).sum(axis=1), np.isinf(vectors[bad]).sum(axis=1)
+    rows = vectors[bad]  # one copy of the bad rows, usually none
+    nans, infs = np.isnan(rows).sum(axis=1), np.isinf(rows).sum(axis=1)
     rejects = [Reject(row_start + int(offset), reason, detail or f"{nan} NaN, {inf} Inf of {vectors.shape[1]} values")
                for offset, nan, inf in zip(np.flatnonzero(bad), nans, infs)]
     vectors[bad] = np.nan
