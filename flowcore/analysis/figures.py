@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flowcore._fs import atomic_write
 from flowcore.extras import require
 
 __all__ = ["DPI", "cosine_histogram_figure", "frequency_figure", "lexical_figure"]
@@ -23,10 +24,11 @@ def _figure(columns: int = 1, height: float = 3.4):
 
 
 def _save(figure, path) -> Path:
+    """`figure` as a PNG at `path`, written atomically like every output (`flowcore._fs.atomic_write`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
-    figure.savefig(path, dpi=DPI)
+    atomic_write(path, lambda stream: figure.savefig(stream, dpi=DPI, format="png"))
     return path
 
 

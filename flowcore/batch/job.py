@@ -20,6 +20,7 @@ import numpy as np
 from flowcore._fs import (
     OutputWriteError,
     atomic_write_json,
+    check_replaceable,
     free_bytes,
     fsync,
     remove_temporaries,
@@ -37,7 +38,6 @@ from flowcore.batch.core import (
     default_chunk_rows,
     encode_with,
     manifest,
-    normalized,
 )
 from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
 from flowcore.batch.lock import OutputLock, OutputLockedError
@@ -123,7 +123,7 @@ class CalibrationJob:
         self.source, self.dim, self.encode = source, dim, encode
         self.output_dim = output_dim or dim
         self.normalize = bool(normalize)
-        self.transform = normalized(transform) if self.normalize else transform
+        self.transform = transform
         self.out = Path(out)
         self.format = detect_format(self.out, OUTPUT_FORMATS)
         if self.format == "npy" and (source.keep_columns or vector_column is not None):
@@ -131,6 +131,11 @@ class CalibrationJob:
                              "(.npy holds the vectors only)")
         self.vector_column = (vector_column or VECTOR_COLUMN) if self.format == "parquet" else None
         self.description = dict(description or {})
+        self.progress_path = self.out.with_name(self.out.name + ".progress.json")
+        self.manifest_path = self.out.with_name(self.out.name + ".manifest.json")
+        self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
+        for path in (self.out, self.progress_path, self.manifest_path, self.rejects_path):
+            check_replaceable(path)  # before any work: never a device, a pipe or a link loop
         if self.out.resolve() == Path(source.path).resolve():
             raise ValueError(f"the output {self.out} would overwrite the input")
         if not self.out.parent.is_dir():
@@ -142,9 +147,6 @@ class CalibrationJob:
         self.handle_signals = handle_signals
         self.threads = check_threads(threads)
         self._identity = {**(identity or {}), **({"threads": threads} if threads is not None else {})}
-        self.progress_path = self.out.with_name(self.out.name + ".progress.json")
-        self.manifest_path = self.out.with_name(self.out.name + ".manifest.json")
-        self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
 
     def identity(self) -> dict:
         """What the progress file records as this job."""
@@ -289,7 +291,8 @@ class CalibrationJob:
             _at_stage("committed", chunk)
 
         chunks = self.source.chunks(self.chunk_rows, Position(progress.rows, progress.offset, progress.line))
-        calibrated = calibrate_chunks(chunks, self.transform, self.dim, self.encode, output_dim=self.output_dim)
+        calibrated = calibrate_chunks(chunks, self.transform, self.dim, self.encode, output_dim=self.output_dim,
+                                      normalize=self.normalize)
         with bar, BackgroundThread.writing(write, QUEUE_DEPTH) as writer, contextlib.closing(calibrated):
             for chunk in calibrated:
                 if stop.requested:

@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -47,9 +48,24 @@ class OutputLock:
         self.release()
 
     def acquire(self) -> "OutputLock":
-        """Take the lock at once, or raise `OutputLockedError` naming its holder."""
+        """Take the lock at once, or raise `OutputLockedError` naming its holder. The lock file is never opened
+        through a link, and anything there but a regular file is refused (`OutputLockedError` naming it)."""
         while True:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            with contextlib.suppress(FileNotFoundError):  # never open a device or a pipe, whatever opening does
+                mode = os.lstat(self.path).st_mode
+                if not stat.S_ISREG(mode):
+                    raise OutputLockedError(self._not_a_lock("a symbolic link" if stat.S_ISLNK(mode) else
+                                                             "not a regular file"))
+            try:
+                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                                     0o666)
+            except OSError as error:
+                if error.errno == errno.ELOOP:  # a link planted after the check above
+                    raise OutputLockedError(self._not_a_lock("a symbolic link")) from None
+                raise
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                os.close(descriptor)
+                raise OutputLockedError(self._not_a_lock("not a regular file"))
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:
@@ -71,6 +87,10 @@ class OutputLock:
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, data, 0)
         return self
+
+    def _not_a_lock(self, kind: str) -> str:
+        return (f"{self.path} is {kind}, so it is not a lock flowcore made; flowcore never opens a lock through a "
+                f"link or over another kind of file: remove it, then rerun (it guards {self.out})")
 
     def _refusal(self, holder: dict | None) -> str:
         if holder is None or "pid" not in holder:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from flowcore import defaults
-from flowcore._fs import atomic_write, fsync
+from flowcore._fs import atomic_write, check_replaceable, fresh_folder, fsync, open_existing, open_new
 from flowcore.batch.core import JobMismatchError
 from flowcore.batch.rows import CalibratedChunk, Reject
 
@@ -23,7 +23,7 @@ VECTOR_COLUMN = defaults.VECTOR_COLUMN
 
 
 def _require_partial(path: Path) -> None:
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise JobMismatchError(f"{path} is missing, so the unfinished run recorded beside it cannot be "
                                "resumed; rerun with --restart to start over")
 
@@ -46,6 +46,7 @@ class _PartialFile:
         self.close()
         if self.partial.exists():
             fsync(self.partial)
+            check_replaceable(self.path)
             os.replace(self.partial, self.path)
 
     def discard(self) -> None:
@@ -75,7 +76,7 @@ class NpyOutput(_PartialFile):
         header = {"descr": np.dtype(np.float32).str, "fortran_order": False, "shape": (self.rows, self.dim)}
         if resume:
             _require_partial(self.partial)
-            self.handle = open(self.partial, "r+b")
+            self.handle = open_existing(self.partial)
             np.lib.format.read_magic(self.handle)
             shape, _, _ = np.lib.format.read_array_header_1_0(self.handle)
             self.data_offset = self.handle.tell()
@@ -84,7 +85,7 @@ class NpyOutput(_PartialFile):
                 raise JobMismatchError(f"{self.partial} does not match its progress file; "
                                        "rerun with --restart to start over")
             return
-        self.handle = open(self.partial, "w+b")
+        self.handle = open_new(self.partial)
         np.lib.format.write_array_header_1_0(self.handle, header)
         self.data_offset = self.handle.tell()
         self.handle.truncate(self.data_offset + self.rows * self.dim * 4)
@@ -133,11 +134,13 @@ class ParquetOutput(_PartialFile):
         return None
 
     def open(self, resume: bool) -> None:
-        if resume:
-            _require_partial(self.parts)
-        else:
-            shutil.rmtree(self.parts, ignore_errors=True)
-        self.parts.mkdir(exist_ok=True)
+        if not resume:
+            fresh_folder(self.parts)
+            return
+        _require_partial(self.parts)
+        if self.parts.is_symlink() or not self.parts.is_dir():
+            raise JobMismatchError(f"{self.parts} is not a folder flowcore made (a link or a file), so the unfinished "
+                                   "run recorded beside it cannot be resumed; rerun with --restart to start over")
 
     def write(self, chunk: CalibratedChunk) -> None:
         import pyarrow as pa
@@ -166,12 +169,14 @@ class ParquetOutput(_PartialFile):
         if not self.parts.exists():
             return  # joined and renamed by an earlier run that stopped before cleaning up
         # written as OUT.partial (not a hidden temporary) so that `discard` finds it after a kill
-        with open(self.partial, "wb") as handle, pq.ParquetWriter(handle, self.schema) as writer:
+        with open_new(self.partial, "wb") as handle, pq.ParquetWriter(handle, self.schema) as writer:
             for index in range(chunks):
                 writer.write_table(pq.read_table(self.chunk_path(index)), row_group_size=max(1, self.rows))
         super().finish()
 
     def discard(self) -> None:
+        if self.parts.is_symlink():
+            self.parts.unlink()
         shutil.rmtree(self.parts, ignore_errors=True)
         super().discard()
 
@@ -182,11 +187,11 @@ class RejectsLog(_PartialFile):
     def open(self, resume_bytes: int | None) -> None:
         if resume_bytes is not None:
             _require_partial(self.partial)
-            self.handle = open(self.partial, "r+b")
+            self.handle = open_existing(self.partial)
             self.handle.truncate(resume_bytes)
             self.handle.seek(resume_bytes)
         else:
-            self.handle = open(self.partial, "wb")
+            self.handle = open_new(self.partial, "wb")
 
     def append(self, rejects: list[Reject]) -> int:
         """Write `rejects` durably; returns the file's length after them (where a resume cuts it)."""

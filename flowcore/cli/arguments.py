@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from flowcore import defaults
+from flowcore._fs import OutputWriteError, check_replaceable, write_problem
 from flowcore._lines import require_file
 from flowcore.cli import CLIError
 from flowcore.sts.baselines import CalibrationSettings
@@ -23,14 +25,29 @@ __all__ = ["HelpFormatter", "MODEL_HELP", "QUANTIZE_HELP", "add_calibration_argu
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
-    """`out` as a Path, checked before any work: its kind, its folder, none of `inputs`, one of `suffixes`."""
+    """`out` as a Path, checked before any work: its kind (never a device, pipe, socket or link loop), a folder
+    that exists and can be written, none of `inputs`, one of `suffixes`."""
     path = Path(out)
-    if folder and path.exists() and not path.is_dir():
-        raise CLIError(f"{flag} {out} is an existing file; give a folder to write into")
-    if not folder and path.is_dir():
-        raise CLIError(f"{flag} {out} is a directory; give the path of the file to write")
-    if not path.absolute().parent.is_dir():
-        raise CLIError(f"{flag} {out}: the folder {path.absolute().parent} does not exist")
+    try:
+        if folder and path.exists() and not path.is_dir():
+            raise CLIError(f"{flag} {out} is an existing file; give a folder to write into")
+        if not folder and path.is_dir():
+            raise CLIError(f"{flag} {out} is a directory; give the path of the file to write")
+        if not folder:
+            check_replaceable(path, f"{flag} {out}")
+    except OutputWriteError as error:
+        raise CLIError(str(error)) from None
+    except OSError as error:  # a link loop, a folder that cannot be searched
+        raise CLIError(f"{flag} {out}: {error.strerror.lower()}") from None
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise CLIError(f"{flag} {out}: the folder {parent} does not exist")
+    writable = path if folder and path.is_dir() else parent
+    try:
+        with tempfile.TemporaryFile(dir=writable):
+            pass
+    except OSError as error:
+        raise CLIError(f"{flag} {out}: cannot write in {writable}: {write_problem(error)}") from None
     if suffixes and path.suffix.lower() not in suffixes:
         raise CLIError(f"{flag} {out} must end in {' or '.join(suffixes)}")
     for source in filter(None, inputs):

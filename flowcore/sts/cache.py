@@ -11,12 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from flowcore import defaults
-from flowcore._fs import atomic_write, atomic_write_json
+from flowcore._fs import atomic_write, atomic_write_json, write_error
 from flowcore._progress import progress_wanted
 
 __all__ = ["CACHE_ENV", "EmbeddingCache", "default_cache_dir"]
 
 CACHE_ENV = "FLOWCORE_CACHE"
+CACHE_ADVICE = (f"this is the embedding cache: give a writable folder with --cache-dir DIR (or ${CACHE_ENV}), or "
+                "encode without it with --no-cache")
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +66,15 @@ class EmbeddingCache:
         if self.directory is None:
             return
         folder = self._folder(model, pooling)
-        folder.mkdir(parents=True, exist_ok=True)
         stem = hashlib.sha256("\0".join(sentences).encode()).hexdigest()[:32]
         meta = {"model": model, "pooling": pooling, "dim": int(vectors.shape[1]), "sentences": sentences}
-        # The .npy first: a shard is found through its .json, which must never precede its vectors.
-        atomic_write(folder / f"{stem}.npy", lambda handle: np.save(handle, vectors, allow_pickle=False))
-        atomic_write_json(folder / f"{stem}.json", meta, ensure_ascii=False)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            # The .npy first: a shard is found through its .json, which must never precede its vectors.
+            atomic_write(folder / f"{stem}.npy", lambda handle: np.save(handle, vectors, allow_pickle=False))
+            atomic_write_json(folder / f"{stem}.json", meta, ensure_ascii=False)
+        except OSError as error:
+            raise write_error(error, folder / f"{stem}.npy", vectors.nbytes, advice=CACHE_ADVICE) from None
 
     def embed(self, encoder, sentences: list[str], batch_size: int = defaults.BATCH_SIZE,
               show_progress_bar: bool | None = None) -> np.ndarray:

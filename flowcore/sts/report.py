@@ -6,9 +6,9 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from flowcore import defaults
+from flowcore._fs import atomic_write, write_error
 from flowcore.sts.data import DATASETS
 from flowcore.sts.metrics import spearman_of
 
@@ -138,10 +138,14 @@ def json_ready(value):
 
 
 def write_json(records: list[dict], path, **header) -> None:
-    """`{"results": [...], ...header}` with NaN written as null (valid JSON)."""
+    """`{"results": [...], ...header}` with NaN written as null (valid JSON), written atomically like every
+    output (a link at `path` is replaced, never written through); a failed write names `path`."""
     document = {**header, "results": json_ready(records)}
-    # A plain write, not an atomic replace: --json may name a pipe or /dev/stdout.
-    Path(path).write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    data = (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    try:
+        atomic_write(path, lambda stream: stream.write(data))
+    except OSError as error:
+        raise write_error(error, path, len(data)) from None
 
 
 def published_table(records: list[dict], aggregation: str) -> str | None:
