@@ -1,11 +1,13 @@
 """The one reader of line-oriented text files (sentence files, STS data, txt/jsonl/csv corpora).
 
-Lines end at b"\n"; the ending and a leading UTF-8 byte-order mark are dropped; UTF-16/UTF-32 files
-are refused; a line that is not UTF-8 or holds a NUL byte is handed over unaltered with its
-`Line.problem`; a line longer than `defaults.LINE_BYTES` is cut as read. Only regular files are read.
+Lines end at b"\n" (or b"\r\n"); the ending and a leading UTF-8 byte-order mark are dropped; UTF-16/UTF-32
+files, and files whose lines end in a lone b"\r" (classic Mac OS), are refused; a line that is not UTF-8 or
+holds a NUL byte or a lone carriage return is handed over unaltered with its `Line.problem` (it is never split
+or merged); a line longer than `defaults.LINE_BYTES` is cut as read. Only regular files are read.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -28,13 +30,15 @@ _SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a soc
 
 
 class UnsupportedEncodingError(ValueError):
-    """A text file in another encoding than UTF-8 (it starts with a UTF-16 or UTF-32 byte-order mark)."""
+    """A text file in another encoding than UTF-8 (it starts with a UTF-16 or UTF-32 byte-order mark), or
+    whose lines end in a lone carriage return."""
 
 
 class Line(NamedTuple):
     """One line: its 1-based `number`, the byte offset just after it, and its text; when it is not
     UTF-8, text None, the offset of its first undecodable byte and its `raw` bytes. `nul`: the offset
-    of its first NUL byte; `length`: its whole length when it was cut (its text is then its start)."""
+    of its first NUL byte; `length`: its whole length when it was cut (its text is then its start);
+    `cr`: the offset of a carriage return inside it (not part of a b"\r\n" ending)."""
 
     number: int
     end: int
@@ -43,6 +47,7 @@ class Line(NamedTuple):
     nul: int | None = None
     raw: bytes | None = None
     length: int | None = None
+    cr: int | None = None
 
     @property
     def too_long(self) -> str | None:
@@ -58,6 +63,8 @@ class Line(NamedTuple):
             return f"not valid UTF-8 ({self.where})"
         if self.nul is not None:
             return f"holds a NUL byte ({self.where})"
+        if self.cr is not None:
+            return f"holds a carriage return (byte {self.cr} of the line), which may end a line: it is not split there"
         return None
 
     @property
@@ -79,6 +86,8 @@ def require_file(path: str | os.PathLike, error: type[Exception] | None = None) 
     except FileNotFoundError:
         raise (error or FileNotFoundError)(f"input not found: {path}") from None
     except OSError as problem:
+        if problem.errno == errno.ELOOP:
+            raise (error or OSError)(f"{path} is a symbolic link loop, not a file") from None
         raise (error or OSError)(f"{path}: cannot be read ({problem.strerror})") from None
     if stat.S_ISREG(mode):
         return
@@ -90,15 +99,22 @@ def require_file(path: str | os.PathLike, error: type[Exception] | None = None) 
 
 
 def check_encoding(path: str | os.PathLike) -> None:
-    """`UnsupportedEncodingError` naming `path` and its encoding when it starts with a UTF-16 or
-    UTF-32 byte-order mark: flowcore reads UTF-8 (with or without its byte-order mark)."""
+    """`UnsupportedEncodingError` naming `path` and the problem when it starts with a UTF-16 or UTF-32
+    byte-order mark (flowcore reads UTF-8, with or without its byte-order mark), or when its first line
+    ends in a lone carriage return (classic Mac OS line ends, which flowcore does not split on)."""
     with open(path, "rb") as handle:
-        start = handle.read(4)
+        start = handle.read(_SKIP_BYTES)
     for mark, encoding, order in _OTHER_BOMS:
         if start.startswith(mark):
             raise UnsupportedEncodingError(
                 f"{path}: starts with a {encoding} ({order}) byte-order mark: this is {encoding} text, and flowcore "
                 f"reads UTF-8; convert it first (e.g. iconv -f {encoding} -t UTF-8)")
+    first = start.split(b"\n", 1)[0].removesuffix(b"\r")
+    if b"\r" in first:
+        raise UnsupportedEncodingError(
+            f"{path}: line 1 ends in a lone carriage return (\\r, classic Mac OS line ends); flowcore reads lines "
+            "ending in \\n or \\r\\n and never merges or splits them otherwise: convert it first (e.g. tr '\\r' "
+            "'\\n')")
 
 
 def read_line(handle: BinaryIO, limit: int) -> tuple[bytes, int]:
@@ -144,10 +160,11 @@ def iter_lines(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Itera
             line += 1
             raw = raw.removesuffix(b"\n").removesuffix(b"\r")
             nul = raw.index(b"\0") if b"\0" in raw else None
+            cr = raw.index(b"\r") if b"\r" in raw else None
             try:
-                yield Line(line, offset, raw.decode("utf-8"), None, nul, None, length)
+                yield Line(line, offset, raw.decode("utf-8"), None, nul, None, length, cr)
             except UnicodeDecodeError as error:
-                yield Line(line, offset, None, error.start, nul, raw, length)
+                yield Line(line, offset, None, error.start, nul, raw, length, cr)
 
 
 def read_lines(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[str]:

@@ -16,12 +16,14 @@ from flowcore.batch.rows import (
     NON_FINITE_OUTPUT,
     NOT_NUMBERS,
     NULL,
+    ZERO_VECTOR,
     CalibratedChunk,
     Chunk,
     Position,
     Reject,
     reject_non_finite,
     text_reject,
+    to_float32,
     vector_rejects,
 )
 from flowcore.batch.text_sources import TextCorpus
@@ -31,7 +33,7 @@ from flowcore.runtime import check_threads, job_threads
 __all__ = [
     "MANIFEST_FORMAT", "MANIFEST_VERSION", "CalibrationSummary", "InputChangedError", "JobMismatchError", "JobSpec",
     "arrow_type_name", "calibrate_chunk", "calibrated", "check_compatible", "check_identity", "chunk_of_values",
-    "default_chunk_rows", "encode_with", "load_encoder", "manifest", "normalized",
+    "default_chunk_rows", "encode_with", "load_encoder", "manifest",
 ]
 
 MANIFEST_FORMAT = "flowcore-vectors-manifest"
@@ -67,11 +69,6 @@ def calibrated(transform: Callable[[np.ndarray], np.ndarray], vectors: np.ndarra
         return transform(vectors)
     except NonFiniteOutputError as error:
         return error.output
-
-
-def normalized(transform: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    """`transform` followed by `unit_rows`; rows it maps to NaN/Inf stay so (`calibrated`), for the core to reject."""
-    return lambda vectors: unit_rows(calibrated(transform, vectors))
 
 
 def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] | None:
@@ -221,8 +218,7 @@ def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=Non
     from flowcore.calibration.flow_file import check_encoder_fits  # torch: only once a calibration is in hand
 
     if source.kind == "embeddings":
-        if source.dim != calibrator.dim:
-            raise ValueError(f"{source.path} holds {source.dim}-wide vectors but the flow expects {calibrator.dim}")
+        source.expect_width(calibrator.dim)
         return
     if encoder is None:
         raise ValueError(f"{source.path} is text: an encoder is needed to embed it")
@@ -231,11 +227,11 @@ def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=Non
 
 def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray], dim: int,
                     encode: Callable[[list[str]], np.ndarray] | None = None,
-                    output_dim: int | None = None) -> CalibratedChunk:
+                    output_dim: int | None = None, normalize: bool = False) -> CalibratedChunk:
     """The one path every row takes, in both engines: a text chunk's good texts are encoded
-    (`dim`-wide), the good rows calibrated (`output_dim`-wide, default `dim`); a row the encoder
-    or `transform` turns to NaN/Inf is rejected. Rejected rows are NaN; rejects come back in row
-    order, with their ids."""
+    (`dim`-wide), the good rows calibrated (`output_dim`-wide, default `dim`) and, with `normalize`,
+    scaled to unit length; a row the encoder or `transform` turns to NaN/Inf, or (`normalize`) to the
+    zero vector, is rejected. Rejected rows are NaN; rejects come back in row order, with their ids."""
     rejects = list(chunk.rejects)
     good = np.ones(chunk.rows, dtype=bool)
     good[[reject.row - chunk.row_start for reject in rejects]] = False
@@ -254,13 +250,26 @@ def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray],
         out = np.full((chunk.rows, output_dim or dim), np.nan, dtype=np.float32)
         if good.any():
             out[good] = calibrated(transform, vectors[good])
-    rejects += [Reject(reject.row, reject.reason, f"the flow returned {reject.detail}")
+    rejects += [Reject(reject.row, reject.reason, f"calibrated, it holds {reject.detail}")
                 for reject in reject_non_finite(out, chunk.row_start, good, reason=NON_FINITE_OUTPUT)]
+    if normalize:
+        rejects += _normalize(out, chunk.row_start, good)
     if chunk.ids is not None:
         rejects = [reject if reject.id is not None else replace(reject, id=chunk.ids[reject.row - chunk.row_start])
                    for reject in rejects]
     return CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
                            sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
+
+
+def _normalize(out: np.ndarray, row_start: int, good: np.ndarray) -> list[Reject]:
+    """Scale the `good` rows of `out` to unit length in place; a zero row (no direction) is rejected, made NaN
+    and cleared in `good`."""
+    zero = good & ~out.any(axis=1)
+    out[zero] = np.nan
+    good &= ~zero
+    out[good] = unit_rows(out[good])
+    return [Reject(row_start + int(offset), ZERO_VECTOR, "calibrated, it is the zero vector, which has no direction "
+                   "to scale to unit length") for offset in np.flatnonzero(zero)]
 
 
 def chunk_of_values(values, column: str, dim: int | None = None) -> Chunk:
@@ -275,20 +284,19 @@ def chunk_of_values(values, column: str, dim: int | None = None) -> Chunk:
             texts[reject.row] = None
         return Chunk(0, 0, rows, Position(rows), rejects, texts=texts)
     vectors = np.full((rows, dim), np.nan, dtype=np.float32)
+    beyond = np.zeros(rows, dtype=bool)
     if isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype.kind in "iuf":  # a tensor column
         lengths = np.full(rows, values.shape[1])
         if values.shape[1] == dim:
-            with np.errstate(over="ignore"):  # values beyond float32 become Inf, rejected as such
-                vectors[:] = values
+            vectors[:], beyond[:] = to_float32(values)
     else:
         lengths = np.empty(rows, dtype=np.int64)
         for row, value in enumerate(values):
             numbers = _numbers(value)
             lengths[row] = numbers if isinstance(numbers, int) else len(numbers)
             if lengths[row] == dim:
-                with np.errstate(over="ignore"):
-                    vectors[row] = numbers
-    return Chunk(0, 0, rows, Position(rows), vector_rejects(vectors, lengths, 0), vectors=vectors)
+                vectors[row], beyond[row] = (part[0] for part in to_float32(numbers[None]))
+    return Chunk(0, 0, rows, Position(rows), vector_rejects(vectors, lengths, 0, beyond), vectors=vectors)
 
 
 def _numbers(value) -> np.ndarray | int:

@@ -16,7 +16,6 @@ from flowcore.batch.core import (
     check_compatible,
     default_chunk_rows,
     encode_with,
-    normalized,
 )
 from flowcore.batch.rows import CalibratedChunk, Chunk
 from flowcore.batch.text_sources import TextCorpus
@@ -130,11 +129,11 @@ class BackgroundThread:
 
 def calibrate_chunks(chunks: Iterable[Chunk], transform: Callable[[np.ndarray], np.ndarray], dim: int,
                      encode: Callable[[list[str]], np.ndarray] | None = None, prefetch: int = QUEUE_DEPTH,
-                     output_dim: int | None = None) -> Iterator[CalibratedChunk]:
+                     output_dim: int | None = None, normalize: bool = False) -> Iterator[CalibratedChunk]:
     """`calibrate_chunk` over `chunks` in order, read up to `prefetch` chunks ahead in a thread."""
     with BackgroundThread.reading(chunks, prefetch) as reader:
         for chunk in reader:
-            yield calibrate_chunk(chunk, transform, dim, encode, output_dim)
+            yield calibrate_chunk(chunk, transform, dim, encode, output_dim, normalize)
 
 
 def iter_calibrated(calibrator, source: TextCorpus | EmbeddingFile, encoder=None, chunk_rows: int | None = None,
@@ -143,6 +142,5 @@ def iter_calibrated(calibrator, source: TextCorpus | EmbeddingFile, encoder=None
     at a time; `normalize` scales the calibrated rows to unit length."""
     check_compatible(calibrator, source, encoder)
     chunk_rows = chunk_rows or default_chunk_rows(source, calibrator.dim)
-    transform = normalized(calibrator.transform) if normalize else calibrator.transform
-    return calibrate_chunks(source.chunks(chunk_rows), transform, calibrator.dim, encode_with(encoder, batch_size),
-                            output_dim=calibrator.output_dim)
+    return calibrate_chunks(source.chunks(chunk_rows), calibrator.transform, calibrator.dim,
+                            encode_with(encoder, batch_size), output_dim=calibrator.output_dim, normalize=normalize)

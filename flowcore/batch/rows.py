@@ -17,12 +17,13 @@ import numpy as np
 from flowcore._lines import require_file
 
 __all__ = [
-    "BROKEN_CSV", "BROKEN_JSON", "EMPTY_LINE", "EMPTY_TEXT", "INVALID_ID", "INVALID_UTF8", "LINE_TOO_LONG",
-    "MISSING_ID", "MISSING_TEXT", "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS",
-    "NUL_CHARACTER", "NULL", "PARQUET_BATCH_ROWS", "WRONG_WIDTH", "CalibratedChunk", "Chunk", "Position", "Reject",
-    "TextRow", "check_keep_columns", "count_reasons", "detect_format", "file_changed", "file_identity", "id_reject",
-    "line_reject", "not_unicode", "one_line", "open_parquet", "parquet_batches", "parquet_schema",
-    "reject_non_finite", "require_columns", "require_file", "text_reject", "vector_rejects",
+    "BEYOND_FLOAT32", "BROKEN_CSV", "BROKEN_JSON", "CARRIAGE_RETURN", "CalibratedChunk", "Chunk", "DUPLICATE_KEY",
+    "EMPTY_LINE", "EMPTY_TEXT", "INVALID_ID", "INVALID_UTF8", "LINE_TOO_LONG", "MISSING_ID", "MISSING_TEXT",
+    "MISSING_VECTOR", "NON_FINITE", "NON_FINITE_OUTPUT", "NOT_A_VECTOR", "NOT_NUMBERS", "NULL", "NUL_CHARACTER",
+    "PARQUET_BATCH_ROWS", "Position", "Reject", "TextRow", "WRONG_WIDTH", "ZERO_VECTOR", "check_keep_columns",
+    "count_reasons", "detect_format", "file_changed", "file_identity", "id_reject", "line_reject", "not_unicode",
+    "one_line", "open_parquet", "parquet_batches", "parquet_schema", "reject_non_finite", "require_columns",
+    "require_file", "text_reject", "to_float32", "vector_rejects",
 ]
 
 # Reject reasons (the `reason` field of a rejects file line).
@@ -33,6 +34,8 @@ NUL_CHARACTER = "NUL character"
 LINE_TOO_LONG = "line too long"
 BROKEN_JSON = "broken JSON"
 BROKEN_CSV = "broken CSV"
+CARRIAGE_RETURN = "carriage return"
+DUPLICATE_KEY = "duplicate key"
 MISSING_TEXT = "missing text field"
 MISSING_ID = "missing id field"
 INVALID_ID = "invalid id"
@@ -41,6 +44,8 @@ NON_FINITE = "NaN/Inf"
 NON_FINITE_OUTPUT = "non-finite output"
 NOT_A_VECTOR = "not a vector"
 WRONG_WIDTH = "wrong width"
+ZERO_VECTOR = "zero vector"
+BEYOND_FLOAT32 = "beyond float32"
 
 NULL, NOT_NUMBERS = -1, -2
 """The lengths `vector_rejects` reads as a null vector and as a value that is not a list of numbers."""
@@ -141,6 +146,10 @@ def check_keep_columns(path: Path, keep_columns, available: list[str] | None) ->
     repeated = sorted({name for name in keep if keep.count(name) > 1})
     if repeated:
         raise ValueError(f"{path}: column {repeated[0]!r} is kept twice")
+    ambiguous = [name for name in keep if available is not None and available.count(name) > 1]
+    if ambiguous:
+        raise ValueError(f"{path}: {available.count(ambiguous[0])} columns are named {ambiguous[0]!r}; rename them so "
+                         "that the one to keep is named once")
     missing = [name for name in keep if available is not None and name not in available]
     if missing:
         raise ValueError(f"{path}: no column {missing[0]!r} to keep (columns: {', '.join(available) or 'none'})")
@@ -207,11 +216,17 @@ def parquet_schema(path: Path, **wanted: str | None):
 
     schema = open_parquet(path).schema_arrow
     require_columns(path, schema.names, **wanted)
+    for name in schema.names:
+        if schema.names.count(name) > 1 and name in wanted.values():
+            raise ValueError(f"{path}: {schema.names.count(name)} columns are named {name!r}; rename them so that "
+                             "the one to read is named once")
     if wanted.get("id") is not None:
         kind = schema.field(wanted["id"]).type
-        if not any(check(kind) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer,
-                                             pa.types.is_floating, pa.types.is_binary, pa.types.is_large_binary,
-                                             pa.types.is_null, getattr(pa.types, "is_string_view", lambda _: False))):
+        value_kind = kind.value_type if pa.types.is_dictionary(kind) else kind  # dictionary-encoded ids: their values
+        if not any(check(value_kind) for check in (
+                pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_floating,
+                pa.types.is_binary, pa.types.is_large_binary, pa.types.is_null,
+                getattr(pa.types, "is_string_view", lambda _: False))):
             raise ValueError(f"{path}: id column {wanted['id']!r} holds {kind}; ids are strings or numbers")
     return schema
 
@@ -287,12 +302,14 @@ def text_reject(row: int, line: int | None, text, field: str) -> Reject | None:
 
 
 def line_reject(row: int, line, structured: bool) -> Reject | None:
-    """The reject of a `flowcore._lines.Line` that is not UTF-8, holds a NUL byte or (`structured`
+    """The reject of a `flowcore._lines.Line` that is not UTF-8, holds a NUL byte or a carriage return, or (`structured`
     formats, whose record a cut breaks) is too long; None for a good line."""
     if line.text is None:
         return Reject(row, INVALID_UTF8, line.where, line.number)
     if line.nul is not None:
         return Reject(row, NUL_CHARACTER, line.where, line.number)
+    if line.cr is not None:
+        return Reject(row, CARRIAGE_RETURN, line.problem, line.number)
     if structured and line.too_long is not None:
         return Reject(row, LINE_TOO_LONG, line.too_long, line.number)
     return None
@@ -321,10 +338,24 @@ def id_reject(row: int, line: int | None, value, field: str) -> tuple[str | None
     return value, None
 
 
-def vector_rejects(vectors: np.ndarray, lengths: np.ndarray, row_start: int) -> list[Reject]:
+def to_float32(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a float32 copy of the 2-D numeric `values`, a mask of the rows where a finite value lies beyond float32's
+    range and so became Inf): the one conversion of stored vectors, so that such rows are named for what they are."""
+    values = np.asarray(values)
+    with np.errstate(over="ignore"):
+        converted = np.array(values, dtype=np.float32)
+    beyond = np.zeros(len(converted), dtype=bool)
+    if values.dtype.kind == "f" and values.dtype.itemsize > 4:  # only wider floats exceed float32's range
+        infinite = np.flatnonzero(np.isinf(converted).any(axis=1))
+        beyond[infinite] = np.isfinite(values[infinite]).all(axis=1)
+    return converted, beyond
+
+
+def vector_rejects(vectors: np.ndarray, lengths: np.ndarray, row_start: int,
+                   beyond: np.ndarray | None = None) -> list[Reject]:
     """The one rule for stored vectors: row i of `vectors` (n, dim) was given `lengths[i]` values
-    (`NULL`, `NOT_NUMBERS`); a row of another length or holding NaN/Inf is rejected and becomes
-    all-NaN. Returned in row order."""
+    (`NULL`, `NOT_NUMBERS`); a row of another length, holding NaN/Inf or (`beyond`, from `to_float32`) a finite
+    value beyond float32's range is rejected and becomes all-NaN. Returned in row order."""
     dim = vectors.shape[1]
     fits = lengths == dim
     rejects = []
@@ -338,5 +369,11 @@ def vector_rejects(vectors: np.ndarray, lengths: np.ndarray, row_start: int) -> 
             rejects.append(Reject(row, NOT_A_VECTOR, "not a list of numbers"))
         else:
             rejects.append(Reject(row, WRONG_WIDTH, f"{length} values, expected {dim}"))
+    if beyond is not None:
+        for offset in np.flatnonzero(beyond & fits):
+            vectors[offset] = np.nan
+            rejects.append(Reject(row_start + int(offset), BEYOND_FLOAT32,
+                                  "a finite value beyond float32's range (about ±3.4e38)"))
+        fits = fits & ~beyond
     rejects += reject_non_finite(vectors, row_start, fits)
     return sorted(rejects, key=lambda reject: reject.row)

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from flowcore import defaults
+from flowcore._json import JSONProblem, parse_json
 from flowcore._lines import check_encoding, iter_lines, read_line
 from flowcore.batch.rows import (
     BROKEN_CSV,
     BROKEN_JSON,
+    DUPLICATE_KEY,
     EMPTY_LINE,
     INVALID_UTF8,
     LINE_TOO_LONG,
@@ -157,8 +159,13 @@ class TextCorpus:
             except (UnicodeDecodeError, csv.Error) as error:
                 raise ValueError(f"{self.path}: line 1: unreadable CSV header ({error})") from None
             self._csv_header_end = len(raw)
-            self._csv_columns = {name.strip(): index for index, name in enumerate(header)}
-            available = list(self._csv_columns)
+            names = [name.strip() for name in header]
+            for name in (text_field, id_field):
+                if name is not None and names.count(name) > 1:
+                    raise ValueError(f"{self.path}: line 1: {names.count(name)} columns are named {name!r}; rename "
+                                     "them so that the one to read is named once")
+            self._csv_columns = {name: names.index(name) for name in names}
+            available = names
             require_columns(self.path, available, " in the CSV header", text=text_field, id=id_field)
         if self.format == "parquet":
             self._schema = parquet_schema(self.path, text=text_field, id=id_field)
@@ -237,17 +244,16 @@ class TextCorpus:
         record_id = None
         if self.id_field is not None:  # jsonl: a .txt corpus has no id field
             content = line.raw.decode("utf-8", errors="surrogateescape") if line.text is None else line.text
-            with contextlib.suppress(ValueError, RecursionError, AttributeError):  # not a JSON object: no id
-                record_id = json.loads(content).get(self.id_field)
+            with contextlib.suppress(JSONProblem, AttributeError):  # not a JSON object: no id
+                record_id = parse_json(content).get(self.id_field)
         return self._from_fields(reject.row, reject.line, None, record_id, reject)
 
     def _parse_jsonl(self, row: int, line: int, content: str) -> TextRow:
         try:
-            record = json.loads(content)
-        except json.JSONDecodeError as error:
-            return _rejected(row, line, BROKEN_JSON, str(error))
-        except RecursionError:
-            return _rejected(row, line, BROKEN_JSON, "nested too deeply")
+            record = parse_json(content)
+        except JSONProblem as problem:
+            return _rejected(row, line, DUPLICATE_KEY if problem.duplicate else BROKEN_JSON,
+                             str(problem).removeprefix("broken JSON: "))
         if not isinstance(record, dict):
             return _rejected(row, line, BROKEN_JSON, f"expected a JSON object, got {type(record).__name__}")
         entry = self._from_fields(row, line, record.get(self.text_field), record.get(self.id_field))
@@ -299,6 +305,8 @@ class TextCorpus:
         """A record the csv module could not close: its first line is rejected, the others read again."""
         first, last = lines.record[0], lines.record[-1]
         detail = str(error)
+        if "new-line character seen in unquoted field" in detail:  # the csv module's words for a lone \r
+            detail = "a carriage return (\\r) inside an unquoted field; quote the field or remove the \\r"
         if last.number > first.number:
             detail += (f" (a record from line {first.number} to line {last.number}: an unclosed quote?); the lines "
                        "after this one are read again as rows")

@@ -28,8 +28,8 @@ from flowcore.batch.rows import (
     open_parquet,
     parquet_batches,
     parquet_schema,
-    reject_non_finite,
     require_file,
+    to_float32,
     vector_rejects,
 )
 
@@ -80,6 +80,15 @@ class NpyMatrix:
             raise ValueError(f"{self.path}: stored in Fortran (column-major) order; save it with "
                              "np.save(path, np.ascontiguousarray(x)) so rows can be streamed")
 
+    def check_embeddings(self) -> None:
+        """ValueError unless the file holds embeddings as every command reads them: floating-point rows,
+        stored row by row, at least one value wide."""
+        if self.dtype.kind != "f":
+            raise ValueError(f"{self.path}: expected floating-point embeddings, got dtype {self.dtype}")
+        if self.dim < 1:
+            raise ValueError(f"{self.path}: its rows hold no values (shape {self.rows} x {self.dim})")
+        self.check_streamable()
+
     @contextlib.contextmanager
     def _mapped(self) -> Iterator[tuple[np.ndarray, mmap.mmap]]:
         """The whole matrix as an array over a read-only map of the file (valid inside the block)."""
@@ -99,16 +108,16 @@ class NpyMatrix:
         with self._mapped() as (matrix, _):
             return np.array(matrix[np.asarray(rows, dtype=np.intp)])
 
-    def blocks(self, block_rows: int, start_row: int = 0) -> Iterator[tuple[int, np.ndarray]]:
-        """(row_start, float32 copy of rows [row_start, row_start + block_rows)) from `start_row` on,
-        dropping the pages copied so that resident memory stays flat (`check_streamable`)."""
+    def blocks(self, block_rows: int, start_row: int = 0, dtype=np.float32) -> Iterator[tuple[int, np.ndarray]]:
+        """(row_start, `dtype` copy of rows [row_start, row_start + block_rows)) from `start_row` on (None: in
+        the file's dtype), dropping the pages copied so that resident memory stays flat (`check_streamable`)."""
         self.check_streamable()
         row_bytes = self.dim * self.dtype.itemsize
         with self._mapped() as (matrix, mapped):
             for row_start in range(start_row, self.rows, block_rows):
                 row_end = min(row_start + block_rows, self.rows)
-                with np.errstate(over="ignore"):  # values beyond float32 become Inf, rejected as such
-                    block = np.array(matrix[row_start:row_end], dtype=np.float32)
+                with np.errstate(over="ignore"):  # values beyond float32 become Inf
+                    block = np.array(matrix[row_start:row_end], dtype=dtype)
                 _release(mapped, self.header_bytes + row_start * row_bytes, (row_end - row_start) * row_bytes)
                 yield row_start, block
 
@@ -122,6 +131,7 @@ class EmbeddingFile:
 
     def __init__(self, path: str | os.PathLike, vector_field: str = "embedding", id_field: str | None = None,
                  keep_columns=()):
+        self.dim: int | None
         self.path = Path(path)
         require_file(self.path)
         self.format = detect_format(self.path, EMBEDDING_FORMATS)
@@ -134,9 +144,7 @@ class EmbeddingFile:
             if keep_columns:
                 raise ValueError(f"{self.path}: a .npy file has no columns to keep; --keep-columns needs parquet")
             self._npy = NpyMatrix(self.path)
-            if self._npy.dtype.kind != "f":
-                raise ValueError(f"{self.path}: expected floating-point embeddings, got dtype {self._npy.dtype}")
-            self._npy.check_streamable()
+            self._npy.check_embeddings()
             self.rows, self.dim = self._npy.rows, self._npy.dim
         else:
             self._schema = parquet_schema(self.path, vector=vector_field, id=id_field)
@@ -166,7 +174,15 @@ class EmbeddingFile:
             if len(lengths):
                 values, counts = np.unique(lengths, return_counts=True)
                 return parquet.metadata.num_rows, int(values[np.argmax(counts)])
-        raise ValueError(f"{self.path}: column {self.vector_field!r} has no vectors")
+        return parquet.metadata.num_rows, None  # no vector to tell (no rows, or only nulls): `expect_width`
+
+    def expect_width(self, dim: int) -> None:
+        """Read vectors `dim` wide: a ValueError when the file's are another width; a file whose width no
+        vector tells (no rows, only nulls) takes `dim`, its null rows being rejected as such."""
+        if self.dim is None:
+            self.dim = dim
+        elif self.dim != dim:
+            raise ValueError(f"{self.path} holds {self.dim}-wide vectors but the calibrator expects {dim}")
 
     def identity(self) -> dict:
         """What identifies this source in a job's manifest: the file and how it is read."""
@@ -178,8 +194,9 @@ class EmbeddingFile:
         if self.format == "parquet":
             yield from self._parquet_chunks(chunk_rows, start.row)
             return
-        for row_start, vectors in self._npy.blocks(chunk_rows, start.row):
-            rejects = reject_non_finite(vectors, row_start, np.ones(len(vectors), dtype=bool))
+        for row_start, block in self._npy.blocks(chunk_rows, start.row, dtype=None):
+            vectors, beyond = to_float32(block)
+            rejects = vector_rejects(vectors, np.full(len(vectors), self.dim), row_start, beyond)
             yield Chunk(row_start // chunk_rows, row_start, len(vectors), Position(row_start + len(vectors)),
                         rejects, vectors=vectors)
 
@@ -218,13 +235,13 @@ class EmbeddingFile:
         import pyarrow.compute as pc
 
         vectors = np.full((len(column), self.dim), np.nan, dtype=np.float32)
+        beyond = np.zeros(len(column), dtype=bool)
         lengths = pc.list_value_length(column).fill_null(NULL).to_numpy(zero_copy_only=False)
         fits = lengths == self.dim
         if fits.any():
             values = column.filter(pa.array(fits)).flatten().to_numpy(zero_copy_only=False)
-            with np.errstate(over="ignore"):  # values beyond float32 become Inf, rejected as such
-                vectors[fits] = np.asarray(values, dtype=np.float32).reshape(-1, self.dim)
-        return vectors, vector_rejects(vectors, lengths, row_start)
+            vectors[fits], beyond[fits] = to_float32(np.asarray(values).reshape(-1, self.dim))
+        return vectors, vector_rejects(vectors, lengths, row_start, beyond)
 
 
 def _release(mapped: mmap.mmap, start: int, length: int) -> None:

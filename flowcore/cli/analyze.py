@@ -108,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if args.input is not None:
         sentences, name = read_sentence_file(args.input), os.path.basename(args.input)
     elif args.embeddings is not None:
-        vectors, name = NpyMatrix(args.embeddings).read(), os.path.basename(args.embeddings)
+        matrix = NpyMatrix(args.embeddings)
+        matrix.check_embeddings()  # the rule of every command that reads stored vectors
+        vectors, name = matrix.read(), os.path.basename(args.embeddings)
         if encoder is not None and vectors.shape[1] != encoder.dim:
             raise CLIError(f"--embeddings {args.embeddings} holds {vectors.shape[1]}-wide vectors but "
                            f"{encoder.model_id} gives {encoder.dim}: use the --model that made them")

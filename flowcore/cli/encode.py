@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         embeddings[good] = encoder.encode([sentences[row] for row in good], batch_size=args.batch_size,
                                           normalize=args.normalize, show_progress_bar=show_progress(args))
     non_finite = [row for row in good if not np.isfinite(embeddings[row]).all()]
+    zero = [row for row in good if args.normalize and not embeddings[row].any()]
     try:
         atomic_write(args.out, lambda stream: np.save(stream, embeddings))
     except OSError as error:
@@ -61,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
         shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
         print(f"flowcore encode: warning: {len(numbers)} line(s) of {args.input} {problem} "
               f"(lines {shown}); their rows are NaN", file=sys.stderr)
+    if zero:
+        shown = ", ".join(str(row + 1) for row in zero[:10]) + (", ..." if len(zero) > 10 else "")
+        print(f"flowcore encode: warning: {len(zero)} line(s) of {args.input} encode to the zero vector, which has no "
+              f"direction: their rows stay zero, not unit length (lines {shown})", file=sys.stderr)
     if non_finite:
         shown = ", ".join(str(row + 1) for row in non_finite[:10]) + (", ..." if len(non_finite) > 10 else "")
         print(f"flowcore encode: warning: the encoder returned NaN/Inf for {len(non_finite)} line(s) of {args.input} "
@@ -78,6 +83,7 @@ def read_sentences(path: str) -> tuple[list[str | None], dict[str, list[int]]]:
     unusable: dict[str, list[int]] = {}
     for line in lines:
         if line.problem is not None:
-            problem = "are not valid UTF-8" if line.text is None else "hold a NUL byte"
+            problem = ("are not valid UTF-8" if line.text is None else "hold a NUL byte" if line.nul is not None
+                       else "hold a carriage return inside the line")
             unusable.setdefault(problem, []).append(line.number)
     return [None if line.problem else line.text for line in lines], unusable

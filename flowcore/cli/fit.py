@@ -108,6 +108,7 @@ def _load_embeddings(args) -> np.ndarray:
 
     check_input(args.embeddings, "--embeddings")
     matrix = NpyMatrix(args.embeddings)
+    matrix.check_embeddings()  # the rule `flowcore calibrate --embeddings` reads by
     if args.max_rows is None or args.max_rows >= matrix.rows:
         return matrix.read()
     if args.max_rows < 2:

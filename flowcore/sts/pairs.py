@@ -5,13 +5,13 @@ and columns. A bad line raises `STSDataError` naming `file:line`, or (`skip_bad`
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from flowcore._json import JSONProblem, parse_json
 from flowcore._lines import UnsupportedEncodingError, check_encoding, iter_lines, require_file
 from flowcore.sts.data import BadRecord, STSDataError, STSPairs, checked_score, checked_sentence, semeval_pairs
 
@@ -218,6 +218,10 @@ def _header(fields: list[str], columns: PairColumns | None, path: Path, number: 
     if missing:
         raise STSDataError(f"{path}:{number}: the header has no column {', '.join(map(repr, missing))} "
                            f"(it has: {', '.join(stripped)})")
+    repeated = [key for key in columns.keys if stripped.count(key) > 1]
+    if repeated:
+        raise STSDataError(f"{path}:{number}: {stripped.count(repeated[0])} columns are named {repeated[0]!r}; rename "
+                           "them so that the one to read is named once")
     return columns.keys, tuple(stripped.index(key) for key in columns.keys)
 
 
@@ -263,9 +267,9 @@ def _jsonl_rows(path: Path, columns: PairColumns | None, collector: _Collector):
 
 def _json_pair(text: str, columns: PairColumns | None):
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise BadRecord(f"broken JSON: {error}") from None
+        value = parse_json(text)
+    except JSONProblem as problem:
+        raise BadRecord(str(problem)) from None
     if isinstance(value, dict):
         if columns is not None and columns.by_position:
             raise BadRecord("a JSON object, but the pairs columns are positions (they pick items of JSON arrays)")

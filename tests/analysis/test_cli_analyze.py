@@ -76,3 +76,16 @@ def test_analyze_tempered_whitening(tmp_path, capsys):
     assert main(["analyze", "--embeddings", str(tmp_path / "v.npy"), "--whitening-power", "2", "--out",
                  str(tmp_path / "out")]) == 2
     assert "--whitening-power must be from 0 to 1" in capsys.readouterr().err
+
+
+def test_analyze_one_wide_vectors_fits_what_fit_fits(tmp_path, capsys):
+    """d = 1: whitening and ZCA work as `flowcore fit` does; abtt and the flow, which need more directions,
+    say why in words."""
+    np.save(tmp_path / "v.npy", np.random.default_rng(0).normal(size=(200, 1)).astype(np.float32) * 3 + 1)
+    main(["analyze", "--embeddings", str(tmp_path / "v.npy"), "--out", str(tmp_path / "out"), "--quiet"])
+    calibrations = json.loads((tmp_path / "out" / "analysis.json").read_text())["calibrations"]
+    assert [name for name, entry in calibrations.items() if "error" in entry] == ["abtt", "flow"]
+    assert calibrations["abtt"]["error"] == "all-but-the-top k=1 must be below the embedding width 1"
+    assert "leaves 0 feature(s) for the last level" in calibrations["flow"]["error"]
+    assert main(["fit", "--embeddings", str(tmp_path / "v.npy"), "--calibration", "whitening", "--out",
+                 str(tmp_path / "w.flow")]) == 0

@@ -16,7 +16,7 @@ from flowcore.batch.core import (
     check_identity,
     chunk_of_values,
 )
-from flowcore.batch.rows import NON_FINITE_OUTPUT, NOT_A_VECTOR, Chunk, Position
+from flowcore.batch.rows import NON_FINITE_OUTPUT, NOT_A_VECTOR, ZERO_VECTOR, Chunk, Position
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 
@@ -73,9 +73,23 @@ def test_rows_the_calibration_maps_to_nan_are_rejected_with_their_counts():
     vectors[2, 0] = 2.0
     calibrated = calibrate_chunk(chunk, transform, DIM, output_dim=2)
     assert calibrated.vectors.shape == (4, 2) and np.isnan(calibrated.vectors[2]).all()
-    assert as_tuples(calibrated.rejects) == [(32, NON_FINITE_OUTPUT, "the flow returned 2 NaN, 0 Inf of 2 values")]
+    assert as_tuples(calibrated.rejects) == [(32, NON_FINITE_OUTPUT, "calibrated, it holds 2 NaN, 0 Inf of 2 values")]
     with pytest.raises(ValueError, match="a text corpus needs an encoder"):
         calibrate_chunk(Chunk(0, 0, 1, Position(1), texts=["a"]), transform, DIM)
+
+
+def test_normalize_rejects_a_row_calibrated_to_zero_instead_of_writing_it_unnormalized():
+    vectors = np.ones((3, DIM), dtype=np.float32) * np.arange(1, 4, dtype=np.float32)[:, None]
+    chunk = Chunk(0, 10, 3, Position(13), vectors=vectors)
+
+    def transform(x):  # the second row calibrates to the zero vector
+        return np.where(x == 2.0, 0.0, x).astype(np.float32)
+
+    calibrated = calibrate_chunk(chunk, transform, DIM, normalize=True)
+    assert as_tuples(calibrated.rejects) == [(11, ZERO_VECTOR, "calibrated, it is the zero vector, which has no "
+                                                                "direction to scale to unit length")]
+    assert np.isnan(calibrated.vectors[1]).all()
+    np.testing.assert_allclose(np.linalg.norm(calibrated.vectors[[0, 2]], axis=1), 1.0, rtol=1e-6)
 
 
 def test_the_job_spec_refuses_contradictions_before_any_work(tmp_path):

@@ -268,7 +268,7 @@ def test_a_fault_injected_between_stages_stops_the_job_and_it_resumes_to_identic
 def test_embeddings_of_another_width_are_refused_before_any_work(tmp_path, flow):
     flow_path, _ = flow
     np.save(tmp_path / "in.npy", np.zeros((10, DIM + 1), dtype=np.float32))
-    with pytest.raises(ValueError, match=r"holds 9-wide vectors but the flow expects 8"):
+    with pytest.raises(ValueError, match=r"holds 9-wide vectors but the calibrator expects 8"):
         calibrate_file(flow_path, tmp_path / "out.npy", embeddings=tmp_path / "in.npy", show_progress_bar=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
 
@@ -405,7 +405,7 @@ def test_cli_refuses_a_mismatched_flow_in_one_clean_line(tmp_path, flow, capsys)
                  "--out", str(tmp_path / "out.npy")])
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"flowcore calibrate: error: {tmp_path / 'in.npy'} holds 3-wide vectors but the flow expects {DIM}"]
+        f"flowcore calibrate: error: {tmp_path / 'in.npy'} holds 3-wide vectors but the calibrator expects {DIM}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
 
 

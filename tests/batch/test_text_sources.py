@@ -11,6 +11,7 @@ import pytest
 from flowcore.batch.rows import (
     BROKEN_CSV,
     BROKEN_JSON,
+    CARRIAGE_RETURN,
     EMPTY_LINE,
     EMPTY_TEXT,
     INVALID_UTF8,
@@ -176,10 +177,11 @@ def test_sample_texts_is_reproducible_uniform_and_in_file_order(tmp_path):
 
 
 def test_txt_and_jsonl_follow_the_one_line_policy(tmp_path):
-    """`flowcore._lines`: a leading byte-order mark and each line's ending are dropped; a "\\r"
-    or U+2028 inside a line is text."""
+    """`flowcore._lines`: a leading byte-order mark and each line's ending are dropped; U+2028 inside a
+    line is text; a "\\r" inside a line (which may end one) is a reject, neither text nor a split."""
     corpus = TextCorpus(write(tmp_path, "c.txt", b"\xef\xbb\xbffirst\r\n" + "a\u2028b\n".encode() + b"x\ry\r\n"))
-    assert [entry.text for entry, _ in corpus.entries()] == ["first", "a\u2028b", "x\ry"]
+    assert [entry.text for entry, _ in corpus.entries()] == ["first", "a\u2028b", None]
+    assert [entry.reject.reason for entry, _ in corpus.entries() if entry.reject] == [CARRIAGE_RETURN]
     corpus = TextCorpus(write(tmp_path, "c.jsonl", b'\xef\xbb\xbf{"text": "alpha"}\r\n{"text": "beta"}'))
     assert [entry.text for entry, _ in corpus.entries()] == ["alpha", "beta"]
     assert corpus.rows == 2

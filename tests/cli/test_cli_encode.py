@@ -65,6 +65,24 @@ def test_cli_encode_normalize_gives_unit_rows_and_keeps_nan_rows(tiny_bert, tmp_
     assert "wrote 4 unit-length embeddings (4 x 16" in capsys.readouterr().out
 
 
+def test_cli_encode_normalize_counts_rows_that_have_no_direction(tiny_bert, tmp_path, capsys, monkeypatch):
+    """A sentence whose vector is all zeros cannot be scaled to unit length: its row stays zero and is counted."""
+    real = Encoder.encode
+
+    def encode(self, sentences, **options):
+        vectors = real(self, sentences, **options)
+        vectors[[index for index, text in enumerate(sentences) if text == "red"]] = 0.0
+        return vectors
+
+    monkeypatch.setattr(Encoder, "encode", encode)
+    (tmp_path / "s.txt").write_text("the cat sat\nred\nblue house\n")
+    assert _run_encode_cli(["--input", str(tmp_path / "s.txt"), "--out", str(tmp_path / "u.npy"), "--model",
+                            tiny_bert, "--normalize"]) == 0
+    assert not np.load(tmp_path / "u.npy")[1].any()
+    assert ("1 line(s) of " in (err := capsys.readouterr().err)) and "encode to the zero vector" in err
+    assert "(lines 2)" in err
+
+
 @pytest.mark.parametrize("kind", ["same-path", "symlink", "hard-link", "directory", "suffix", "no-folder"])
 def test_cli_encode_refuses_a_bad_output_before_any_work(kind, tmp_path, capsys):
     """Never its own input (same path, symlink, hard link), never a directory, only .npy, in an

@@ -236,6 +236,21 @@ def test_fit_a_method_on_text_records_the_encoder(tmp_path, capsys):
     assert loaded.provenance == EncoderProvenance("default", "mean") and loaded.output_dim == 16
 
 
+@pytest.mark.parametrize("sample", [[], ["--max-rows", "30"]])
+def test_fit_on_jsonl_skips_rows_of_hostile_json_and_fits(tmp_path, capsys, sample):
+    """A number past the interpreter's digit limit, nesting too deep, a duplicate key: each is one skipped row."""
+    lines = [f'{{"text": "sentence {i} about {"cats" if i % 2 else "rivers"}"}}' for i in range(40)]
+    lines[3] = '{"n": ' + "9" * 5000 + ', "text": "huge"}'
+    lines[5] = '{"text": "deep", "n": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    lines[7] = '{"text": "one", "text": "two"}'
+    (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["fit", "--input", str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path / "c.flow"), "--pooling",
+                 "mean", "--calibration", "center", "--quiet", *sample]) == 0
+    out = capsys.readouterr().out
+    assert "skipped 3 unusable row(s) (2 broken JSON, 1 duplicate key)" in out
+    assert flowcore.load(tmp_path / "c.flow").rows == (37 if not sample else 30)
+
+
 def test_options_of_another_method_are_one_line_errors(embeddings, tmp_path, capsys):
     out = str(tmp_path / "x.flow")
     for options, message in [

@@ -1,10 +1,11 @@
-"""Hostile and odd text corpora (property-based): random bytes, invalid UTF-8, BOMs, CRLF, NUL
+"""Hostile and odd text corpora (property-based): random bytes, invalid UTF-8, BOMs, CRLF, lone CRs, NUL
 bytes and NUL escapes, U+2028, quotes and embedded newlines, unclosed CSV quotes, 1 MB lines,
-UTF-16 and UTF-32 files, duplicate ids and ids of every JSON type, lone surrogates, deep nesting.
-Whatever the file, the job never raises a traceback and never drops or shifts a row: every row
+UTF-16 and UTF-32 files, duplicate ids and ids of every JSON type, lone surrogates, deep nesting,
+numbers past the interpreter's digit limit, duplicate keys and header names.
+Whatever the file, the job never raises a traceback and never drops, merges or shifts a row: every row
 is calibrated (its vector is the one its own text gives) or listed in the rejects file with its
 line, its id where one could be read, and its reason, and the counts add up to the file's; a file
-in another encoding than UTF-8 is refused in one line naming it."""
+in another encoding than UTF-8, or whose lines end in a lone CR, is refused in one line naming it."""
 import csv
 import hashlib
 import io
@@ -18,11 +19,14 @@ from faults_support import DIM
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from flowcore._json import JSONProblem, parse_json
 from flowcore._lines import UnsupportedEncodingError
 from flowcore.batch.job import CalibrationJob
 from flowcore.batch.rows import (
     BROKEN_CSV,
     BROKEN_JSON,
+    CARRIAGE_RETURN,
+    DUPLICATE_KEY,
     EMPTY_LINE,
     EMPTY_TEXT,
     INVALID_ID,
@@ -66,14 +70,16 @@ OTHER_BOMS = (b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")  # UTF-16 LE/BE (an
 
 
 def refused_as_another_encoding(path, data: bytes, out, **source_options) -> bool:
-    """Whether `data` starts with a UTF-16/UTF-32 byte-order mark, after checking that the job
-    then refuses the whole file in one line naming it and its encoding."""
-    if not data.startswith(OTHER_BOMS):
+    """Whether `data` starts with a UTF-16/UTF-32 byte-order mark, or its first line ends in a lone CR, after
+    checking that the job then refuses the whole file in one line naming it and the problem."""
+    first_line = data[:1 << 16].split(b"\n", 1)[0].removesuffix(b"\r")
+    if not data.startswith(OTHER_BOMS) and b"\r" not in first_line:
         return False
     with pytest.raises(UnsupportedEncodingError) as refused:
         run_job(path, out, **source_options)
     message = str(refused.value)
-    assert message.startswith(f"{path}: starts with a UTF-") and "\n" not in message
+    what = "starts with a UTF-" if data.startswith(OTHER_BOMS) else "line 1 ends in a lone carriage return"
+    assert message.startswith(f"{path}: {what}") and "\n" not in message
     return True
 
 
@@ -118,6 +124,9 @@ def txt_oracle(data: bytes) -> list:
         if "\0" in text:
             expected.append(Rejected(NUL_CHARACTER))
             continue
+        if "\r" in text:  # never split there, never merged: the line is a reject
+            expected.append(Rejected(CARRIAGE_RETURN))
+            continue
         expected.append(text if text.strip() else Rejected(EMPTY_LINE))
     return expected
 
@@ -147,7 +156,9 @@ record = st.fixed_dictionaries({"id": st.one_of(st.sampled_from(["a", "b", "a"])
                                optional={"meta": st.one_of(odd_text, st.floats(), st.lists(st.integers()),
                                                            st.just("\udc80"))})
 ODD_LINES = [b"[" * 50_000, b"", b'{"id": 1e999, "text": "x"}', b'{"id": NaN, "text": "x"}',
-             b'{"id": "k", "text": "caf\xe9"}', b'{"id": "n", "text": "a\x00b"}', b'{"id": "e", "text": "a\\u0000"}']
+             b'{"id": "k", "text": "caf\xe9"}', b'{"id": "n", "text": "a\x00b"}', b'{"id": "e", "text": "a\\u0000"}',
+             b'{"id": ' + b"7" * 5000 + b', "text": "x"}', b'{"id": "d", "text": "x", "text": "y"}',
+             b'{"id": "c", "text": "one\rtwo"}', b'{"id": "w",\r"text": "x"}']
 
 
 def jsonl_line(item) -> bytes:
@@ -173,9 +184,9 @@ def jsonl_oracle(raw: bytes, index: int):
     if index == 0 and raw.startswith(BOM):
         raw = raw[len(BOM):]
     try:
-        value = json.loads(raw.decode("utf-8", "surrogateescape"))
-    except (ValueError, RecursionError):
-        value = None
+        value, problem = parse_json(raw.decode("utf-8", "surrogateescape")), None
+    except JSONProblem as error:
+        value, problem = None, error
     record_id = id_text(value.get("id")) if isinstance(value, dict) else None
     try:
         content = raw.decode("utf-8")
@@ -183,8 +194,12 @@ def jsonl_oracle(raw: bytes, index: int):
         return Rejected(INVALID_UTF8), record_id
     if "\0" in content:
         return Rejected(NUL_CHARACTER), None  # a raw NUL byte: no JSON text
+    if "\r" in content:
+        return Rejected(CARRIAGE_RETURN), record_id  # (JSON whitespace may hold it: its id can still be read)
     if not content.strip():
         return Rejected(EMPTY_LINE), None
+    if problem is not None and problem.duplicate:
+        return Rejected(DUPLICATE_KEY), None
     if not isinstance(value, dict):
         return Rejected(BROKEN_JSON), None
     text = value.get("text")
@@ -207,6 +222,7 @@ def jsonl_oracle(raw: bytes, index: int):
 
 @given(items=st.lists(st.one_of(record, raw_bytes, st.sampled_from(ODD_LINES)), max_size=30), bom=st.booleans())
 @example(items=[b"\x00\x00\xfe\xff"], bom=False)  # random bytes that start as UTF-32 text does
+@example(items=[{"id": "a", "text": "first"}, *ODD_LINES[-4:], {"id": 2, "text": "last"}], bom=True)
 def test_jsonl_every_record_is_calibrated_or_rejected_in_place_with_its_id(tmp_path_factory, items, bom):
     """Duplicate ids are all kept, each on its own row; an id that is not a string is its JSON
     text (never a Python repr), NaN and Infinity are rejects; a rejected row keeps its id wherever

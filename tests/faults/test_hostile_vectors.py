@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from flowcore import FlowCalibrator
 from flowcore.batch.core import calibrated
-from flowcore.batch.rows import MISSING_VECTOR, NON_FINITE, NON_FINITE_OUTPUT, WRONG_WIDTH
+from flowcore.batch.rows import BEYOND_FLOAT32, MISSING_VECTOR, NON_FINITE, NON_FINITE_OUTPUT, WRONG_WIDTH
 from flowcore.cli import main
 
 DTYPES = ["<f4", ">f4", "<f8", "<f2", "g", "<i4", "u1", "?", "<c8", "<U3", "S4", "O", "M8[s]",
@@ -178,7 +178,7 @@ def test_parquet_vector_columns_of_every_kind_are_refused_or_calibrated_row_by_r
         assert_refused_in_one_line(code, err, path)
         return
     if code == 2:  # the width it reads off the first rows is not the flow's
-        assert "-wide vectors but the flow expects 8" in err or "has no vectors" in err
+        assert "-wide vectors but the calibrator expects 8" in err or "has no vectors" in err
         assert_refused_in_one_line(code, err, path)
         return
     assert code == 0, err
@@ -204,5 +204,68 @@ def test_npy_vectors_of_another_width_are_refused_before_any_work(tmp_path, flow
     np.save(tmp_path / "in.npy", np.zeros((5, width), dtype=np.float32))
     code, err = calibrate(flow_path, tmp_path / "in.npy", tmp_path / "out.npy", capsys)
     assert_refused_in_one_line(code, err, tmp_path / "in.npy")
-    assert f"holds {width}-wide vectors but the flow expects {DIM}" in err
+    assert f"holds {width}-wide vectors but the calibrator expects {DIM}" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
+
+
+def test_a_finite_float64_beyond_float32_is_named_for_what_it_is(tmp_path, flow_path, capsys):
+    rows = np.random.default_rng(0).normal(size=(6, DIM))
+    rows[2, 3], rows[4, 0] = 1e39, np.inf
+    np.save(tmp_path / "in.npy", rows)
+    pq.write_table(pa.table({"embedding": pa.array(rows.tolist(), pa.list_(pa.float64()))}), tmp_path / "in.parquet")
+    for source in ("in.npy", "in.parquet"):
+        code, err = calibrate(flow_path, tmp_path / source, tmp_path / "out.npy", capsys)
+        assert code == 0, err
+        rejects = [json.loads(line) for line in open(tmp_path / "out.npy.rejects.jsonl", encoding="utf-8")]
+        assert [(r["row"], r["reason"]) for r in rejects] == [(2, BEYOND_FLOAT32), (4, NON_FINITE)]
+        assert rejects[0]["detail"] == "a finite value beyond float32's range (about ±3.4e38)"
+
+
+@pytest.mark.parametrize("vector_type", [pa.list_(pa.float32()), pa.list_(pa.float32(), DIM)])
+def test_a_parquet_file_without_rows_gives_an_empty_output_whatever_its_list_type(tmp_path, flow_path, capsys,
+                                                                                vector_type):
+    schema = pa.schema([("embedding", vector_type)])
+    with pq.ParquetWriter(tmp_path / "in.parquet", schema):  # no row group at all
+        pass
+    assert pq.ParquetFile(tmp_path / "in.parquet").num_row_groups == 0
+    code, err = calibrate(flow_path, tmp_path / "in.parquet", tmp_path / "out.npy", capsys)
+    assert code == 0, err
+    assert np.load(tmp_path / "out.npy").shape == (0, DIM)
+
+
+def test_a_parquet_file_of_null_vectors_rejects_each_row(tmp_path, flow_path, capsys):
+    pq.write_table(pa.table({"embedding": pa.array([None, None], pa.list_(pa.float32()))}), tmp_path / "in.parquet")
+    code, err = calibrate(flow_path, tmp_path / "in.parquet", tmp_path / "out.npy", capsys)
+    assert code == 0, err
+    assert [json.loads(line)["reason"] for line in open(tmp_path / "out.npy.rejects.jsonl")] == [MISSING_VECTOR] * 2
+
+
+def test_two_parquet_columns_of_the_name_read_are_refused_in_one_line(tmp_path, flow_path, capsys):
+    vectors = pa.array(np.zeros((3, DIM)).tolist(), pa.list_(pa.float32()))
+    pq.write_table(pa.Table.from_arrays([vectors, vectors], names=["embedding", "embedding"]), tmp_path / "in.parquet")
+    code, err = calibrate(flow_path, tmp_path / "in.parquet", tmp_path / "out.npy", capsys)
+    assert_refused_in_one_line(code, err, tmp_path / "in.parquet")
+    assert "2 columns are named 'embedding'; rename them so that the one to read is named once" in err
+
+
+def test_a_dictionary_encoded_id_column_is_read_like_a_plain_one(tmp_path, flow_path):
+    from flowcore.batch.job import calibrate_file
+
+    ids = pa.array(["a", "b", "a"]).dictionary_encode()
+    vectors = pa.array(np.random.default_rng(0).normal(size=(3, DIM)).tolist(), pa.list_(pa.float32()))
+    pq.write_table(pa.table({"id": ids, "embedding": vectors}), tmp_path / "in.parquet")
+    calibrate_file(flow_path, tmp_path / "out.parquet", embeddings=tmp_path / "in.parquet", id_field="id",
+                   show_progress_bar=False)
+    assert pq.read_table(tmp_path / "out.parquet").column("id").to_pylist() == ["a", "b", "a"]
+
+
+@pytest.mark.parametrize("layout", ["int64", "fortran"])
+def test_fit_and_calibrate_read_npy_files_by_one_rule(tmp_path, flow_path, capsys, layout):
+    rows = np.random.default_rng(0).normal(size=(50, DIM))
+    np.save(tmp_path / "in.npy", rows.astype(np.int64) if layout == "int64" else np.asfortranarray(rows))
+    code, err = calibrate(flow_path, tmp_path / "in.npy", tmp_path / "out.npy", capsys)
+    assert_refused_in_one_line(code, err, tmp_path / "in.npy")
+    assert main(["fit", "--embeddings", str(tmp_path / "in.npy"), "--out", str(tmp_path / "w.flow")]) == 2
+    fit_error = capsys.readouterr().err.strip()
+    assert fit_error == err.strip().replace("flowcore calibrate", "flowcore fit")
+    assert not (tmp_path / "w.flow").exists()

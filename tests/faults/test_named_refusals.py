@@ -15,7 +15,15 @@ from faults_support import DIM
 
 from flowcore import FlowCalibrator
 from flowcore.batch.job import CalibrationJob
-from flowcore.batch.rows import BROKEN_CSV, INVALID_ID, LINE_TOO_LONG, NUL_CHARACTER
+from flowcore.batch.rows import (
+    BROKEN_CSV,
+    BROKEN_JSON,
+    CARRIAGE_RETURN,
+    DUPLICATE_KEY,
+    INVALID_ID,
+    LINE_TOO_LONG,
+    NUL_CHARACTER,
+)
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.cli import main
 
@@ -223,3 +231,100 @@ def test_a_line_longer_than_the_line_limit_is_read_in_bounded_memory(suffix, tmp
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert lines[0] == 5 and peak < 2 << 20  # never the whole 8 MB line
+
+
+@pytest.mark.parametrize("suffix, body", [(".txt", "one\rtwo\rthree\rfour\rfive\r"),
+                                          (".jsonl", '{"text": "one"}\r{"text": "two"}\r'),
+                                          (".csv", "text\rone\rtwo\r")])
+def test_lone_cr_line_ends_are_refused_never_merged_into_one_row(suffix, body, tmp_path, flow_path, capsys):
+    source = tmp_path / f"c{suffix}"
+    source.write_text(body, newline="")
+    expected = (f"{source}: line 1 ends in a lone carriage return (\\r, classic Mac OS line ends); flowcore reads "
+                "lines ending in \\n or \\r\\n and never merges or splits them otherwise: convert it first (e.g. "
+                "tr '\\r' '\\n')")
+    if suffix == ".txt":
+        assert main(["encode", "--input", str(source), "--out", str(tmp_path / "e.npy")]) == 2
+        assert one_line_error(capsys, "encode") == f"flowcore encode: error: {expected}"
+        assert not (tmp_path / "e.npy").exists()
+    with pytest.raises(ValueError) as refused:
+        run_text_job(source, tmp_path / "out.npy")
+    assert str(refused.value) == expected
+
+
+def test_a_carriage_return_inside_a_line_is_a_reject_never_a_split(tmp_path):
+    source = tmp_path / "c.txt"
+    source.write_bytes(b"a cat\r\nthe dog\rran away\nred house\n")
+    summary, rejects = run_text_job(source, tmp_path / "out.npy")
+    assert summary.rows == 3 and [(r["row"], r["line"], r["reason"]) for r in rejects] == [(1, 2, CARRIAGE_RETURN)]
+    assert rejects[0]["detail"] == "holds a carriage return (byte 7 of the line), which may end a line: it is not " \
+                                   "split there"
+
+
+def test_a_cr_inside_an_unquoted_csv_field_is_named_as_such(tmp_path):
+    (tmp_path / "c.csv").write_bytes(b'id,text\n1,"a cat"\n2,the dog\rran\n3,red\n')
+    summary, rejects = run_text_job(tmp_path / "c.csv", tmp_path / "out.npy", id_field="id")
+    assert summary.rows == 3 and [(r["row"], r["reason"]) for r in rejects] == [(1, BROKEN_CSV)]
+    assert rejects[0]["detail"] == "a carriage return (\\r) inside an unquoted field; quote the field or remove the \\r"
+
+
+def test_a_jsonl_number_past_the_digit_limit_is_one_rejected_row_and_the_job_finishes(tmp_path, flow_path):
+    source = tmp_path / "c.jsonl"
+    source.write_text('{"id": 1, "text": "a cat"}\n{"id": ' + "9" * 5000 + ', "text": "the dog"}\n'
+                      '{"id": 3, "text": "red house"}\n{"id": 4, "text": "' + "[" * 10 + '", "n": '
+                      + "[" * 100_000 + "]" * 100_000 + "}\n")
+    for attempt in range(2):  # and a rerun is no different
+        summary, rejects = run_text_job(source, tmp_path / "out.parquet", id_field="id")
+        assert summary.rows == 4 and summary.rejects == {BROKEN_JSON: 2}
+        assert [(r["row"], r["line"], r["detail"]) for r in rejects] == [
+            (1, 2, "invalid number: an integer of more than 4,300 digits"), (3, 4, "nested too deeply")]
+        assert pq.read_table(tmp_path / "out.parquet").column("id").to_pylist() == ["1", None, "3", None]
+
+
+def test_duplicate_json_keys_reject_the_row_naming_the_key(tmp_path):
+    source = tmp_path / "c.jsonl"
+    source.write_text('{"id": 1, "text": "a cat"}\n{"id": 2, "text": "the dog", "text": "a cat"}\n')
+    summary, rejects = run_text_job(source, tmp_path / "out.npy", id_field="id")
+    assert summary.rejects == {DUPLICATE_KEY: 1}
+    assert [(r["row"], r["line"], r["detail"]) for r in rejects] == [(1, 2, "duplicate key 'text'")]
+
+
+@pytest.mark.parametrize("header, options, column", [("text,id,text", {}, "text"),
+                                                     ("text,id,id", {"id_field": "id"}, "id"),
+                                                     ("text,m,m", {"keep_columns": ["m"]}, "m")])
+def test_duplicate_csv_header_names_that_are_read_are_refused(tmp_path, header, options, column):
+    (tmp_path / "c.csv").write_text(f"{header}\na,1,b\n")
+    with pytest.raises(ValueError) as refused:
+        TextCorpus(tmp_path / "c.csv", **options)
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'c.csv'}: ") and f"columns are named {column!r}" in message
+    assert "\n" not in message
+    (tmp_path / "ok.csv").write_text("text,x,x\na,1,2\n")  # a repeated column that is not read is no problem
+    assert run_text_job(tmp_path / "ok.csv", tmp_path / "ok.npy")[0].rows == 1
+
+
+@pytest.mark.parametrize("skip_bad", [False, True])
+@pytest.mark.parametrize("bad", ['{"s1": "a", "s2": "b", "score": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                                 '{"s1": "a", "s2": "b", "score": 1, "n": ' + "9" * 5000 + "}",
+                                 '{"s1": "a", "s2": "b", "s2": "c", "score": 1}'])
+def test_hostile_json_in_pairs_is_a_bad_line(tmp_path, bad, skip_bad):
+    from flowcore.sts.data import STSDataError
+    from flowcore.sts.pairs import load_pairs
+
+    lines = ['{"s1": "a cat", "s2": "a dog", "score": 1}', bad, '{"s1": "x", "s2": "y", "score": 2}',
+             '{"s1": "z", "s2": "w", "score": 3}']
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    if skip_bad:
+        assert load_pairs(tmp_path / "p.jsonl", skip_bad=True).skipped_lines == 1
+        return
+    with pytest.raises(STSDataError) as refused:
+        load_pairs(tmp_path / "p.jsonl")
+    assert str(refused.value).startswith(f"{tmp_path / 'p.jsonl'}:2: ") and "\n" not in str(refused.value)
+
+
+def test_duplicate_pairs_header_columns_are_refused(tmp_path):
+    from flowcore.sts.data import STSDataError
+    from flowcore.sts.pairs import load_pairs
+
+    (tmp_path / "p.csv").write_text("sentence1,sentence2,score,score\na,b,1,2\nc,d,2,3\n")
+    with pytest.raises(STSDataError, match=r"p.csv:1: 2 columns are named 'score'"):
+        load_pairs(tmp_path / "p.csv")

@@ -27,7 +27,7 @@ def test_rows_the_flow_maps_to_nan_are_rejected_with_their_row_numbers(tmp_path,
 
     assert [(r["row"], r["reason"]) for r in read_rejects(out)] == [(7, NON_FINITE_OUTPUT), (64, NON_FINITE_OUTPUT),
                                                                     (70, NON_FINITE)]
-    assert read_rejects(out)[0]["detail"] == f"the flow returned {DIM} NaN, 0 Inf of {DIM} values"
+    assert read_rejects(out)[0]["detail"] == f"calibrated, it holds {DIM} NaN, 0 Inf of {DIM} values"
     assert summary.rejects == {NON_FINITE_OUTPUT: 2, NON_FINITE: 1}
     assert "3 rejected (1 NaN/Inf, 2 non-finite output)" in str(summary)
     if suffix == ".npy":
