@@ -32,14 +32,21 @@ def lone_surrogate(text: str) -> int | None:
 
 def as_tensor(X, name: str = "X") -> torch.Tensor:
     """`X` (tensor, numpy array or memory map) as a tensor sharing its memory, except an array in the other
-    byte order (a big-endian .npy), which is converted. Raises ValueError when X is not numeric."""
+    byte order (a big-endian .npy) or with negative strides (`X[::-1]`), which is copied. Raises ValueError
+    when X is not real numbers (complex numbers are refused, never cast to their real part)."""
     if isinstance(X, torch.Tensor):
+        if X.is_complex():
+            raise ValueError(f"{name} holds complex numbers ({X.dtype}); calibrators take real vectors")
         return X
     array = np.asarray(X)
+    if np.iscomplexobj(array):
+        raise ValueError(f"{name} holds complex numbers ({array.dtype}); calibrators take real vectors")
     if not np.issubdtype(array.dtype, np.number):
         raise ValueError(f"{name} must be a numeric array, got dtype {array.dtype}")
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
+    if any(stride < 0 for stride in array.strides):
+        array = np.ascontiguousarray(array)
     with warnings.catch_warnings():  # read-only (memory-mapped) input is only ever read
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(array)

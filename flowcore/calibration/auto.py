@@ -131,9 +131,13 @@ class AutoCalibration(LinearCalibrator):
             return _rows(rows, self.dim, self.name, row_offset)
         return super()._map_chunk(rows, row_offset)
 
-    @classmethod
-    def _from_file(cls, path, tensors: dict, info: dict, device) -> AutoCalibration:
-        calibrator = super()._from_file(path, tensors, info, device)
-        if calibrator.choice not in CHOICES:
-            raise ValueError(f"unknown choice {calibrator.choice!r}; auto chooses {' or '.join(CHOICES)}")
-        return calibrator
+    def _matrix_problem(self) -> str | None:
+        if self.choice not in CHOICES:
+            return f"unknown choice {self.choice!r}; auto chooses {' or '.join(CHOICES)}"
+        width = len(self.mean)
+        if self.choice == "none" and not (np.array_equal(self.matrix, np.eye(width)) and not self.mean.any()):
+            return "it chose none, but its mean and matrix are not zero and the identity"
+        if self.choice == "whitening" and self.matrix.shape[1] != (self.signals or {}).get("dim"):
+            return f"it chose whitening to {(self.signals or {}).get('dim')} directions, but its matrix keeps " \
+                   f"{self.matrix.shape[1]}"
+        return None

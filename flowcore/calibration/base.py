@@ -47,7 +47,8 @@ class Calibrator(ABC):
     """
 
     name: ClassVar[str] = ""
-    _file_mismatch: ClassVar[str] = "{kind} calibrator file does not match its recorded settings: {error}"
+    _file_mismatch: ClassVar[str] = ("{kind} calibrator file whose header does not match its tensors: {error}; refit "
+                                     "it with `flowcore fit`")
     """`load`'s message for a file whose contents do not fit its header."""
 
     def __init__(self):
@@ -94,16 +95,16 @@ class Calibrator(ABC):
         """The constructor's settings, as saved in the file and accepted by `create`."""
         return {}
 
-    def _map_chunks(self, X, map_chunk, chunk_rows: int, name: str = "X") -> np.ndarray:
+    def _map_chunks(self, X, map_chunk, chunk_rows: int, name: str = "X", output_dim: int | None = None) -> np.ndarray:
         """`map_chunk(rows, row_offset)`, which checks the rows, over X `chunk_rows` rows at a time, into
-        float32 (n, output_dim); a finite row mapped to NaN/Inf is refused by number."""
+        float32 (n, output_dim, default `self.output_dim`); a finite row mapped to NaN/Inf is refused by number."""
         import numpy as np
 
         from flowcore.validation import check_output
 
         if np.ndim(X) != 2:
             map_chunk(np.asarray(X), 0)  # the shape error
-        out = np.empty((len(X), self.output_dim), dtype=np.float32)
+        out = np.empty((len(X), output_dim or self.output_dim), dtype=np.float32)
         for start in range(0, len(X), chunk_rows):
             with np.errstate(over="ignore"):  # a result beyond float32 is Inf, refused below
                 out[start:start + chunk_rows] = map_chunk(X[start:start + chunk_rows], start)
@@ -194,11 +195,11 @@ def load(path, device=None) -> Calibrator:
 
     tensors, info = load_flow(path)
     kind = info.get("kind", "flow")  # flow files from before kinds were recorded have none
-    if kind in _RENAMED:
+    if isinstance(kind, str) and kind in _RENAMED:
         raise FlowFileError(f"{path}: a {kind!r} calibrator from an earlier flowcore, which this one does not "
                             f"read; the method is now {_RENAMED[kind]!r}: refit it "
-                            f"(`flowcore fit --method {_RENAMED[kind]}`)")
-    if kind not in _CLASSES:
+                            f"(`flowcore fit --calibration {_RENAMED[kind]}`)")
+    if not isinstance(kind, str) or kind not in _CLASSES:
         raise FlowFileError(f"{path}: unknown calibrator kind {kind!r}; this flowcore reads {', '.join(NAMES)}")
     cls = calibrator_class(kind)
     try:
@@ -208,7 +209,10 @@ def load(path, device=None) -> Calibrator:
         calibrator.metadata = info.get("metadata", {})
     except FlowFileError:
         raise
-    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+    except KeyError as error:
+        raise FlowFileError(f"{path}: " + cls._file_mismatch.format(
+            kind=kind, error=f"its header has no {error.args[0]!r} entry")) from None
+    except (TypeError, ValueError, RuntimeError, AttributeError) as error:
         raise FlowFileError(f"{path}: " + cls._file_mismatch.format(kind=kind, error=error)) from None
     calibrator.source = Path(path)
     return calibrator

@@ -276,6 +276,7 @@ class FlowCalibrator(Calibrator):
         for name, value in tensors.items():
             part, _, key = name.partition(".")
             parts[part][key] = value.clone()
+        _check_step_count(info["glow"], parts["flow"])  # before building: a header can declare any number
         with torch.device("meta"):  # shapes only: skip the random LU initialisation
             flow = Glow(**info["glow"])
         _load_state(flow, parts["flow"], "flow.", assign=True)
@@ -292,6 +293,20 @@ class FlowCalibrator(Calibrator):
         if "heldout_epochs" not in training:  # from before evaluations within epochs: one score an epoch, from 0
             calibrator.heldout_epochs = list(range(len(calibrator.heldout_bits_per_dim)))
         return calibrator
+
+
+def _check_step_count(glow, state: dict) -> None:
+    """A ValueError unless the Glow shape a file declares (`glow`: levels, depth) has as many steps as its
+    tensors (`state`, "levels.L.S.…"), checked before a Glow of that shape is built."""
+    if not isinstance(glow, dict):
+        raise ValueError(f"its Glow shape {glow!r} is not a JSON object")
+    levels, depth = glow.get("levels"), glow.get("depth")
+    if not all(isinstance(value, int) and not isinstance(value, bool) and value >= 1 for value in (levels, depth)):
+        raise ValueError(f"its Glow shape has {levels!r} levels of {depth!r} steps, not positive integers")
+    steps = {tuple(name.split(".")[1:3]) for name in state if name.startswith("levels.")}
+    if levels * depth != len(steps):
+        raise ValueError(f"its header declares {levels} levels of {depth} steps, but it holds the tensors of "
+                         f"{len(steps)} steps")
 
 
 def _load_state(module: torch.nn.Module, state: dict, prefix: str, assign: bool = False) -> None:

@@ -15,13 +15,18 @@ from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
 from flowcore._fs import atomic_write
+from flowcore._json import JSONProblem, parse_json
 from flowcore._lines import require_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MAX_HEADER_BYTES", "EncoderProvenance", "FlowFileError", "check_encoder_fits",
            "check_layout", "load_flow", "save_flow"]
 
 FORMAT = "flowcore-flow"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
+"""Version 4: the checksum covers the header's info (kind, settings, encoder, shape) as well as the tensors."""
+READ_VERSIONS = ("3", "4")
+"""Versions this flowcore reads; a version 3 file's info is outside its checksum, and is checked against its
+tensors by each calibrator's loader."""
 MAX_HEADER_BYTES = 16 << 20
 """The largest safetensors JSON header accepted; flowcore's own are a few kB."""
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -46,7 +51,7 @@ class EncoderProvenance:
 
 
 def check_encoder_fits(provenance: EncoderProvenance | None, dim: int, encoder, requested_model: str | None = None,
-                       what: str = "the flow") -> None:
+                       what: str = "the calibrator") -> None:
     """A ValueError saying how to fix it unless vectors from `encoder` fit a calibration of `dim`-wide
     vectors from `provenance` (None: width only); `requested_model` (the name asked for) also matches."""
     if provenance is not None and provenance.model not in (str(encoder.model_id), requested_model):
@@ -63,24 +68,28 @@ class FlowFileError(ValueError):
     """A flow file that is missing, truncated, corrupted or does not match what it claims."""
 
 
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
+def _digest(tensors: dict[str, torch.Tensor], info: dict | None) -> str:
+    """SHA-256 of the tensors (names, dtypes, bytes) and, unless None, of the info's canonical JSON."""
     sha = hashlib.sha256()
     for name, tensor in sorted(tensors.items()):  # CPU and contiguous: as saved, or as safetensors reads them
         sha.update(name.encode())
         sha.update(str(tensor.dtype).encode())
-        sha.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        sha.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    if info is not None:
+        sha.update(b"\0info\0" + json.dumps(info, sort_keys=True, separators=(",", ":")).encode())
     return sha.hexdigest()
 
 
 def save_flow(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
     """Write `tensors` and the JSON-able `info` to `path` atomically (`flowcore._fs.atomic_write`)."""
     path = Path(path)
-    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    tensors = {name: t.detach().cpu().clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
+    info = json.loads(json.dumps(info))  # as it will be read back (tuples become lists)
     metadata = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
         "info": json.dumps(info, sort_keys=True),
-        "sha256": _digest(tensors),
+        "sha256": _digest(tensors, info),
     }
     data = safetensors_bytes(tensors, metadata=metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,9 +123,10 @@ def check_layout(path) -> None:
             raise FlowFileError(f"{path}: not a readable flow file: its header claims {header_bytes:,} bytes but "
                                 f"the file holds {size - 8:,} after the length (truncated or not safetensors?)")
         try:
-            header = json.loads(handle.read(header_bytes).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise FlowFileError(f"{path}: not a readable flow file (its header is not JSON: {error})") from None
+            header = parse_json(handle.read(header_bytes).decode("utf-8"))
+        except (UnicodeDecodeError, JSONProblem) as problem:
+            raise FlowFileError(f"{path}: not a readable flow file (its header is not usable JSON: {problem})") \
+                from None
     if not isinstance(header, dict):
         raise FlowFileError(f"{path}: not a readable flow file (its header is not a JSON object)")
     data_bytes = size - 8 - header_bytes
@@ -154,10 +164,9 @@ def _tensor_problem(entry, data_bytes: int) -> str | None:
 def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
     """Read and verify a flow file (layout, format, checksum, finite weights); returns (tensors, info)."""
     path = Path(path)
-    if not path.is_file():
-        if path.exists():
-            require_file(path, FlowFileError)  # a folder or a pipe, named as such
+    if not os.path.lexists(path):
         raise FlowFileError(f"{path}: no such flow file")
+    require_file(path, FlowFileError)  # a folder, a pipe or a link loop, named as such
     check_layout(path)
     try:
         with safe_open(str(path), framework="pt") as reader:
@@ -168,20 +177,23 @@ def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
     if metadata.get("format") != FORMAT:
         raise FlowFileError(f"{path}: not a flowcore flow file (no '{FORMAT}' format tag in its metadata)")
     version = metadata.get("format_version", "?")
-    if version != str(FORMAT_VERSION):
-        raise FlowFileError(f"{path}: flow file format version {version}; this flowcore reads version "
-                            f"{FORMAT_VERSION} only. Refit it with this flowcore (`flowcore fit`)")
-    if metadata.get("sha256") != _digest(tensors):
-        raise FlowFileError(f"{path}: corrupted flow file (the weights do not match their recorded checksum)")
+    if version not in READ_VERSIONS:
+        raise FlowFileError(f"{path}: flow file format version {version}; this flowcore reads versions "
+                            f"{', '.join(READ_VERSIONS)}. Refit it with this flowcore (`flowcore fit`)")
+    if "info" not in metadata:
+        raise FlowFileError(f"{path}: flow file metadata is damaged: it has no info")
+    try:
+        info = parse_json(metadata["info"])
+    except JSONProblem as problem:
+        raise FlowFileError(f"{path}: flow file metadata is damaged (its info is not usable JSON: {problem})") from None
+    if not isinstance(info, dict):
+        raise FlowFileError(f"{path}: flow file metadata is damaged: its info is not a JSON object")
+    if metadata.get("sha256") != _digest(tensors, info if version != "3" else None):
+        raise FlowFileError(f"{path}: corrupted flow file (its weights or header do not match their recorded "
+                            "checksum)")
     for name, tensor in sorted(tensors.items()):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise FlowFileError(f"{path}: the weights hold NaN/Inf (tensor {name!r}): a diverged or damaged fit "
                                 "would turn every vector into NaN; refit the flow")
-    try:
-        info = json.loads(metadata["info"])
-    except (KeyError, json.JSONDecodeError) as error:
-        raise FlowFileError(f"{path}: flow file metadata is damaged: {error}") from None
-    if not isinstance(info, dict):
-        raise FlowFileError(f"{path}: flow file metadata is damaged: its info is not a JSON object")
     return tensors, info
 

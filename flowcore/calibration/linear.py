@@ -38,10 +38,10 @@ def _rows(X, width: int | None, name: str, row_offset: int = 0) -> np.ndarray:
     """X as float64 numpy, checked (2-D, numeric, finite rows: bad rows named; `width` columns if given)."""
     from flowcore.validation import check_matrix
 
-    rows = check_matrix(X, name="X", row_offset=row_offset)
+    rows = check_matrix(X, name="X", row_offset=row_offset, min_rows=0)
     if width is not None and rows.shape[1] != width:
         raise ValueError(f"X has {rows.shape[1]} features per row but this {name} calibrator was fitted on {width}")
-    return rows.double().numpy()
+    return rows.detach().cpu().double().numpy()
 
 
 class LinearCalibrator(Calibrator):
@@ -66,6 +66,11 @@ class LinearCalibrator(Calibrator):
     def _fitted_matrix(self, mean: np.ndarray, covariance: Callable[[], np.ndarray]) -> np.ndarray:
         """W for a corpus of mean μ; `covariance()` computes its sample covariance when W needs it."""
 
+    def _matrix_problem(self) -> str | None:
+        """Why the loaded W is not what this method computes from its other saved parts and settings (None: it
+        is, or W has no other source): a file whose header names another method or settings than its tensors."""
+        return None
+
     def settings(self) -> dict:
         """The constructor's settings, which these classes keep as attributes of the same names."""
         return {name: getattr(self, name) for name in setting_names(self.name)}
@@ -78,8 +83,10 @@ class LinearCalibrator(Calibrator):
             encoder: the `Encoder` (or `EncoderProvenance`) that produced X, saved as `provenance`.
         """
         X = _rows(X, None, self.name)
+        if len(X) < 2:
+            raise ValueError(f"{self.name} needs at least 2 rows, got {len(X)}")
         mean = X.mean(axis=0)
-        return self._fit(mean, lambda: np.cov(X - mean, rowvar=False), len(X), encoder)
+        return self._fit(mean, lambda: np.atleast_2d(np.cov(X - mean, rowvar=False)), len(X), encoder)
 
     def fit_moments(self, moments: Moments, encoder=None) -> LinearCalibrator:
         """Fit from the corpus's moments, e.g. merged from shards computed elsewhere (`flowcore.ray.moments`).
@@ -147,14 +154,28 @@ class LinearCalibrator(Calibrator):
 
     @classmethod
     def _from_file(cls, path, tensors: dict, info: dict, device) -> LinearCalibrator:
-        calibrator = cls(**info.get("settings", {}))
+        settings = info.get("settings", {})
+        unknown = sorted(set(settings) - set(setting_names(cls.name)))
+        if unknown:
+            raise ValueError(f"its settings name {', '.join(unknown)}, which {cls.name} does not have")
+        expected = {f"linear.{name}" for name in cls._saved_arrays}
+        if set(tensors) != expected:
+            extra, missing = sorted(set(tensors) - expected), sorted(expected - set(tensors))
+            raise ValueError(f"it holds {'the tensors ' + ', '.join(extra) if extra else 'no tensor ' + missing[0]}, "
+                             f"which a {cls.name} file does {'not ' if extra else ''}have")
+        calibrator = cls(**settings)
         for name in cls._saved_arrays:
             setattr(calibrator, name, tensors[f"linear.{name}"].double().numpy().copy())
         mean, matrix = calibrator.mean, calibrator.matrix
         if mean.ndim != 1 or matrix.ndim != 2 or matrix.shape[0] != mean.shape[0]:
             raise ValueError(f"mean of shape {tuple(mean.shape)} does not fit a matrix of shape {tuple(matrix.shape)}")
+        if 0 in matrix.shape:
+            raise ValueError(f"its matrix of shape {tuple(matrix.shape)} maps no vector to anything")
         for name in cls._saved_values:
             setattr(calibrator, name, info.get("fit", {}).get(name))
+        problem = calibrator._matrix_problem()
+        if problem is not None:
+            raise ValueError(problem)
         return calibrator
 
 
@@ -195,18 +216,20 @@ class Identity(Calibrator):
 
     def transform(self, X) -> np.ndarray:
         """A float32 copy of the rows of X; a finite row beyond float32 is refused (`NonFiniteOutputError`)."""
-        from flowcore.validation import check_output
-
-        with np.errstate(over="ignore"):
-            return check_output(_rows(X, self._dim, self.name).astype(np.float32))
+        width = np.shape(X)[1] if self._dim is None and np.ndim(X) == 2 else self._dim  # unfitted: any width
+        return self._map_chunks(X, lambda rows, row_offset: _rows(rows, self._dim, self.name, row_offset),
+                                defaults.TRANSFORM_CHUNK_ROWS, output_dim=width)
 
     def _contents(self) -> tuple[dict, dict]:
         return {}, {"settings": {}, "fit": {"dim": self.dim}}
 
     @classmethod
     def _from_file(cls, path, tensors: dict, info: dict, device) -> Identity:
+        if tensors or info.get("settings"):
+            raise ValueError(f"it holds {'tensors' if tensors else 'settings'}, which a none file does not have")
         calibrator = cls()
-        calibrator._dim = int(info["fit"]["dim"])
+        dim = info["fit"]["dim"]
+        calibrator._dim = positive_int(dim, "its width")
         return calibrator
 
 
@@ -221,6 +244,9 @@ class MeanCentering(LinearCalibrator):
 
     def _fitted_matrix(self, mean, covariance):
         return np.eye(len(mean))
+
+    def _matrix_problem(self) -> str | None:
+        return None if np.array_equal(self.matrix, np.eye(len(self.mean))) else "its matrix is not the identity"
 
 
 class AllButTheTop(LinearCalibrator):
@@ -250,3 +276,9 @@ class AllButTheTop(LinearCalibrator):
             raise ValueError(f"all-but-the-top k={k} must be below the embedding width {width}")
         top = principal_axes(covariance())[1][:, :k]
         return np.eye(width) - top @ top.T
+
+    def _matrix_problem(self) -> str | None:
+        width, k = self.matrix.shape[0], self.removed(self.matrix.shape[0])
+        if self.matrix.shape != (width, width) or round(float(np.trace(self.matrix))) != width - k:
+            return f"its matrix is not a projection removing {k} of {width} directions"
+        return None

@@ -52,8 +52,24 @@ class Whitening(LinearCalibrator):
         if self.dim_kept is not None and self.dim_kept > width:
             raise ValueError(f"whitening dim {self.dim_kept} exceeds the embedding width {width}")
         eigenvalues, axes = principal_axes(covariance(), self.tolerance)
-        self.rank, self.eigenvalues, self.axes = len(eigenvalues), eigenvalues[:self.dim_kept], axes[:, :self.dim_kept]
+        self.rank = len(eigenvalues)
+        self.eigenvalues, self.axes = eigenvalues[:self.dim_kept].copy(), axes[:, :self.dim_kept].copy()
+        return self._matrix()
+
+    def _matrix(self) -> np.ndarray:
+        """W from the kept axes and eigenvalues: U_k·Λ_k^(−γ)."""
         return self.axes / self.eigenvalues ** self.power
+
+    def _matrix_problem(self) -> str | None:
+        if self.axes.ndim != 2 or self.eigenvalues.shape != self.axes.shape[1:] or self.axes.shape[0] != len(self.mean):
+            return (f"its axes of shape {tuple(self.axes.shape)} and eigenvalues of shape "
+                    f"{tuple(self.eigenvalues.shape)} do not fit its mean of shape {tuple(self.mean.shape)}")
+        if (self.dim_kept is not None and self.dim_kept != self.axes.shape[1]) or not np.all(self.eigenvalues > 0):
+            return f"its kept directions do not fit its settings ({self.settings()})"
+        expected = self._matrix()
+        if expected.shape != self.matrix.shape or not np.allclose(expected, self.matrix, rtol=1e-9, atol=0):
+            return f"its matrix is not the {self.name} matrix of its axes, eigenvalues and settings ({self.settings()})"
+        return None
 
 
 class ZCAWhitening(Whitening):
@@ -73,6 +89,7 @@ class ZCAWhitening(Whitening):
 
     settings = LinearCalibrator.settings  # its one setting is an attribute of the same name
 
-    def _fitted_matrix(self, mean, covariance):
-        return super()._fitted_matrix(mean, covariance) @ self.axes.T
+    def _matrix(self) -> np.ndarray:
+        """W = U·Λ^(−½)·Uᵀ."""
+        return super()._matrix() @ self.axes.T
 

@@ -1,4 +1,5 @@
-"""Flow files: the typed encoder provenance, and one clear error for files of any other format version."""
+"""Flow files: the typed encoder provenance, files of the previous format version (read as they are), and one
+clear error for files of any other format version."""
 import json
 
 import numpy as np
@@ -7,6 +8,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import flowcore
+import flowcore.calibration.flow_file as flow_file
 from flowcore.calibration.flow_file import FORMAT_VERSION, EncoderProvenance, FlowFileError
 
 
@@ -16,14 +18,17 @@ def fitted():
     return data, flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, show_progress_bar=False)
 
 
-def _rewrite_header(source, target, version: str, edit) -> None:
-    """Copy a flow file with its header's format version and info changed (tensors and hash kept)."""
+def _rewrite_header(source, target, version: str, edit, rehash: bool = False) -> None:
+    """Copy a flow file with its header's format version and info changed (tensors kept); `rehash`: with the
+    checksum a file of that version would carry (version 3's covers the tensors only), else the old one."""
     with safe_open(str(source), framework="pt") as reader:
         metadata = dict(reader.metadata())
         tensors = {name: reader.get_tensor(name) for name in reader.keys()}
     info = json.loads(metadata["info"])
     edit(info)
     metadata.update(format_version=version, info=json.dumps(info, sort_keys=True))
+    if rehash:
+        metadata["sha256"] = flow_file._digest(tensors, None if version == "3" else info)
     save_file(tensors, str(target), metadata=metadata)
 
 
@@ -40,7 +45,7 @@ def test_fit_records_the_encoder_as_typed_provenance(fitted, tmp_path):
     calibrator.save(tmp_path / "m.flow")
     with safe_open(str(tmp_path / "m.flow"), framework="pt") as reader:
         header = reader.metadata()
-    assert header["format_version"] == str(FORMAT_VERSION) == "3"
+    assert header["format_version"] == str(FORMAT_VERSION) == "4"
     assert json.loads(header["info"])["encoder"] == {"model": "/models/bert", "pooling": "first-last-avg"}
     assert flowcore.FlowCalibrator.load(tmp_path / "m.flow").provenance == calibrator.provenance
 
@@ -60,11 +65,33 @@ def test_a_file_of_another_format_version_says_how_to_refit(fitted, tmp_path, ve
     _, calibrator = fitted
     calibrator.save(tmp_path / "current.flow")
     _rewrite_header(tmp_path / "current.flow", tmp_path / f"v{version}.flow", version, lambda info: None)
-    message = (rf"v{version}.flow: flow file format version {version}; this flowcore reads version 3 only. "
+    message = (rf"v{version}.flow: flow file format version {version}; this flowcore reads versions 3, 4. "
                r"Refit it with this flowcore \(`flowcore fit`\)")
     for load in (flowcore.load, flowcore.FlowCalibrator.load):
         with pytest.raises(FlowFileError, match=message):
             load(tmp_path / f"v{version}.flow")
+
+
+@pytest.mark.parametrize("kind", ["flow", "whitening"])
+def test_a_version_3_file_still_loads_and_maps_alike(fitted, tmp_path, kind):
+    """Files written before the checksum covered the header (version 3) load, with their contents checked."""
+    data, flow = fitted
+    calibrator = flow if kind == "flow" else flowcore.Whitening(dim=4).fit(data)
+    calibrator.save(tmp_path / "current.flow")
+    _rewrite_header(tmp_path / "current.flow", tmp_path / "v3.flow", "3", lambda info: None, rehash=True)
+    loaded = flowcore.load(tmp_path / "v3.flow")
+    assert loaded.name == kind
+    np.testing.assert_array_equal(loaded.transform(data[:5]), calibrator.transform(data[:5]))
+
+
+def test_the_checksum_covers_the_header(fitted, tmp_path):
+    """A version 4 header edited after the fit (here: the recorded encoder) is refused, naming the file."""
+    _, calibrator = fitted
+    calibrator.save(tmp_path / "m.flow")
+    _rewrite_header(tmp_path / "m.flow", tmp_path / "edited.flow", "4",
+                    lambda info: info.update(encoder={"model": "other", "pooling": "cls"}))
+    with pytest.raises(FlowFileError, match=r"edited.flow: corrupted flow file \(its weights or header do not match"):
+        flowcore.load(tmp_path / "edited.flow")
 
 
 def test_a_valid_file_whose_header_length_starts_like_a_pickle_loads(fitted, tmp_path):

@@ -109,7 +109,7 @@ def test_files_of_the_earlier_linear_kinds_are_refused_with_how_to_refit(kind, n
     save_flow(tmp_path / "old.flow", {name: tensors[name] for name in ("linear.mean", "linear.matrix")},
               {**info, "kind": kind, "settings": {}})
     with pytest.raises(FlowFileError, match=rf"old.flow: a '{kind}' calibrator from an earlier flowcore.*"
-                                            rf"now '{now}': refit it \(`flowcore fit --method {now}`\)"):
+                                            rf"now '{now}': refit it \(`flowcore fit --calibration {now}`\)"):
         flowcore.load(tmp_path / "old.flow")
 
 
@@ -127,15 +127,18 @@ def test_damaged_or_unknown_calibrator_files_are_refused_naming_the_file(tmp_pat
         flowcore.load(tmp_path / "odd.flow")
     save_flow(tmp_path / "bad.flow", {"linear.mean": tensors["linear.mean"][:2],
                                       "linear.matrix": tensors["linear.matrix"]}, info)
-    with pytest.raises(FlowFileError, match="bad.flow: abtt calibrator file does not match.*does not fit a matrix"):
+    with pytest.raises(FlowFileError, match="bad.flow: abtt calibrator file whose header does not match its tensors.*"
+                                            "does not fit a matrix"):
         flowcore.load(tmp_path / "bad.flow")
     save_flow(tmp_path / "k.flow", tensors, {**info, "settings": {"k": -1}})
-    with pytest.raises(FlowFileError, match="k.flow: abtt calibrator file does not match.*positive integer"):
+    with pytest.raises(FlowFileError, match="k.flow: abtt calibrator file whose header does not match its tensors.*"
+                                            "positive integer"):
         flowcore.load(tmp_path / "k.flow")
     tensors, info = load_flow(_saved("whitening", tmp_path))
     del tensors["linear.axes"]
     save_flow(tmp_path / "w.flow", tensors, info)
-    with pytest.raises(FlowFileError, match="w.flow: whitening calibrator file does not match.*linear.axes"):
+    with pytest.raises(FlowFileError, match="w.flow: whitening calibrator file whose header does not match its "
+                                            "tensors: it holds no tensor linear.axes"):
         flowcore.load(tmp_path / "w.flow")
     with pytest.raises(FlowFileError, match="no such flow file"):
         flowcore.load(tmp_path / "missing.flow")
@@ -164,3 +167,33 @@ def test_an_unfitted_calibrator_says_so(name, tmp_path):
     for use in (lambda: calibrator.transform(X), lambda: calibrator.dim, lambda: calibrator.save(tmp_path / "x")):
         with pytest.raises((ValueError, RuntimeError), match="not fitted"):
             use()
+
+
+@pytest.mark.parametrize("name", calibration.NAMES)
+def test_every_calibrator_takes_and_refuses_the_same_inputs(name):
+    """What the flow accepts, every method accepts (a reversed view, a tensor that requires grad, no rows), and
+    complex numbers are refused by every one, never cast to their real part."""
+    import torch
+
+    X = _anisotropic(rows=200)
+    calibrator = _fit(name, X)
+    expected = calibrator.transform(X[::-1].copy())
+    np.testing.assert_array_equal(calibrator.transform(X[::-1]), expected)
+    np.testing.assert_array_equal(calibrator.transform(torch.from_numpy(X).requires_grad_()),
+                                  calibrator.transform(X))
+    assert calibrator.transform(X[:0]).shape == (0, calibrator.output_dim)
+    for complex_rows in (X.astype(np.complex64), torch.from_numpy(X.astype(np.complex64))):
+        with pytest.raises(ValueError, match=r"X holds complex numbers \(.*complex64\); calibrators take real "
+                                             "vectors"):
+            calibrator.transform(complex_rows)
+
+
+@pytest.mark.parametrize("rows, dim", [("two rows", None), ("rank 1", None), ("full", 1)])
+def test_whitening_to_one_direction_saves_and_loads(tmp_path, rows, dim):
+    rng = np.random.default_rng(0)
+    X = {"two rows": rng.normal(size=(2, 8)), "rank 1": rng.normal(size=(50, 1)) * rng.normal(size=(1, 8)),
+         "full": rng.normal(size=(50, 8))}[rows]
+    whitening = flowcore.Whitening(dim=dim).fit(X)
+    assert whitening.output_dim == 1
+    whitening.save(tmp_path / "w.flow")
+    np.testing.assert_array_equal(flowcore.load(tmp_path / "w.flow").transform(X), whitening.transform(X))

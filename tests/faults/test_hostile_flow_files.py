@@ -96,7 +96,7 @@ def safetensors_bytes(header: dict, data: bytes) -> bytes:
     (safetensors_bytes({"flow.w": {"dtype": "PY_OBJECT", "shape": [1], "data_offsets": [0, 8]}}, bytes(8)),
      "tensor 'flow.w' has an unknown dtype 'PY_OBJECT'"),
     (struct.pack("<Q", 2**60) + b"{}", "its header claims 1,152,921,504,606,846,976 bytes"),
-    (struct.pack("<Q", 4) + b"\xff\xfe{}", "its header is not JSON"),
+    (struct.pack("<Q", 4) + b"\xff\xfe{}", "its header is not usable JSON: 'utf-8' codec can't decode"),
     (b"\x01\x02", "only 2 bytes"),
 ])
 def test_a_header_that_lies_is_refused_before_safetensors_reads_it(tmp_path, monkeypatch, content, problem):
@@ -127,7 +127,8 @@ def test_a_valid_flow_of_another_width_is_refused_before_any_work(tmp_path, caps
     assert main(["calibrate", "--calibrator", str(wide), "--embeddings", str(tmp_path / "in.npy"),
                  "--out", str(tmp_path / "out.npy")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"flowcore calibrate: error: {tmp_path / 'in.npy'} holds {DIM}-wide vectors but the flow expects {2 * DIM}"]
+        f"flowcore calibrate: error: {tmp_path / 'in.npy'} holds {DIM}-wide vectors but the calibrator expects "
+        f"{2 * DIM}"]
     assert not (tmp_path / "out.npy").exists()
 
 
@@ -154,3 +155,112 @@ def test_no_code_path_in_flowcore_can_run_code_from_a_file():
                             isinstance(keyword.value, ast.Constant) and keyword.value.value is True:
                         found.append(f"{where} passes {keyword.arg}=True")
     assert found == []
+
+
+def rewritten(source: Path, target: Path, edit, version: str = "4", rehash: bool = True) -> Path:
+    """`source` with its info edited by `edit(info)`, saved at `target` with the checksum a writer of that format
+    version gives it (as a stranger who edited the header and recomputed the checksum would)."""
+    from safetensors import safe_open
+
+    with safe_open(str(source), framework="pt") as reader:
+        metadata, tensors = dict(reader.metadata()), {name: reader.get_tensor(name) for name in reader.keys()}
+    info = json.loads(metadata["info"])
+    edit(info)
+    metadata.update(format_version=version, info=json.dumps(info, sort_keys=True))
+    if rehash:
+        metadata["sha256"] = flow_file._digest(tensors, None if version == "3" else info)
+    save_file(tensors, str(target), metadata=metadata)
+    return target
+
+
+def fitted_linear(tmp_path: Path, kind: str, **settings) -> Path:
+    from flowcore.calibration import create
+
+    x = np.random.default_rng(3).normal(size=(200, DIM)) * np.arange(1, DIM + 1)
+    path = tmp_path / f"{kind}.flow"
+    create(kind, **settings).fit(x).save(path)
+    return path
+
+
+def relabel(kind: str):
+    settings = {"center": {}, "abtt": {"k": None}, "zca": {"tolerance": 1e-8}, "none": {},
+                "whitening": {"dim": None, "power": 0.5, "tolerance": 1e-8}}[kind]
+    return lambda info: info.update(kind=kind, settings=settings)
+
+
+@pytest.mark.parametrize("source, target", [("whitening", "center"), ("whitening", "abtt"), ("whitening", "zca"),
+                                            ("zca", "whitening"), ("center", "abtt"), ("abtt", "center"),
+                                            ("center", "none"), ("whitening", "flow")])
+def test_a_relabelled_header_is_refused_naming_the_file(tmp_path, source, target):
+    """The kind and settings are inside the checksum (format 4); a version-3 file, whose checksum covers the
+    tensors only, is refused because its tensors are not what its header's method computes."""
+    original = fitted_linear(tmp_path, source)
+    edited = rewritten(original, tmp_path / "edited.flow", relabel(target) if target != "flow" else
+                       lambda info: info.update(kind="flow"), rehash=False)
+    assert "corrupted flow file (its weights or header do not match their recorded checksum)" in refused(edited)
+    legacy = rewritten(original, tmp_path / "legacy.flow", relabel(target) if target != "flow" else
+                       lambda info: info.update(kind="flow"), version="3")
+    message = refused(legacy)
+    assert "header does not match its tensors" in message or "does not match its recorded configuration" in message
+    assert "'" + "dim" + "'" not in message.split(": ", 1)[1][:40]  # a reason in words, never a bare key
+
+
+def test_a_legacy_file_of_each_kind_loads_as_it_was(tmp_path):
+    x = np.random.default_rng(4).normal(size=(50, DIM))
+    for kind in ("whitening", "zca", "center", "abtt", "auto", "none"):
+        original = fitted_linear(tmp_path, kind)
+        legacy = rewritten(original, tmp_path / f"legacy-{kind}.flow", lambda info: None, version="3")
+        from flowcore import load
+
+        np.testing.assert_array_equal(load(legacy).transform(x), load(original).transform(x))
+
+
+def test_a_flow_header_declaring_ten_million_steps_is_refused_before_anything_is_built(tmp_path, flow_path):
+    edited = rewritten(flow_path, tmp_path / "deep.flow", lambda info: info["glow"].update(depth=10**7))
+    assert "declares 2 levels of 10000000 steps, but it holds the tensors of 4 steps" in refused(edited)
+    huge = rewritten(flow_path, tmp_path / "wide.flow", lambda info: info["glow"].update(levels=10**7, depth=10**7))
+    assert "holds the tensors of 4 steps" in refused(huge)
+
+
+@pytest.mark.parametrize("header, problem", [
+    ('{"__metadata__": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"__metadata__": {"x": "y"}, "n": ' + "7" * 5000 + "}", "invalid number: an integer of more than 4,300 digits"),
+    ('{"__metadata__": {"x": "y", "x": "z"}}', "duplicate key 'x'"),
+])
+def test_a_hostile_json_header_is_refused_in_one_line(tmp_path, header, problem):
+    encoded = header.encode()
+    (tmp_path / "model.flow").write_bytes(struct.pack("<Q", len(encoded)) + encoded)
+    assert problem in refused(tmp_path / "model.flow")
+    assert main(["calibrate", "--calibrator", str(tmp_path / "model.flow"), "--embeddings", "x.npy", "--out",
+                 str(tmp_path / "o.npy")]) == 2
+
+
+def test_hostile_info_json_is_refused_in_one_line(tmp_path, flow_path):
+    from safetensors import safe_open
+
+    with safe_open(str(flow_path), framework="pt") as reader:
+        metadata, tensors = dict(reader.metadata()), {name: reader.get_tensor(name) for name in reader.keys()}
+    for info, problem in (("[" * 100_000, "nested too deeply"), ('{"kind": ' + "9" * 5000 + "}", "4,300 digits")):
+        save_file(tensors, str(tmp_path / "m.flow"), metadata={**metadata, "info": info})
+        assert problem in refused(tmp_path / "m.flow")
+
+
+def test_a_matrix_with_no_output_columns_is_refused_on_load(tmp_path):
+    """A file whose (checksummed) matrix maps to 0 columns would fail mid-job: it is refused on load."""
+    from safetensors import safe_open
+
+    original = fitted_linear(tmp_path, "center")
+    with safe_open(str(original), framework="pt") as reader:
+        metadata, tensors = dict(reader.metadata()), {name: reader.get_tensor(name) for name in reader.keys()}
+    tensors["linear.matrix"] = torch.zeros(DIM, 0, dtype=torch.float64)
+    metadata["sha256"] = flow_file._digest(tensors, json.loads(metadata["info"]))
+    save_file(tensors, str(tmp_path / "empty.flow"), metadata=metadata)
+    assert "maps no vector to anything" in refused(tmp_path / "empty.flow")
+
+
+def test_a_calibrator_path_that_is_a_link_loop_says_so(tmp_path):
+    (tmp_path / "a.flow").symlink_to(tmp_path / "b.flow")
+    (tmp_path / "b.flow").symlink_to(tmp_path / "a.flow")
+    with pytest.raises(FlowFileError) as error:
+        FlowCalibrator.load(tmp_path / "a.flow")
+    assert str(error.value) == f"{tmp_path / 'a.flow'} is a symbolic link loop, not a file"
