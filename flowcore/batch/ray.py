@@ -26,6 +26,7 @@ from flowcore._progress import progress_wanted
 from flowcore.batch.core import (
     CalibrationSummary,
     InputChangedError,
+    JobMismatchError,
     JobSpec,
     calibrate_chunk,
     check_identity,
@@ -34,11 +35,11 @@ from flowcore.batch.core import (
     encode_with,
     load_encoder,
     manifest,
-    normalized,
 )
 from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
 from flowcore.batch.lock import OutputLock
 from flowcore.batch.outputs import VECTOR_COLUMN, ParquetOutput, RejectsLog
+from flowcore.batch.ray_watchdog import watch_session
 from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, one_line, require_file
 from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
 from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
@@ -48,8 +49,13 @@ __all__ = ["JOB_FORMAT", "JOB_VERSION", "REJECT_COLUMN", "Calibrate", "ShardsFai
            "input_files", "moments", "shard_starts"]
 
 JOB_FORMAT = "flowcore-ray-job"
-JOB_VERSION = 2
-"""`OUT/job.json`, the Ray job's record: its identity, kept after the job finishes."""
+JOB_VERSION = 3
+"""`OUT/job.json`, the Ray job's record: its identity, kept after the job finishes; an earlier version's is
+refused (3: each shard's rejects moved from `OUT/shards/` to `OUT/shard-rejects/`)."""
+PARTS = "shards"
+"""The folder in `OUT` of the output's parquet parts, one per shard: a parquet dataset."""
+SHARD_REJECTS = "shard-rejects"
+"""The folder in `OUT` of each shard's rejects, joined into `OUT/rejects.jsonl` at the end."""
 REJECT_COLUMN = "reject"
 """`Calibrate`'s reject column: the reason a row was rejected, "" for a calibrated row."""
 SCAN_BLOCK_BYTES = 1 << 23
@@ -106,10 +112,11 @@ class Calibrate:
         self.output_column = output_column
         encoder = load_encoder(self.calibrator, model, pooling, quantize, self.threads, device) if self.text else None
         self.encode = encode_with(encoder, batch_size)
-        self.transform = normalized(self.calibrator.transform) if normalize else self.calibrator.transform
+        self.normalize = normalize
 
     def _calibrated(self, chunk: Chunk) -> CalibratedChunk:
-        return calibrate_chunk(chunk, self.transform, self.calibrator.dim, self.encode, self.calibrator.output_dim)
+        return calibrate_chunk(chunk, self.calibrator.transform, self.calibrator.dim, self.encode,
+                               self.calibrator.output_dim, self.normalize)
 
     def __call__(self, batch: dict) -> dict:
         chunk = chunk_of_values(batch[self.column], self.column, None if self.text else self.calibrator.dim)
@@ -182,7 +189,7 @@ class _ShardWriter:
         self.calibrate = Calibrate(spec.flow, vector_column=spec.vector_field if spec.kind == "embeddings" else None,
                                    model=spec.model, pooling=spec.pooling, batch_size=spec.batch_size, device=device,
                                    normalize=spec.normalize, threads=spec.threads, quantize=spec.quantize)
-        self.folder = Path(out) / "shards"
+        self.folder, self.rejects_folder = Path(out) / PARTS, Path(out) / SHARD_REJECTS
         self._open = functools.cache(spec.open)  # one source per input file
 
     def __call__(self, batch: dict) -> dict:
@@ -210,7 +217,7 @@ class _ShardWriter:
         shift = shard.global_row - calibrated.row_start
         calibrated = replace(calibrated, index=shard.index, row_start=shard.global_row,
                              rejects=[replace(reject, row=reject.row + shift) for reject in calibrated.rejects])
-        log = RejectsLog(_shard_path(self.folder, shard.index, ".rejects.jsonl"))
+        log = RejectsLog(_shard_path(self.rejects_folder, shard.index, ".rejects.jsonl"))
         log.open(None)
         log.append(calibrated.rejects)
         log.finish()
@@ -229,7 +236,8 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
                   num_workers: int | None = None, gpus_per_worker: float = 0, restart: bool = False,
                   show_progress_bar: bool | None = None, **options) -> CalibrationSummary:
     """Calibrate a file, folder or glob of text (`input`) or stored vectors (`embeddings`) on Ray
-    into the folder `out`: parquet shards, `rejects.jsonl` and `manifest.json`.
+    into the folder `out`: parquet shards (`out/shards/`, the summary's `out`: a parquet dataset),
+    `rejects.jsonl` and `manifest.json`.
 
     Rows and vectors are the local job's on each file; ids are the `id_field` values or the row
     number over the files in sorted order. Like the local job it holds a lock, refuses a changed
@@ -275,12 +283,15 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
                 "threads": spec.threads, **spec.identity(encoder)}
     out.mkdir(parents=True, exist_ok=True)
     with OutputLock(out, out / "job.lock") as lock, StopSignals() as stop:
-        folder, job_path = out / "shards", out / "job.json"
+        folder, rejects_folder, job_path = out / PARTS, out / SHARD_REJECTS, out / "job.json"
         if job_path.exists() and not restart:
-            check_identity(json.loads(job_path.read_text(encoding="utf-8")), identity, job_path, spec.path)
-        elif folder.exists():
-            shutil.rmtree(folder)
+            _check_job(json.loads(job_path.read_text(encoding="utf-8")), identity, job_path, spec.path)
+        else:
+            for stale in (folder, rejects_folder):
+                if stale.exists():
+                    shutil.rmtree(stale)
         folder.mkdir(exist_ok=True)
+        rejects_folder.mkdir(exist_ok=True)
         atomic_write_json(job_path, identity, indent=1)
 
         shards, global_row = [], 0
@@ -299,17 +310,18 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
             raise ShardsFailedError(f"{len(missing)} shard(s) were not written (first: {missing[0]}); rerun the same "
                                     "command to write them")
         seconds = time.perf_counter() - started
-        for leftover in [*folder.glob(".*"), *folder.glob("*.partial")]:  # writes cut short by a killed worker
-            leftover.unlink(missing_ok=True)
-        rejects = _join_rejects(out, folder, shards, [input["path"] for input in inputs])
+        for written in (folder, rejects_folder):  # writes cut short by a killed worker
+            for leftover in [*written.glob(".*"), *written.glob("*.partial")]:
+                leftover.unlink(missing_ok=True)
+        rejects = _join_rejects(out, rejects_folder, shards, [input["path"] for input in inputs])
         described = manifest(
-            file="shards", parquet=_shard_path(folder, 0), rows=global_row, rejects=rejects,
+            file=PARTS, parquet=_shard_path(folder, 0), rows=global_row, rejects=rejects,
             rejects_file="rejects.jsonl", dim=calibrator.output_dim, normalized=spec.normalize,
             id_field=spec.id_field, vector_column=spec.vector_column or VECTOR_COLUMN, kept_columns=spec.keep_columns,
             input={"kind": spec.kind, "files": inputs}, description=spec.describe(calibrator, encoder),
             threads=spec.threads, chunk_rows=spec.chunk_rows, versions={"job": JOB_VERSION},
             id_source="row number (files in sorted order)")
-        described["shards"] = [{"file": f"shards/{_shard_path(folder, shard.index).name}",
+        described["shards"] = [{"file": f"{PARTS}/{_shard_path(folder, shard.index).name}",
                                 "input": inputs[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
                                 "first_id_row": shard.global_row} for shard in shards]
         described["resume_granularity"] = "one shard"
@@ -323,14 +335,16 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
                 address, num_workers, gpus_per_worker, progress: bool, stop: StopSignals) -> None:
     """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`)."""
     def stopped() -> JobInterrupted:
-        done = sum(shard.rows for shard in shards if _shard_path(out / "shards", shard.index).is_file())
+        done = sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file())
         return JobInterrupted(done, stop.signum)
 
     if stop.requested:
         raise stopped()
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=progress,
-                 logging_level=logging.INFO if progress else logging.ERROR)
+        context = ray.init(address=address, include_dashboard=False, log_to_driver=progress,
+                           logging_level=logging.INFO if progress else logging.ERROR)
+        if address is None:  # a local Ray this process started (not one it joined) ends with it, even on SIGKILL
+            watch_session((getattr(context, "address_info", None) or {}).get("session_dir"))
     ray.data.DataContext.get_current().enable_progress_bars = progress
     if num_workers is None:
         resources = ray.cluster_resources()
@@ -368,8 +382,20 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
         raise stopped()
 
 
+def _check_job(recorded: dict, identity: dict, job_path: Path, input_name) -> None:
+    """Refuse to continue a job `job_path` records unless it is `identity`; an earlier version's in one line."""
+    version = recorded.get("version")
+    if recorded.get("format") == JOB_FORMAT and version != JOB_VERSION:
+        which = "an earlier" if isinstance(version, int) and version < JOB_VERSION else "another"
+        raise JobMismatchError(f"{job_path} records a run of {which} flowcore (Ray job version {version}, this one "
+                               f"writes {JOB_VERSION}), whose shard files this version cannot continue; add --restart "
+                               "to start over")
+    check_identity(recorded, identity, job_path, input_name)
+
+
 def _join_rejects(out: Path, folder: Path, shards: list[_Shard], inputs: list[str]) -> dict[str, int]:
-    """`OUT/rejects.jsonl`: every shard's rejects in row order, each naming its input file; the counts by reason."""
+    """`OUT/rejects.jsonl`: every shard's rejects (in `folder`) in row order, each naming its input file; the counts
+    by reason."""
     counts: Counter[str] = Counter()
     lines = []
     for shard in shards:

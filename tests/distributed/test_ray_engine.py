@@ -190,6 +190,53 @@ def test_shard_starts_are_the_single_process_reader_chunk_boundaries(tmp_path):
         assert starts[1:] == expected and starts[0].row == 0, name
 
 
+def test_the_output_is_one_parquet_dataset_and_an_earlier_layout_is_refused(ray_session, vector_flow, tmp_path):
+    """`summary.out` (OUT/shards) holds the parquet parts only, so pyarrow reads the whole output from
+    it, in row order; each shard's rejects are in OUT/shard-rejects. An output of the earlier layout
+    (each shard's rejects beside its part) is refused, naming --restart, which rewrites it."""
+    import pyarrow.dataset as ds
+
+    vectors = np.random.default_rng(6).normal(size=(100, DIM)).astype(np.float32)
+    vectors[[5, 40]] = np.nan
+    np.save(tmp_path / "in.npy", vectors)
+    out = tmp_path / "out"
+    options = dict(embeddings=str(tmp_path / "in.npy"), chunk_rows=16, threads=1, num_workers=1,
+                   show_progress_bar=False)
+    summary = calibrate_ray(vector_flow, out, **options)
+    assert summary.out == out / "shards"
+    table = pq.read_table(summary.out)
+    assert table.column("id").to_pylist() == list(range(100))  # the parts' names sort in row order
+    assert table.column("embedding").null_count == 2 and ds.dataset(summary.out).count_rows() == 100
+    parts = [f"part-{index:08d}.parquet" for index in range(7)]
+    assert sorted(path.name for path in summary.out.iterdir()) == parts
+    assert sorted(path.name for path in (out / "shard-rejects").iterdir()) == [
+        f"part-{index:08d}.rejects.jsonl" for index in range(7)]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["file"] == "shards" and [shard["file"] for shard in manifest["shards"]] == [
+        f"shards/{part}" for part in parts]
+
+    # writes cut short by a killed worker: a rerun of the finished job clears them
+    (summary.out / ".part-00000003.parquet.k1ll3d.tmp").write_bytes(b"PAR1")
+    (out / "shard-rejects" / "part-00000003.rejects.jsonl.partial").write_bytes(b"")
+    again = calibrate_ray(vector_flow, out, **options)
+    assert again.shards_written == 0 and sorted(path.name for path in again.out.iterdir()) == parts
+    assert not list((out / "shard-rejects").glob("*.partial"))
+
+    job = json.loads((out / "job.json").read_text())  # the earlier layout, as its version wrote it
+    (out / "job.json").write_text(json.dumps({**job, "version": 2}))
+    for rejects in (out / "shard-rejects").iterdir():
+        rejects.rename(summary.out / rejects.name)
+    (out / "shard-rejects").rmdir()
+    with pytest.raises(JobMismatchError, match=r"job.json records a run of an earlier flowcore \(Ray job version 2, "
+                       r"this one writes 3\), whose shard files this version cannot continue; add --restart to start "
+                       r"over$"):
+        calibrate_ray(vector_flow, out, **options)
+    assert len(list(summary.out.iterdir())) == 14 and json.loads((out / "job.json").read_text())["version"] == 2
+    restarted = calibrate_ray(vector_flow, out, restart=True, **options)
+    assert restarted.shards_written == 7 and sorted(path.name for path in restarted.out.iterdir()) == parts
+    assert pq.read_table(restarted.out).num_rows == 100 and restarted.rejects == {"NaN/Inf": 2}
+
+
 def signal_driver_at_shard(driver: int, at_shard: int):
     """A worker seam that sends SIGINT to the driver process before writing shard `at_shard`,
     each shard taking a while (so that the driver stops before the last one)."""

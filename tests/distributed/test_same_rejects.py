@@ -14,6 +14,7 @@ import pytest
 from flowcore import Encoder, FlowCalibrator
 from flowcore.batch.job import calibrate_file
 from flowcore.batch.rows import (
+    BEYOND_FLOAT32,
     BROKEN_CSV,
     EMPTY_LINE,
     EMPTY_TEXT,
@@ -39,7 +40,8 @@ ENGINES = ["local", "ray", "Calibrate"]
 GOOD = np.random.default_rng(5).normal(size=(2, DIM)).tolist()
 VECTORS = [GOOD[0], None, [1.0] * (DIM - 1), [np.nan] + [0.0] * (DIM - 1), [None] + [0.0] * (DIM - 1),
            [3.0e38] * DIM, [1e39] + [0.0] * (DIM - 1), GOOD[1]]
-VECTOR_REASONS = {1: MISSING_VECTOR, 2: WRONG_WIDTH, 3: NON_FINITE, 4: NON_FINITE, 5: NON_FINITE_OUTPUT, 6: NON_FINITE}
+VECTOR_REASONS = {1: MISSING_VECTOR, 2: WRONG_WIDTH, 3: NON_FINITE, 4: NON_FINITE, 5: NON_FINITE_OUTPUT,
+                  6: BEYOND_FLOAT32}
 NOT_VECTORS = ["abc", ["a"] * DIM, [True] * DIM]  # only a Ray Dataset can hold these where vectors belong
 
 ABSENT = object()
