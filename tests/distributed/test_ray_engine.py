@@ -151,7 +151,10 @@ def test_text_with_a_worker_killed_mid_job_ends_like_the_single_process_job(ray_
     lines = [json.dumps({"id": f"s{i}", "text": " ".join(rng.choice(WORDS, size=rng.integers(1, 10))),
                          "lang": "en"}) for i in range(200)]
     lines[13] = '{"id": "broken", "text": '
+    lines[40] = '{"id": ' + "9" * 5000 + ', "text": "a number past the digit limit"}'
     lines[77] = json.dumps({"id": "e", "text": "   "})
+    lines[120] = '{"id": "d", "text": "the cat", "text": "a dog"}'
+    lines[150] = '{"id": "c", "text": "the cat\rsat"}'  # a raw CR inside the line
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(lines) + "\n")
     options = dict(input=corpus, id_field="id", keep_columns=("lang",), chunk_rows=25, threads=1,
@@ -163,7 +166,8 @@ def test_text_with_a_worker_killed_mid_job_ends_like_the_single_process_job(ray_
     monkeypatch.setattr(ray_engine, "_before_shard_write", kill_own_worker_once(str(marker), at_shard=3))
     summary = calibrate_ray(text_flow, tmp_path / "out", num_workers=1, **options)
     assert marker.exists()  # a worker really died mid-job; Ray restarted it and redid its shard
-    assert (summary.rows, summary.shards, summary.rejects) == (200, 8, {"broken JSON": 1, "empty text": 1})
+    assert (summary.rows, summary.shards, summary.rejects) == (200, 8, {"broken JSON": 2, "carriage return": 1,
+                                                                         "duplicate key": 1, "empty text": 1})
     expected, got = pq.read_table(single), _vectors(tmp_path / "out", "embedding")
     assert got.column("id").to_pylist() == expected.column("id").to_pylist()
     assert got.column("lang").to_pylist() == expected.column("lang").to_pylist()
