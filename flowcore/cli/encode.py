@@ -1,9 +1,10 @@
-"""`flowcore encode`: a text file, one sentence per line, into an (N, D) float32 .npy of pooled
-sentence vectors from a frozen encoder (see flowcore.text.encoder)."""
+"""`flowcore encode`: a text file (one sentence per line) or the text field of a jsonl, csv or parquet
+corpus into an (N, D) float32 .npy of pooled sentence vectors from a frozen encoder (see flowcore.text.encoder)."""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from flowcore import defaults
 from flowcore._fs import atomic_write, write_error
@@ -22,12 +23,16 @@ from flowcore.text.pooling import NAMED_POOLINGS
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "encode",
-        help="encode sentences (one per line) into pooled sentence vectors (.npy)",
-        description="Encode a UTF-8 text file, one sentence per line, with a frozen Hugging Face encoder. "
-        "Row i of the output is line i; empty lines are encoded as empty sentences, lines that are "
-        "not valid UTF-8 or hold a NUL byte are NaN rows (and listed on stderr); a UTF-16 or UTF-32 file is refused.",
+        help="encode sentences (one per line, or a corpus's text field) into pooled sentence vectors (.npy)",
+        description="Encode a UTF-8 text file, one sentence per line, or the --text-field of a .jsonl, .csv or "
+        ".parquet corpus, with a frozen Hugging Face encoder. Row i of the output is line (row) i; empty lines of a "
+        "text file are encoded as empty sentences; lines that are not valid UTF-8 or hold a NUL byte, and rows a "
+        "corpus rejects (the rules of flowcore calibrate), are NaN rows (and listed on stderr); a UTF-16 or UTF-32 "
+        "file is refused.",
     )
-    parser.add_argument("--input", required=True, help="text file, one sentence per line (UTF-8)")
+    parser.add_argument("--input", required=True, help="text file, one sentence per line (UTF-8), or a .jsonl, "
+                        ".csv or .parquet corpus (its --text-field is encoded)")
+    parser.add_argument("--text-field", default="text", help="the JSON key / column of a corpus holding the sentence")
     parser.add_argument("--out", required=True, help="output .npy file: float32 (lines, dim)")
     parser.add_argument("--model", default=defaults.MODEL, help=MODEL_HELP)
     parser.add_argument("--pooling", default=defaults.POOLING,
@@ -43,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     check_output(args.out, inputs=[args.input], suffixes=(".npy",))
-    sentences, unusable = read_sentences(args.input)
+    if Path(args.input).suffix.lower() in CORPUS_FORMATS:
+        sentences, unusable = read_corpus(args.input, args.text_field)
+    else:
+        sentences, unusable = read_sentences(args.input)
     encoder = build_encoder(args)
     embeddings = np.full((len(sentences), encoder.dim), np.nan, dtype=np.float32)
     good = [row for row, text in enumerate(sentences) if text is not None]
@@ -60,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
           f"({embeddings.shape[0]} x {embeddings.shape[1]}, pooling {encoder.pooling}) to {args.out}")
     for problem, numbers in unusable.items():
         shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
-        print(f"flowcore encode: warning: {len(numbers)} line(s) of {args.input} {problem} "
-              f"(lines {shown}); their rows are NaN", file=sys.stderr)
+        print(f"flowcore encode: warning: {problem.format(count=len(numbers), input=args.input, shown=shown)}; "
+              "their rows are NaN", file=sys.stderr)
     if zero:
         shown = ", ".join(str(row + 1) for row in zero[:10]) + (", ..." if len(zero) > 10 else "")
         print(f"flowcore encode: warning: {len(zero)} line(s) of {args.input} encode to the zero vector, which has no "
@@ -85,5 +93,26 @@ def read_sentences(path: str) -> tuple[list[str | None], dict[str, list[int]]]:
         if line.problem is not None:
             problem = ("are not valid UTF-8" if line.text is None else "hold a NUL byte" if line.nul is not None
                        else "hold a carriage return inside the line")
-            unusable.setdefault(problem, []).append(line.number)
+            unusable.setdefault(f"{{count}} line(s) of {{input}} {problem} (lines {{shown}})", []).append(line.number)
     return [None if line.problem else line.text for line in lines], unusable
+
+
+CORPUS_FORMATS = (".jsonl", ".ndjson", ".csv", ".parquet", ".pq")
+"""Inputs read as a corpus (their text field), by the rules of `flowcore calibrate`; any other file is lines."""
+
+
+def read_corpus(path: str, text_field: str) -> tuple[list[str | None], dict[str, list[int]]]:
+    """The texts of a jsonl, csv or parquet corpus's rows (None where a row is rejected, `TextCorpus`' rules)
+    and the 0-based numbers of the rejected rows by reason."""
+    from flowcore.batch.text_sources import TextCorpus
+
+    texts: list[str | None] = []
+    unusable: dict[str, list[int]] = {}
+    for entry, _ in TextCorpus(path, text_field=text_field).entries():
+        texts.append(entry.text)
+        if entry.reject is not None:
+            problem = f"{{count}} row(s) of {{input}} were rejected as {entry.reject.reason} (rows {{shown}})"
+            unusable.setdefault(problem, []).append(entry.row)
+    if not texts:
+        raise ValueError(f"{path} is empty: there are no sentences to encode")
+    return texts, unusable

@@ -1,4 +1,7 @@
-"""`flowcore encode`: one row per line, clear errors, the line-reading policy for bad UTF-8, --normalize."""
+"""`flowcore encode`: one row per line (or per corpus row), clear errors, the line-reading policy for bad UTF-8,
+--normalize."""
+import json
+
 import numpy as np
 import pytest
 
@@ -63,6 +66,29 @@ def test_cli_encode_normalize_gives_unit_rows_and_keeps_nan_rows(tiny_bert, tmp_
     raw = Encoder(tiny_bert).encode(["the cat sat", "red blue house", ""])
     np.testing.assert_allclose(written[[0, 2, 3]], raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-6)
     assert "wrote 4 unit-length embeddings (4 x 16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_cli_encode_reads_a_corpus_text_field_never_its_raw_lines(tiny_bert, tmp_path, capsys, suffix):
+    """jsonl, csv and parquet are corpora: their --text-field is encoded, row i is row i, rejected rows are NaN."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": 1, "body": "the cat sat"}, {"id": 2}, {"id": 3, "body": "a dog ran fast"}]
+    path = tmp_path / f"c{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif suffix == ".csv":
+        path.write_text("id,body\n1,the cat sat\n2,\n3,a dog ran fast\n")
+    else:
+        pq.write_table(pa.table({"id": [1, 2, 3], "body": ["the cat sat", None, "a dog ran fast"]}), path)
+    assert _run_encode_cli(["--input", str(path), "--out", str(tmp_path / "e.npy"), "--model", tiny_bert,
+                            "--text-field", "body"]) == 0
+    written = np.load(tmp_path / "e.npy")
+    np.testing.assert_allclose(written[[0, 2]], Encoder(tiny_bert).encode(["the cat sat", "a dog ran fast"]),
+                               rtol=1e-5, atol=1e-6)
+    assert np.isnan(written[1]).all()
+    assert f"1 row(s) of {path} were rejected as" in capsys.readouterr().err
 
 
 def test_cli_encode_normalize_counts_rows_that_have_no_direction(tiny_bert, tmp_path, capsys, monkeypatch):
