@@ -33,7 +33,12 @@ def test_the_readme_starts_with_the_two_commands_for_a_fresh_machine():
     commands = first_block.group(2).strip().splitlines()
     assert len(commands) == 2
     assert commands[0].startswith("python3 -m venv .venv") and "flowcore sts" in commands[0]
-    assert commands[1].endswith("pytest tests")
+    assert "pip install -e . &&" in commands[0] and "[test]" not in commands[0], "the main job needs no test tools"
+    assert "pip install -e '.[test]' &&" in commands[1] and commands[1].endswith("pytest tests")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    installs = [ci.index("pip install --quiet -e .  "), ci.index("pip install --quiet -e '.[test]'"),
+                ci.index("pytest tests")]
+    assert installs == sorted(installs), "CI installs as the README does, then runs its test command"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: path.name)
