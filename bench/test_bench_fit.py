@@ -18,7 +18,7 @@ flowcore on half the rows and normflows on a tenth (its 2-thread steps crawl und
 That keeps the suite under its 15 minutes on a 2 GHz 2-core machine, where the whole epochs
 alone take 4 minutes.
 
-Goals: flowcore >= 3x normflows' fit time at each d and thread count; with one busy core,
+Goals: flowcore >= 1.5x normflows' fit time at each d and thread count; with one busy core,
 flowcore's fit <= 1.6x its idle time and faster than normflows under the same load.
 
     pytest bench/test_bench_fit.py -s          # FLOWCORE_BENCH_FIT_ROWS=4000 for a quick look
@@ -117,7 +117,7 @@ def test_paper_setting_fit(record, goal, dim):
         if forced is not None and threads == 2:
             _report(record, group, "flowcore forced 2 threads (projected from a quarter)", *forced)
         epoch = "1 epoch" if threads == 2 else f"1 epoch, normflows projected from {PEER_ONE_THREAD_ROWS} rows"
-        goal(f"paper fit d={dim} {threads} thread(s): normflows / flowcore", peer[0] / ours[0], 3.0,
+        goal(f"paper fit d={dim} {threads} thread(s): normflows / flowcore", peer[0] / ours[0], 1.5,
              how=f"{ROWS} rows, batch 32, {epoch}; {peer[0]:.1f} s / {ours[0]:.1f} s")
     assert abs(ours[2] - peers[2][2]) < 0.25, "the two fits should reach a similar loss"
 
