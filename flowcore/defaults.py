@@ -6,9 +6,9 @@ from __future__ import annotations
 
 __all__ = [
     "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE", "BATCH_SIZE",
-    "CALIBRATION", "CHECK_BLOCK_ROWS", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
+    "CALIBRATION", "CHECKPOINT_EVERY", "CHECK_BLOCK_ROWS", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
     "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS",
-    "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
+    "STS_POOLINGS", "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -17,7 +17,11 @@ MODEL = "default"
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 """The Hub name of what `MODEL` packages."""
 POOLING = "first-last-avg"
-"""The mean of the first and last transformer layers' token vectors (BERT-flow's best pooling)."""
+"""The mean of the first and last transformer layers' token vectors (BERT-flow's best pooling): the pooling of
+an encoder that declares none of its own (a sentence-transformers folder declares its own), and of `flowcore sts`."""
+STS_POOLINGS = f"{POOLING},static-avg"
+"""`flowcore sts`'s poolings: BERT-flow's, and the embedding layer's, whose anisotropic vectors calibration helps
+as the paper's BERT vectors (a well-trained encoder's pooled vectors need no calibration: `auto` leaves them)."""
 BATCH_SIZE = 64
 """Sentences per encoder batch."""
 MAX_LENGTH = 512

@@ -86,8 +86,9 @@ def load_encoder(calibrator, model: str | None = None, pooling: str | None = Non
 
     recorded = calibrator.provenance
     if recorded is None and model is None:
-        raise ValueError("the flow file records no encoder (it was fitted on raw embeddings); "
-                         "pass --model and --pooling for the encoder that produced them")
+        raise ValueError("the calibrator records no encoder: it was fitted on vectors that did not come from a "
+                         "flowcore Encoder (stored or foreign vectors); pass --model and --pooling for the encoder "
+                         "that produced them")
     requested = model or recorded.model
     pooling = pooling or (recorded.pooling if recorded is not None else None)
     encoder = Encoder(model=requested, threads=threads, device=device, quantize=quantize,

@@ -84,7 +84,7 @@ class AutoCalibration(LinearCalibrator):
         """
         if np.ndim(X) != 2:
             _rows(np.asarray(X), None, self.name)  # the shape error
-        return self.fit_chunks(row_blocks(X), encoder=encoder)
+        return self.fit_chunks(row_blocks(X), encoder=self._encoder_of(X, encoder))
 
     def fit_chunks(self, chunks: Iterable, encoder=None) -> AutoCalibration:
         """`fit` over a stream of (rows, d) chunks in one pass, in O(d² + sample_rows·d) memory: the same choice.

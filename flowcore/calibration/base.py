@@ -130,6 +130,17 @@ class Calibrator(ABC):
                                 "flowcore.load(path) reads a calibrator file of any kind")
         return calibrator
 
+    @staticmethod
+    def _encoder_of(X, encoder):
+        """`encoder`, or when None the encoder `Encoder.encode` recorded for X (`flowcore._provenance`), if any."""
+        from flowcore._provenance import made_by
+
+        if encoder is None and (made := made_by(X)) is not None:
+            from flowcore.calibration.flow_file import EncoderProvenance
+
+            return EncoderProvenance(*made)
+        return encoder
+
     def _provenance_of(self, encoder) -> EncoderProvenance | None:
         """`encoder` (an `Encoder` or `EncoderProvenance`) as provenance; None keeps the current one."""
         from flowcore.calibration.flow_file import EncoderProvenance

@@ -136,7 +136,7 @@ class FlowCalibrator(Calibrator):
             >>> FlowCalibrator().fit(np.load("corpus.npy", mmap_mode="r"), rows=np.flatnonzero(good))
         """
         started = time.perf_counter()
-        provenance = self._provenance_of(encoder)
+        provenance = self._provenance_of(self._encoder_of(X, encoder))
         recipe = self.recipe
         data = training_matrix(X, min_rows=2, rows=rows)  # a view of X (a memory map stays one), checked
         selected = None if rows is None else row_index(rows, data.shape[0])

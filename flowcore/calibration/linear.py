@@ -82,6 +82,7 @@ class LinearCalibrator(Calibrator):
             X: (n, d) sentence vectors.
             encoder: the `Encoder` (or `EncoderProvenance`) that produced X, saved as `provenance`.
         """
+        encoder = self._encoder_of(X, encoder)
         X = _rows(X, None, self.name)
         if len(X) < 2:
             raise ValueError(f"{self.name} needs at least 2 rows, got {len(X)}")
@@ -194,7 +195,7 @@ class Identity(Calibrator):
 
     def fit(self, X, encoder=None) -> Identity:
         """Check X and record its width and `encoder`; nothing is learnt."""
-        return self.fit_chunks([X], encoder=encoder)
+        return self.fit_chunks([X], encoder=self._encoder_of(X, encoder))
 
     def fit_chunks(self, chunks: Iterable, encoder=None) -> Identity:
         """`fit` over a stream of (rows, d) chunks, each checked (rows numbered across the stream)."""

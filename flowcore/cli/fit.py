@@ -19,6 +19,7 @@ from flowcore.calibration.recipes import RECIPES
 from flowcore.cli import CLIError
 from flowcore.cli.arguments import (
     MODEL_HELP,
+    POOLING_DEFAULT,
     add_device_argument,
     add_progress_arguments,
     add_quantize_argument,
@@ -80,7 +81,7 @@ def register(subparsers) -> None:
                         help="seed of the --max-rows sample, of auto's sample of rows and of the flow")
     parser.add_argument("--max-rows", type=int, help="fit on a reproducible random sample of this many rows")
     parser.add_argument("--model", default=defaults.MODEL, help=f"encoder for --input: {MODEL_HELP}")
-    parser.add_argument("--pooling", default=defaults.POOLING, help="pooling for --input")
+    parser.add_argument("--pooling", default=None, help=f"pooling for --input; default: {POOLING_DEFAULT}")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts of --input are truncated to this many tokens")
     add_quantize_argument(parser)

@@ -85,7 +85,7 @@ def register(subparsers) -> None:
         "fitted without labels (or loaded, --calibrator). Progress and warnings go to stderr, the table to stdout.",
     )
     parser.add_argument("--model", default=defaults.MODEL, help=MODEL_HELP)
-    parser.add_argument("--pooling", default=defaults.POOLING, type=lambda t: comma_names(t, None, "pooling"),
+    parser.add_argument("--pooling", default=defaults.STS_POOLINGS, type=lambda t: comma_names(t, None, "pooling"),
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
     parser.add_argument("--calibration", default=None, type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from flowcore import defaults
 from flowcore._progress import progress_wanted
+from flowcore._provenance import record
 from flowcore._vectors import unit_rows
 from flowcore.runtime import check_threads, encoder_threads, pinned_threads, side_by_side
 from flowcore.text.loading import (
@@ -23,6 +24,7 @@ from flowcore.text.loading import (
     default_model_path,
     default_model_revision,
     load,
+    own_pooling,
     resolve_device,
     resolve_dtype,
     resolve_model,
@@ -49,7 +51,9 @@ class Encoder:
 
     Args:
         model: "default" (all-MiniLM-L6-v2), a local folder, or a name in the Hugging Face cache.
-        pooling: cls, mean, last2-avg, first-last-avg, static-avg or "layers=I,J,..." (`flowcore.text.pooling`).
+        pooling: cls, mean, last2-avg, first-last-avg, static-avg or "layers=I,J,..." (`flowcore.text.pooling`);
+            None: the model's own pooling where it declares one (a sentence-transformers folder: mean for
+            the default model), else first-last-avg.
         layers: hidden-state indices to average (0 = embeddings), instead of `pooling`.
         max_length: longer texts are truncated to this many tokens (at most the model's limit).
         device: torch device (default: CUDA when available, else CPU).
@@ -64,16 +68,18 @@ class Encoder:
         (2, 384)
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, pooling: str = defaults.POOLING, layers=None,
+    def __init__(self, model: str = DEFAULT_MODEL, pooling: str | None = None, layers=None,
                  max_length: int = defaults.MAX_LENGTH, device=None, dtype=None, threads: int | None = None,
                  quantize: str | None = None):
+        self.model_id, self._source = resolve_model(model)
+        if pooling is None and layers is None:
+            pooling = own_pooling(self._source) or defaults.POOLING
         kind, requested = parse_pooling(pooling, layers)
         self.threads = check_threads(threads)
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
         self.device = resolve_device(device)
         self.quantize: str | None = check_quantize(quantize, self.device, resolve_dtype(dtype))
-        self.model_id, self._source = resolve_model(model)
         self._loaded = load(self._source, self.device, resolve_dtype(dtype))
         self._pooling: Pooling = bind_pooling(kind, requested, self._loaded.num_layers)
         self.pooling: str = self._pooling.name
@@ -160,7 +166,10 @@ class Encoder:
             warnings.warn(f"{cut} of {len(texts)} texts were longer than {self.max_length} tokens and were "
                           f"truncated to {self.max_length} tokens", UserWarning, stacklevel=2)
         embeddings = vectors[inverse]
-        return unit_rows(embeddings) if normalize else embeddings
+        if normalize:
+            return unit_rows(embeddings)
+        record(embeddings, self.model_id, self.pooling)  # a calibrator fitted on them records this encoder
+        return embeddings
 
     def _autocast(self):
         if self._autocast_dtype is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from flowcore import defaults
+from flowcore.text.pooling import declared_pooling
 
 __all__ = ["DEFAULT_MODEL", "LayerTaps", "LoadedModel", "default_model_path", "default_model_revision", "load",
            "quiet_transformers", "resolve_device", "resolve_dtype", "resolve_model", "shared", "token_limit"]
@@ -126,6 +127,20 @@ def resolve_model(model) -> tuple[str, str]:
     if model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model:
         raise FileNotFoundError(f"model folder {model} does not exist")
     return model, model
+
+
+def own_pooling(source: str) -> str | None:
+    """The pooling the model at `source` (a folder, or a name in the Hugging Face cache) declares as a
+    sentence-transformers model (`flowcore.text.pooling.declared_pooling`); None when it declares none."""
+    folder = source
+    if not os.path.isdir(source):
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = snapshot_download(source, local_files_only=True)
+        except Exception:  # not in the cache (loading it says so), or not a hub name
+            return None
+    return declared_pooling(folder)
 
 
 def shared(build):

@@ -5,14 +5,16 @@ pooling but `cls` is a token mean over the attention mask, averaging its layers 
 """
 from __future__ import annotations
 
+import json
 import operator
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # tensors are only passed through here: naming the poolings (the CLI) imports no torch
     import torch
 
-__all__ = ["NAMED_POOLINGS", "Pooling", "bind_pooling", "parse_pooling"]
+__all__ = ["NAMED_POOLINGS", "Pooling", "bind_pooling", "declared_pooling", "parse_pooling"]
 
 # name -> hidden-state indices it averages (as Hugging Face would index them).
 NAMED_POOLINGS: dict[str, tuple[int, ...]] = {
@@ -23,6 +25,8 @@ NAMED_POOLINGS: dict[str, tuple[int, ...]] = {
     "static-avg": (0,),  # embedding layer only: no transformer layer runs
 }
 _LAYERS_PREFIX = "layers="
+_DECLARED = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+"""sentence-transformers' pooling modes that are flowcore poolings, by their config key."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ def parse_pooling(pooling: str, layers=None) -> tuple[str, tuple[int, ...]]:
     the default pooling, and the canonical string form "layers=1,6" is accepted as `pooling`.
     """
     if layers is not None:
-        if pooling not in ("first-last-avg", "layers") and not str(pooling).startswith(_LAYERS_PREFIX):
+        if pooling not in (None, "first-last-avg", "layers") and not str(pooling).startswith(_LAYERS_PREFIX):
             raise ValueError(f"give either pooling={pooling!r} or layers={list(layers)!r}, not both")
         return "layers", _check_layer_list(layers)
     if not isinstance(pooling, str):
@@ -66,6 +70,27 @@ def parse_pooling(pooling: str, layers=None) -> tuple[str, tuple[int, ...]]:
         return "layers", _check_layer_list(indices)
     choices = ", ".join(list(NAMED_POOLINGS) + ["layers=I,J,..."])
     raise ValueError(f"unknown pooling {pooling!r}; choose one of: {choices}")
+
+
+def declared_pooling(folder: str | os.PathLike | None) -> str | None:
+    """The pooling a sentence-transformers model folder declares (its `modules.json` names a Pooling module
+    whose config turns on exactly one mode): "mean" or "cls"; None for a plain Hugging Face folder, or a mode
+    flowcore does not offer (max, weighted mean).
+
+    Example:
+        >>> declared_pooling(flowcore.text.encoder.default_model_path())
+        'mean'
+    """
+    try:
+        with open(os.path.join(folder, "modules.json"), encoding="utf-8") as handle:
+            modules = json.load(handle)
+        path = next(module["path"] for module in modules if str(module.get("type", "")).endswith("Pooling"))
+        with open(os.path.join(folder, path, "config.json"), encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, TypeError, ValueError, KeyError, StopIteration, AttributeError):
+        return None
+    modes = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
+    return _DECLARED.get(modes[0]) if len(modes) == 1 else None
 
 
 def bind_pooling(kind: str, indices: tuple[int, ...], num_layers: int) -> Pooling:

@@ -77,6 +77,15 @@ def _pairs_file(path, n=120, bad=""):
     return path
 
 
+def test_sts_shows_the_papers_pooling_and_the_embedding_layers_by_default(tmp_path, capsys, stand_in):
+    """The main job's table: BERT-flow's first-last-avg, where a trained encoder needs no calibration, and the
+    anisotropic embedding-layer vectors (static-avg), where calibration helps as in the paper."""
+    _pairs_file(tmp_path / "mine.tsv")
+    assert main(["sts", "--pairs", str(tmp_path / "mine.tsv"), "--calibration", "none", "--no-cache", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "| hash-encoder first-last-avg |" in out and "| hash-encoder static-avg |" in out
+
+
 def test_cli_pairs_table_json_and_bad_lines(tmp_path, capsys, stand_in):
     good = _pairs_file(tmp_path / "mine.tsv")
     other = tmp_path / "other.jsonl"
@@ -84,7 +93,7 @@ def test_cli_pairs_table_json_and_bad_lines(tmp_path, capsys, stand_in):
                              for i in range(50)), encoding="utf-8")
     out = tmp_path / "r.json"
     assert main(["sts", "--pairs", f"{good},{other}", "--calibration", "none,whitening", "--no-cache",
-                 "--json", str(out)]) == 0  # no --data-dir needed
+                 "--pooling", "first-last-avg", "--json", str(out)]) == 0  # no --data-dir needed
     captured = capsys.readouterr()
     assert captured.out.splitlines()[0] == ("Spearman x100 of cosine similarity on your pairs: mine (120 pairs), "
                                             "other (50 pairs).")
@@ -104,7 +113,7 @@ def test_cli_pairs_table_json_and_bad_lines(tmp_path, capsys, stand_in):
     assert main(["sts", "--pairs", str(bad), "--calibration", "none", "--no-cache", "--quiet"]) == 2
     assert capsys.readouterr().err == (f"flowcore sts: error: {bad}:4: expected at least 3 columns, found 1\n")
     assert main(["sts", "--pairs", str(bad), "--calibration", "none", "--no-cache", "--skip-bad",
-                 "--json", str(out)]) == 0
+                 "--pooling", "first-last-avg", "--json", str(out)]) == 0
     err = capsys.readouterr().err
     assert f"{bad}: skipped 1 bad line(s); the first: {bad}:4: expected at least 3 columns" in err
     record, = json.loads(out.read_text())["results"]

@@ -52,7 +52,7 @@ class Recorded:
 
 @pytest.fixture(scope="module")
 def encoder():
-    return flowcore.Encoder()
+    return flowcore.Encoder(pooling="first-last-avg")
 
 
 @pytest.fixture(scope="module")

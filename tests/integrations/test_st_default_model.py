@@ -28,7 +28,7 @@ def stsb(sts_data_dir):
 
 def test_default_model_flow_and_whitening(stsb, tmp_path):
     fit, held_out = stsb
-    encoder = flowcore.Encoder()  # default, first-last-avg
+    encoder = flowcore.Encoder(pooling="first-last-avg")
     calibrator = flowcore.FlowCalibrator("l2_d2_w32").fit(encoder.encode(fit), encoder=encoder, show_progress_bar=False)
     calibrator.save(tmp_path / "model.flow")
     out = export(tmp_path / "flow_st", tmp_path / "model.flow", normalize=True)

@@ -157,13 +157,14 @@ def test_errors(bert, sentences, flow_file, tmp_path):
     other = save_tiny_bert(tmp_path / "other", WORDS, hidden_size=16, num_layers=3, seed=1)
     with pytest.raises(ValueError, match="fitted on embeddings from encoder"):
         fst.export(tmp_path / "c", flow_file, model=other)
-    raw = flowcore.FlowCalibrator("l2_d2_w32").fit(flowcore.Encoder(bert).encode(sentences), show_progress_bar=False)
+    foreign = flowcore.Encoder(bert).encode(sentences).copy()  # a copy: vectors whose encoder is unknown
+    raw = flowcore.FlowCalibrator("l2_d2_w32").fit(foreign, show_progress_bar=False)
     with pytest.raises(ValueError, match="records no encoder"):
         fst.export(tmp_path / "d", raw)
     wide = save_tiny_bert(tmp_path / "wide", WORDS, hidden_size=24, num_layers=3)
     with pytest.raises(ValueError, match="24-wide vectors but the flow calibrator expects 16"):
         fst.export(tmp_path / "e", raw, model=wide)
-    whitening = flowcore.Whitening().fit(flowcore.Encoder(bert).encode(sentences))
+    whitening = flowcore.Whitening().fit(foreign)
     with pytest.raises(ValueError, match="the whitening calibrator records no encoder"):
         fst.export(tmp_path / "g", whitening)
     with pytest.raises(ValueError, match="24-wide vectors but the whitening calibrator expects 16"):

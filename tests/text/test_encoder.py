@@ -97,11 +97,57 @@ def test_mean_matches_sentence_transformers(real_sentences):
 
 
 def test_default_encoder_attributes():
-    encoder = Encoder()
-    assert (encoder.model_id, encoder.pooling, encoder.dim) == ("default", "first-last-avg", 384)
+    encoder = Encoder()  # the default model is a sentence-transformers folder declaring mean pooling
+    assert (encoder.model_id, encoder.pooling, encoder.dim) == ("default", "mean", 384)
     assert Encoder(layers=[-1, 1]).pooling == "layers=1,6"
     assert Encoder(pooling="layers=6,1").pooling == "layers=1,6"
     assert Encoder(pooling="mean")._loaded is encoder._loaded  # a second Encoder reuses the loaded weights
+
+
+def test_the_default_pooling_is_the_models_own_else_first_last_avg(tiny_bert, tmp_path):
+    """A sentence-transformers folder's Pooling module (mean or cls) is the default; a plain folder, or a mode
+    flowcore does not offer (max), gives first-last-avg."""
+    import json
+    import shutil
+
+    assert Encoder(tiny_bert).pooling == "first-last-avg"
+    for mode, expected in (("pooling_mode_cls_token", "cls"), ("pooling_mode_max_tokens", "first-last-avg")):
+        folder = tmp_path / mode
+        shutil.copytree(tiny_bert, folder)
+        (folder / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+        (folder / "1_Pooling").mkdir()
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": False, mode: True}))
+        assert Encoder(str(folder)).pooling == expected
+
+
+def test_a_calibrator_fitted_on_encoded_vectors_records_the_encoder(tiny_bert, tmp_path):
+    """The Python quick start: vectors from `Encoder.encode` (or a view of them) carry their encoder into a fit,
+    so the saved file calibrates text without --model/--pooling; a copy, a conversion or normalised vectors do
+    not (their encoder is unknown), and a file fitted on them says so where an encoder is needed."""
+    import flowcore
+    from flowcore.batch.job import calibrate_file
+    from flowcore.calibration.flow_file import EncoderProvenance
+
+    encoder = Encoder(tiny_bert, pooling="mean")
+    sentences = [" ".join(WORDS[i:i + 4]) for i in range(len(WORDS) - 4)] * 3
+    X = encoder.encode(sentences)
+    recorded = EncoderProvenance(encoder.model_id, "mean")
+    assert flowcore.Whitening().fit(X).provenance == recorded
+    assert flowcore.MeanCentering().fit(X[: len(X) // 2]).provenance == recorded
+    assert flowcore.AutoCalibration().fit(X).provenance == recorded
+    for unknown in (X.astype(np.float64), X.copy(), encoder.encode(sentences, normalize=True)):
+        assert flowcore.Whitening().fit(unknown).provenance is None
+    flowcore.Whitening().fit(X).save(tmp_path / "calibrator.flow")
+    (tmp_path / "corpus.txt").write_text("the cat sat\na dog ran\n")
+    summary = calibrate_file(tmp_path / "calibrator.flow", tmp_path / "out.npy", input=tmp_path / "corpus.txt",
+                             show_progress_bar=False)
+    assert summary.rows == 2 and not summary.rejects
+    flowcore.Whitening().fit(X.copy()).save(tmp_path / "foreign.flow")
+    with pytest.raises(ValueError, match="it was fitted on vectors that did not come from a flowcore Encoder"):
+        calibrate_file(tmp_path / "foreign.flow", tmp_path / "out2.npy", input=tmp_path / "corpus.txt",
+                       show_progress_bar=False)
 
 
 @pytest.mark.parametrize("architecture", ["roberta", "mpnet", "distilbert"])
