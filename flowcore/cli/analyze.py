@@ -46,14 +46,14 @@ def register(subparsers) -> None:
         "edit distance and a recommendation. Writes analysis.json, summary.md and PNG figures to --out.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--input", default=None, metavar="FILE", help="a text file, one sentence per line")
-    source.add_argument("--embeddings", default=None, metavar="FILE.npy",
+    source.add_argument("--input", default=None, help="a text file, one sentence per line")
+    source.add_argument("--embeddings", default=None,
                         help="stored (n, d) vectors; without --model only their isotropy is analysed, with it the "
                         "vectors must come from that --model and --pooling")
     source.add_argument("--sts-dataset", default=None, choices=DATASETS,
                         help="an STS dataset from --data-dir: its sentences (all splits) are the corpus, its test "
                         "pairs the labelled pairs")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for analysis.json, summary.md, *.png")
+    parser.add_argument("--out", required=True, help="folder for analysis.json, summary.md, *.png")
     parser.add_argument("--model", default=None,
                         help=f"{MODEL_HELP}; 'default' is used when not given, except with --embeddings")
     parser.add_argument("--pooling", default=None,

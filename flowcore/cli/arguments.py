@@ -21,7 +21,7 @@ __all__ = ["HelpFormatter", "MODEL_HELP", "POOLING_DEFAULT", "QUANTIZE_HELP", "a
            "add_device_argument", "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments",
            "add_progress_arguments", "add_quantize_argument", "add_renamed", "build_encoder", "calibration_settings",
            "check_data_dir", "check_input", "check_output", "check_pairs_options", "check_positive", "comma_names",
-           "embedding_cache", "pair_columns", "show_progress"]
+           "embedding_cache", "pair_columns", "recipe_values", "show_progress"]
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
@@ -138,6 +138,14 @@ def add_renamed(parser, old: str, new: str) -> None:
                         choices=action.choices)
 
 
+def recipe_values(field: str) -> str:
+    """Each flow fit recipe's value of `field` (`flowcore.calibration.recipes.RECIPES`), for a flag's help:
+    e.g. "whitened 3, standardized 1, paper 1"."""
+    from flowcore.calibration.recipes import RECIPES  # plain values, no torch
+
+    return ", ".join(f"{name} {getattr(recipe, field):g}" for name, recipe in RECIPES.items())
+
+
 def add_progress_arguments(parser) -> None:
     """--quiet and --progress: progress on stderr only when it is a terminal, unless forced either way."""
     group = parser.add_mutually_exclusive_group()
@@ -237,8 +245,8 @@ def check_pairs_options(args: argparse.Namespace) -> None:
 
 def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
     """--whitening-dim, --whitening-power and --abtt-k of the fitted calibrations (`sts`, `analyze`)."""
-    parser.add_argument("--whitening-dim", type=int, default=None,
-                        help="keep only the k largest-variance whitened directions; all when not given")
+    parser.add_argument("--whitening-dim", type=int, default=None, metavar="K",
+                        help="keep only the K largest-variance whitened directions; all when not given")
     parser.add_argument("--whitening-power", type=float, default=defaults.WHITENING_POWER, metavar="GAMMA",
                         help="tempered whitening, x -> (x - mean) U L^-GAMMA: 0.5 is full whitening (identity "
                         "covariance), 0 only centres and rotates (cosines equal center's), values between "

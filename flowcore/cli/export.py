@@ -47,13 +47,14 @@ def register(subparsers) -> None:
     parser.add_argument("--normalize", action="store_true", help="append Normalize (unit-length vectors)")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts are truncated to this many tokens, as by flowcore encode")
-    parser.add_argument("--whitening-dim", type=int, default=None,
-                        help="with --whitening: keep the k directions of largest variance (BERT-whitening-k)")
+    parser.add_argument("--whitening-dim", type=int, default=None, metavar="K",
+                        help="with --whitening: keep the K directions of largest variance (BERT-whitening-k)")
     parser.add_argument("--whitening-power", type=float, default=None, metavar="GAMMA",
                         help=f"with --whitening: tempered whitening, x -> (x - mean) U L^-GAMMA (default "
                         f"{defaults.WHITENING_POWER}: full whitening; 0: centre and rotate only)")
     parser.add_argument("--max-rows", type=int, default=None,
-                        help="with --whitening: fit on a reproducible random sample of this many rows")
+                        help="with --whitening: fit on a reproducible random sample of this many rows "
+                        "(default: all rows)")
     parser.add_argument("--text-field", default="text", help="with --whitening: text column/field")
     parser.add_argument("--seed", type=int, default=0, help="with --whitening: seed of the --max-rows sample")
     add_device_argument(parser)

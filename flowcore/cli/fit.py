@@ -23,11 +23,11 @@ from flowcore.cli.arguments import (
     add_device_argument,
     add_progress_arguments,
     add_quantize_argument,
-    add_renamed,
     build_encoder,
     check_input,
     check_output,
     check_positive,
+    recipe_values,
     show_progress,
 )
 from flowcore.flows.configs import CONFIGS
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     source.add_argument("--embeddings", type=Path, help="a (rows, dim) .npy array of sentence vectors")
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")
     parser.add_argument("--out", type=Path, required=True, help="where to write the calibrator file")
-    parser.add_argument("--calibration", default=defaults.CALIBRATION, choices=NAMES,
+    parser.add_argument("--calibration", default=defaults.CALIBRATION, choices=NAMES, metavar="CALIBRATION",
                         help="auto (whitening of the leading directions or none, chosen by the hubness of the "
                         "vectors' 10-NN graph on a seeded sample; --seed), whitening (BERT-whitening), zca, center "
                         "(mean-centring), abtt (all-but-the-top), none (the raw vectors) or flow (a Glow)")
@@ -70,20 +70,25 @@ def register(subparsers) -> None:
                       "evaluations without a better score), 'standardized' (1 epoch), or 'paper' (raw input, lr "
                       "1e-3, batch 32, 1 epoch)")
     flow.add_argument("--epochs", type=int, default=None,
-                      help="training epochs, the most with held-out evaluations (default: the recipe's)")
+                      help="training epochs, the most with held-out evaluations (default: the recipe's: "
+                      f"{recipe_values('epochs')})")
     flow.add_argument("--patience", type=int, default=None, metavar="N",
                       help="with a held-out share: stop after N evaluations in a row without a better held-out "
                       "score (default: the recipe's; 2 for 'whitened')")
     flow.add_argument("--train-batch-size", type=int, default=None,
-                      help="rows per training step (default: the recipe's)")
-    flow.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default: the recipe's)")
+                      help=f"rows per training step (default: the recipe's: {recipe_values('batch_size')})")
+    flow.add_argument("--lr", type=float, default=None,
+                      help=f"Adam's learning rate (default: the recipe's: {recipe_values('lr')})")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the --max-rows sample, of auto's sample of rows and of the flow")
-    parser.add_argument("--max-rows", type=int, help="fit on a reproducible random sample of this many rows")
+    parser.add_argument("--max-rows", type=int,
+                        help="fit on a reproducible random sample of this many rows (default: all rows)")
     parser.add_argument("--model", default=defaults.MODEL, help=f"encoder for --input: {MODEL_HELP}")
     parser.add_argument("--pooling", default=None, help=f"pooling for --input; default: {POOLING_DEFAULT}")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts of --input are truncated to this many tokens")
+    parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE,
+                        help="sentences per encoder batch, for --input")
     add_quantize_argument(parser)
     parser.add_argument("--text-field", default="text", help="text column/field for .jsonl/.csv/.parquet input")
     add_device_argument(parser)
@@ -98,7 +103,6 @@ def register(subparsers) -> None:
                       help="torch CPU threads for training (default: 1 for batches under 256 rows, else all CPUs "
                       "available)")
     add_progress_arguments(parser)
-    add_renamed(flow, "--batch-size", "--train-batch-size")
     parser.set_defaults(func=run)
 
 
@@ -132,7 +136,9 @@ def encode_sample(path, args, skipped_to=None, **encoder_options):
     if len(texts) < 2:
         raise CLIError(f"{path}: needs at least 2 usable sentences, found {len(texts)}")
     encoder = build_encoder(args, **encoder_options)
-    return encoder.encode(texts, show_progress_bar=show_progress(args)), encoder, len(set(texts))
+    vectors = encoder.encode(texts, batch_size=getattr(args, "batch_size", defaults.BATCH_SIZE),
+                             show_progress_bar=show_progress(args))
+    return vectors, encoder, len(set(texts))
 
 
 def _cached_corpus(args):
@@ -146,10 +152,10 @@ def _cached_corpus(args):
     cache = args.cache or args.out.with_name(args.out.name + ".cache.npy")
     source = TextCorpus(args.input, text_field=args.text_field)
     encoder = build_encoder(args, threads=1)
-    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": defaults.BATCH_SIZE,
+    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": args.batch_size,
                             **({"max_length": encoder.max_length} if args.max_length != defaults.MAX_LENGTH else {}),
                             **({"quantize": encoder.quantize} if encoder.quantize else {})}}
-    job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, defaults.BATCH_SIZE),
+    job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, args.batch_size),
                          identity=identity, restart=args.restart, show_progress_bar=show_progress(args), threads=1,
                          description=identity)
     reusable = not args.restart and cache.exists() and job.manifest_path.exists()

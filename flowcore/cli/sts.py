@@ -26,6 +26,7 @@ from flowcore.cli.arguments import (
     check_positive,
     comma_names,
     embedding_cache,
+    recipe_values,
     show_progress,
 )
 from flowcore.flows.configs import CONFIGS
@@ -117,10 +118,12 @@ def register(subparsers) -> None:
     parser.add_argument("--recipe", default=defaults.RECIPE, choices=RECIPES,
                         help="the flow's fit recipe (see 'flowcore fit --help'); --epochs, --lr and "
                         "--train-batch-size override its values")
-    parser.add_argument("--epochs", type=int, default=None, help="flow training epochs (default: the recipe's)")
-    parser.add_argument("--lr", type=float, default=None, help="flow learning rate (Adam; default: the recipe's)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help=f"flow training epochs (default: the recipe's: {recipe_values('epochs')})")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"flow learning rate (Adam; default: the recipe's: {recipe_values('lr')})")
     parser.add_argument("--train-batch-size", type=int, default=None,
-                        help="rows per flow training step (default: the recipe's)")
+                        help=f"rows per flow training step (default: the recipe's: {recipe_values('batch_size')})")
     parser.add_argument("--flow-input", default=None, type=_flow_input, choices=FLOW_INPUTS,
                         help="what the flow is fitted on, when not its recipe's choice: coordinates standardized "
                         "over the fit corpus, vectors whitened first (prewhiten), or the raw vectors (diverges on "

@@ -54,7 +54,7 @@ CONCEPTS = {  # the one flag of a concept, and the subcommands that have the con
     "--calibrator": ("calibrate", "sts", "export"),
     "--model": ("fit", "encode", "calibrate", "sts", "export", "analyze"),
     "--pooling": ("fit", "encode", "calibrate", "sts", "export", "analyze"),
-    "--batch-size": ("encode", "calibrate", "sts", "analyze"),
+    "--batch-size": ("fit", "encode", "calibrate", "sts", "analyze"),
     "--max-length": ("fit", "encode", "sts", "export", "analyze"),
     "--device": SUBCOMMANDS,
     "--quantize": ("fit", "encode", "calibrate", "sts", "analyze"),
@@ -89,8 +89,6 @@ ALIASES = [  # (subcommand and arguments with the old spelling, the old flag, it
     (["sts", "--flow-epochs", "2"], "--flow-epochs", "--epochs", ("epochs", 2)),
     (["sts", "--flow-lr", "0.01"], "--flow-lr", "--lr", ("lr", 0.01)),
     (["sts", "--flow-batch-size", "16"], "--flow-batch-size", "--train-batch-size", ("train_batch_size", 16)),
-    (["fit", "--embeddings", "e.npy", "--out", "m.flow", "--batch-size", "16"], "--batch-size",
-     "--train-batch-size", ("train_batch_size", 16)),
     (["calibrate", "--flow", "m.flow", "--embeddings", "e.npy", "--out", "o.npy"], "--flow", "--calibrator",
      ("calibrator", "m.flow")),
     (["calibrate", "--calibrator", "m.flow", "--embeddings", "e.npy", "--out", "o.npy", "--no-progress"],
@@ -113,3 +111,22 @@ def test_help_states_each_default_once():
         assert "(default: None)" not in text and "(default: False)" not in text, name
         for line in text.split("  --")[1:]:
             assert line.count("default:") <= 1, f"{name}: --{line[:80]}"
+
+
+@pytest.mark.parametrize("flag", sorted(set(CONCEPTS) | {"--whitening-dim", "--calibration"}))
+def test_a_flag_shows_the_same_value_name_in_every_subcommand(flag):
+    shown = {}
+    for name, parser in _subparsers().items():
+        for action in parser._actions:
+            if flag in action.option_strings and action.help != argparse.SUPPRESS and action.nargs != 0:
+                shown[name] = action.metavar or action.dest.upper()
+    assert len(set(shown.values())) <= 1, shown
+
+
+@pytest.mark.parametrize("flag", ["--max-rows", "--epochs", "--lr", "--train-batch-size"])
+def test_every_default_is_stated_as_a_value(flag):
+    """A default that depends on something else (the recipe) still says what it is."""
+    for name, parser in _subparsers().items():
+        for action in parser._actions:
+            if flag in action.option_strings and action.help != argparse.SUPPRESS:
+                assert "default:" in action.help and not action.help.rstrip(")").endswith("the recipe's"), name
