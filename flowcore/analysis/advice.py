@@ -51,14 +51,13 @@ def balanced_neighbourhoods_warning(auto) -> str | None:
             f"using one")
 
 
-def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None,
-           margin: float = TIE_MARGIN, warnings: list[str] = (), auto=None) -> Advice:
+def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None, warnings: list[str] = (),
+           auto=None) -> Advice:
     """Recommend a calibration from labelled scores, or without them by auto's rule.
 
     Args:
         isotropy: {calibration: `Isotropy` of the corpus after it}, "none" for the raw vectors.
         scores: {calibration: Spearman ×100 on labelled pairs}; None or empty: no labels; NaN/None: left out.
-        margin: a simpler calibration within this many points of the best one is recommended.
         warnings: warnings of the caller (e.g. a small fit corpus), listed first.
         auto: an `AutoCalibration` fitted on the raw corpus: without labels its choice is the
             recommendation; with labels it is reported beside theirs.
@@ -82,13 +81,13 @@ def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None
         return Advice(auto.choice, {}, _isotropy_change(isotropy, f"No labelled pairs; auto's rule, from the corpus "
                                                                    f"alone: {auto.reason}"), warnings, chosen)
     best = max(valid, key=valid.get)
-    candidates = [name for name in valid if valid[name] >= valid[best] - margin]
+    candidates = [name for name in valid if valid[name] >= valid[best] - TIE_MARGIN]
     choice = min(candidates, key=lambda name: SIMPLICITY.index(name) if name in SIMPLICITY else len(SIMPLICITY))
     ranked = ", ".join(f"{name} {valid[name]:.2f}" for name in sorted(valid, key=valid.get, reverse=True))
     if choice == best:
         reason = f"{choice} scores best on the labelled pairs (Spearman x100: {ranked})"
     else:
-        reason = (f"{choice} is within {margin:g} points of the best, {best} (Spearman x100: {ranked}), "
+        reason = (f"{choice} is within {TIE_MARGIN:g} points of the best, {best} (Spearman x100: {ranked}), "
                   f"and simpler")
     if choice == "none" and len(valid) > 1:
         reason += "; calibration does not help this encoder here"

@@ -10,7 +10,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -39,7 +39,6 @@ def evaluate(
     settings: CalibrationSettings = CalibrationSettings(),
     cache: EmbeddingCache | None = None,
     batch_size: int = defaults.BATCH_SIZE,
-    factories: dict[str, Callable[[], object]] | None = None,
     show_progress_bar: bool | None = None,
     pairs: Iterable[STSPairs] | None = None,
     fitted: dict[str, PreFitted] | None = None,
@@ -60,7 +59,6 @@ def evaluate(
         settings: hyper-parameters of the fitted calibrations, recorded with their results.
         cache: where sentence vectors are kept; a fresh in-memory cache when None.
         batch_size: the encoding batch size.
-        factories: `{calibration name: zero-argument factory}` overriding `build_calibrator`.
         show_progress_bar: progress bars and INFO progress lines; None: when stderr is a terminal.
         pairs: labelled pairs of your own (`flowcore.sts.pairs.load_pairs`), evaluated instead of `datasets`.
         fitted: `{calibration name: PreFitted}`, calibrators already fitted, applied as they are.
@@ -87,7 +85,6 @@ def evaluate(
     else:
         data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         items = [(dataset, None) for dataset in datasets]
-    factories = dict(factories or {})
     fitted = dict(fitted or {})
     cache = cache if cache is not None else EmbeddingCache(None)
     needs_fit = any(name != "none" and name not in fitted for name in calibrations)
@@ -119,7 +116,7 @@ def evaluate(
                 file_corpus = embedded_corpus(*fit_corpus_sentences(data_dir, dataset, fit_corpus), fit_corpus)
             corpus = file_corpus
         prepared.append(_Dataset(given, pairs_, left, right, *corpus))
-    scorer = _Scorer(calibrations, settings, factories, fitted, fit_corpus, progress, str(encoder.pooling),
+    scorer = _Scorer(calibrations, settings, fitted, fit_corpus, progress, str(encoder.pooling),
                      str(encoder.model_id))
     if jobs > 1 and len(prepared) > 1 and fit_corpus in ("target", "train") and _flow_fits_in_parallel(scorer):
         return _score_in_processes(scorer, prepared, min(jobs, len(prepared)))
@@ -146,7 +143,6 @@ class _Scorer:
 
     calibrations: list[str]
     settings: CalibrationSettings
-    factories: dict
     fitted: dict
     fit_corpus: str
     progress: bool
@@ -174,8 +170,7 @@ class _Scorer:
             try:
                 calibrator = self.fitted[name].calibrator if name in self.fitted else self.fitted_on_file.get(name)
                 if calibrator is None:
-                    calibrator = (self.factories[name]() if name in self.factories
-                                  else build_calibrator(name, self.settings, self.progress and self.bars))
+                    calibrator = build_calibrator(name, self.settings, self.progress and self.bars)
                     if name != "none":
                         if self.progress:
                             logger.info(f"{dataset}: fitting {name} on {len(item.corpus_vectors)} "
@@ -210,7 +205,7 @@ def _flow_fits_in_parallel(scorer: _Scorer) -> bool:
     """Worth and safe to fit the flows in forked one-thread processes: the built-in flow, on CPU, where
     fork exists (a forked child can use neither CUDA nor multi-threaded OpenMP)."""
     settings = scorer.settings
-    if "flow" not in scorer.calibrations or "flow" in scorer.fitted or "flow" in scorer.factories:
+    if "flow" not in scorer.calibrations or "flow" in scorer.fitted:
         return False
     if "fork" not in multiprocessing.get_all_start_methods() or settings.device not in (None, "cpu"):
         return False

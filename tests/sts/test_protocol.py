@@ -16,11 +16,23 @@ from flowcore.sts.report import markdown_table
 from helpers.sts_stand_ins import HashEncoder, MeanShift
 
 
-def test_evaluate_protocol_with_stand_ins(sts_data_dir, tmp_path):
+@pytest.fixture
+def stand_in(monkeypatch):
+    """`stand_in(name, cls)`: calibration `name` is built as `cls()` (a fast stand-in) instead of the real one."""
+    from flowcore.sts import protocol
+
+    built_in, stand_ins = protocol.build_calibrator, {}
+    monkeypatch.setattr(protocol, "build_calibrator",
+                        lambda name, *args: stand_ins[name]() if name in stand_ins else built_in(name, *args))
+    return stand_ins.__setitem__
+
+
+def test_evaluate_protocol_with_stand_ins(sts_data_dir, tmp_path, stand_in):
     encoder = HashEncoder()
     MeanShift.fitted_rows = []
+    stand_in("flow", MeanShift)
     records = evaluate(encoder, datasets=["STS16", "STS-B"], calibrations=["none", "whitening", "flow"],
-                       data_dir=sts_data_dir, cache=EmbeddingCache(tmp_path), factories={"flow": MeanShift},
+                       data_dir=sts_data_dir, cache=EmbeddingCache(tmp_path),
                        settings=CalibrationSettings(whitening_dim=8), show_progress_bar=False)
     assert [(r["dataset"], r["calibration"]) for r in records] == [
         (d, c) for d in ("STS16", "STS-B") for c in ("none", "whitening", "flow")]
@@ -39,36 +51,39 @@ def test_evaluate_protocol_with_stand_ins(sts_data_dir, tmp_path):
     assert len(encoder.encoded) == encoded  # a second run re-encodes nothing
 
 
-def test_calibration_fitted_on_a_sentence_file_is_fitted_once(sts_data_dir, tmp_path):
+def test_calibration_fitted_on_a_sentence_file_is_fitted_once(sts_data_dir, tmp_path, stand_in):
     corpus = tmp_path / "nli.txt"
     corpus.write_text("A man sleeps.\nA dog runs.\nTwo birds sing.\n", encoding="utf-8")
     MeanShift.fitted_rows = []
+    stand_in("flow", MeanShift)
     records = evaluate(HashEncoder(), datasets=["STS13", "STS16"], calibrations=["flow"], data_dir=sts_data_dir,
-                       fit_corpus=str(corpus), factories={"flow": MeanShift}, show_progress_bar=False)
+                       fit_corpus=str(corpus), show_progress_bar=False)
     assert MeanShift.fitted_rows == [3]
     assert {r["fit_corpus"] for r in records} == {str(corpus)}
 
 
-def test_failed_calibration_is_reported_and_kept(sts_data_dir):
+def test_failed_calibration_is_reported_and_kept(sts_data_dir, stand_in):
     class Exploding(MeanShift):
         def transform(self, X):
             return np.full_like(X, np.nan)
 
+    stand_in("flow", Exploding)
     records = evaluate(HashEncoder(), datasets=["STS16"], calibrations=["none", "flow"], data_dir=sts_data_dir,
-                       factories={"flow": Exploding}, show_progress_bar=False)
+                       show_progress_bar=False)
     assert records[0]["spearman"] is not None
     assert records[1]["spearman"] is None and "NaN" in records[1]["error"]
     assert "| n/a |" in markdown_table(records)
 
 
-def test_progress_is_logged_and_failures_are_warnings(sts_data_dir, caplog):
+def test_progress_is_logged_and_failures_are_warnings(sts_data_dir, caplog, stand_in):
     class Exploding(MeanShift):
         def transform(self, X):
             return np.full_like(X, np.nan)
 
+    stand_in("flow", Exploding)
     with caplog.at_level(logging.INFO, logger="flowcore.sts"):
         evaluate(HashEncoder(), datasets=["STS16"], calibrations=["none", "flow"], data_dir=sts_data_dir,
-                 factories={"flow": Exploding}, show_progress_bar=True)
+                 show_progress_bar=True)
     lines = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert lines[0] == ("INFO", "STS16: 1186 test pairs")
     assert ("INFO", "STS16: fitting flow on 2372 target sentences") in lines
@@ -77,7 +92,7 @@ def test_progress_is_logged_and_failures_are_warnings(sts_data_dir, caplog):
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="flowcore.sts"):
         evaluate(HashEncoder(), datasets=["STS16"], calibrations=["none", "flow"], data_dir=sts_data_dir,
-                 factories={"flow": Exploding}, show_progress_bar=False)
+                 show_progress_bar=False)
     # show_progress_bar=False: failures only
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [lines[-1]]
 
@@ -102,14 +117,15 @@ def test_pairs_of_a_file_match_the_built_in_dataset(sts_data_dir, tmp_path):
     assert "| encoder + calibration | stsb | Avg. |" in markdown_table([own])
 
 
-def test_pairs_fit_on_their_own_sentences_and_small_corpora_warn(tmp_path, caplog):
+def test_pairs_fit_on_their_own_sentences_and_small_corpora_warn(tmp_path, caplog, stand_in):
     path = tmp_path / "mine.tsv"
     rows = [f"sentence {i}\tother {i % 7}\t{i % 5}" for i in range(30)]
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     MeanShift.fitted_rows = []
+    stand_in("flow", MeanShift)
     with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
         none, flow = evaluate(HashEncoder(), pairs=[load_pairs(path)], calibrations=["none", "flow"],
-                              factories={"flow": MeanShift}, show_progress_bar=False)
+                              show_progress_bar=False)
     assert MeanShift.fitted_rows == [60]  # both sides of every pair, with repeats
     expected = small_corpus_warning(37, 16)  # 30 + 7 distinct sentences < 5 x 16
     assert flow["fit_corpus"] == "target" and flow["fit_sentences"] == 60 and flow["fit_distinct_sentences"] == 37
@@ -120,7 +136,7 @@ def test_pairs_fit_on_their_own_sentences_and_small_corpora_warn(tmp_path, caplo
                  show_progress_bar=False)
 
 
-def test_a_small_file_corpus_warns_once_and_is_recorded_everywhere(tmp_path, caplog):
+def test_a_small_file_corpus_warns_once_and_is_recorded_everywhere(tmp_path, caplog, stand_in):
     files = []
     for name in ("first", "second"):
         files.append(tmp_path / f"{name}.tsv")
@@ -128,9 +144,10 @@ def test_a_small_file_corpus_warns_once_and_is_recorded_everywhere(tmp_path, cap
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"fit sentence {i}\n" for i in range(12)), encoding="utf-8")
     MeanShift.fitted_rows = []
+    stand_in("flow", MeanShift)
     with caplog.at_level(logging.WARNING, logger="flowcore.sts"):
         records = evaluate(HashEncoder(), pairs=[load_pairs(f) for f in files], calibrations=["none", "flow"],
-                           fit_corpus=str(corpus), factories={"flow": MeanShift}, show_progress_bar=False)
+                           fit_corpus=str(corpus), show_progress_bar=False)
     expected = small_corpus_warning(12, 16)
     assert MeanShift.fitted_rows == [12]  # fitted once, reused for both files
     assert [r.get("warning") for r in records] == [None, expected, None, expected]
@@ -280,8 +297,7 @@ def test_flows_are_fitted_side_by_side_only_where_that_is_safe_and_the_same(sts_
                 show_progress_bar=False,
                 jobs=2)
     serial = [dict(calibrations=["none", "whitening"]),
-              dict(calibrations=["flow"], factories={"flow": MeanShift}),
-              dict(calibrations=["flow"], fit_corpus=str(corpus), factories={"whitening": MeanShift}),
+              dict(calibrations=["flow"], fit_corpus=str(corpus)),
               dict(calibrations=["flow"], settings=CalibrationSettings(device="cuda")),
               dict(calibrations=["flow"], jobs=1)]
     for options in serial:
