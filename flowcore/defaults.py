@@ -5,10 +5,11 @@ Plain values only (no torch, no numpy), so that the command line's start-up can 
 from __future__ import annotations
 
 __all__ = [
-    "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE", "BATCH_SIZE",
-    "CALIBRATION", "CHECKPOINT_EVERY", "CHECK_BLOCK_ROWS", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
-    "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS",
-    "STS_POOLINGS", "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
+    "ANALYZE_CALIBRATIONS", "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE",
+    "BATCH_SIZE", "CALIBRATION", "CHECKPOINT_EVERY", "CHECK_BLOCK_ROWS", "CONFIG", "CPU_BLOCK_BYTES",
+    "EMBEDDING_CHUNK_BYTES", "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING",
+    "RANDOM_PAIRS", "RECIPE", "STAT_BLOCK_ROWS", "STS_CALIBRATIONS", "STS_POOLINGS", "TEXT_CHUNK_ROWS",
+    "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -71,3 +72,11 @@ AUTO_HUBNESS_THRESHOLD = 0.265
 """`auto` whitens when the Robin Hood index of that graph is at least this, else keeps the raw vectors."""
 AUTO_VARIANCE_SHARE = 0.90
 """`auto`'s whitening keeps the fewest leading directions that hold this share of the variance."""
+
+# --- the evaluations
+STS_CALIBRATIONS = ("none", "whitening", "auto", "flow")
+"""The calibrations `flowcore sts` compares with the raw vectors when none are named."""
+ANALYZE_CALIBRATIONS = ("none", "center", "abtt", "whitening", "zca", "auto", "flow")
+"""The calibrations `flowcore analyze` (`flowcore.analysis.analyze`) compares when none are named."""
+RANDOM_PAIRS = 10_000
+"""Random pairs of corpus vectors behind the cosine statistics of the isotropy analysis."""

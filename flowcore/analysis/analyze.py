@@ -26,9 +26,7 @@ from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.metrics import cosine_similarity, score_pairs
 from flowcore.validation import check_matrix
 
-__all__ = ["DEFAULT_CALIBRATIONS", "analyze"]
-
-DEFAULT_CALIBRATIONS = ("none", "center", "abtt", "whitening", "zca", "auto", "flow")
+__all__ = ["analyze"]
 _UNUSED = re.compile(r"^\[unused\d+\]$")  # BERT's never-trained placeholder entries
 
 
@@ -39,11 +37,11 @@ def analyze(
     sentences: list[str] | None = None,
     corpus_name: str = "corpus",
     pairs: Iterable | None = None,
-    calibrations: Iterable[str] = DEFAULT_CALIBRATIONS,
+    calibrations: Iterable[str] = defaults.ANALYZE_CALIBRATIONS,
     settings: CalibrationSettings = CalibrationSettings(),
     frequency_sources: Iterable[str] = ("wordfreq",),
     edit_unit: str = "word",
-    random_pairs: int = 10_000,
+    random_pairs: int = defaults.RANDOM_PAIRS,
     seed: int = 0,
     cache: EmbeddingCache | None = None,
     batch_size: int = defaults.BATCH_SIZE,

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore.sts.metrics import cosine_similarity
 from flowcore.validation import check_matrix
 
@@ -23,7 +24,7 @@ HISTOGRAM_BINS = 100
 """Bins of the random-pair cosine histogram over [-1, 1]."""
 
 
-def random_pair_cosines(X, pairs: int = 10_000, seed: int = 0) -> np.ndarray:
+def random_pair_cosines(X, pairs: int = defaults.RANDOM_PAIRS, seed: int = 0) -> np.ndarray:
     """Cosines of `pairs` random pairs of distinct rows of X (float64), a fixed sample per seed.
 
     Args:
@@ -111,7 +112,7 @@ class Isotropy:
         return asdict(self)
 
 
-def isotropy(X, pairs: int = 10_000, seed: int = 0, max_rows: int = 20_000) -> Isotropy:
+def isotropy(X, pairs: int = defaults.RANDOM_PAIRS, seed: int = 0, max_rows: int = 20_000) -> Isotropy:
     """Measure the isotropy of the rows of X.
 
     Args:

@@ -31,7 +31,6 @@ from flowcore.sts.pairs import load_pairs_files
 
 __all__ = ["register", "run"]
 
-DEFAULT_CALIBRATIONS = "none,center,abtt,whitening,zca,auto,flow"
 FREQUENCY_CHOICES = ("wordfreq", "corpus", "none")
 
 
@@ -60,7 +59,7 @@ def register(subparsers) -> None:
                         help=f"cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J; default: "
                         f"{POOLING_DEFAULT}")
     add_pairs_arguments(parser, "labelled dev pairs, whose Spearman under each calibration decides the recommendation")
-    parser.add_argument("--calibration", default=DEFAULT_CALIBRATIONS,
+    parser.add_argument("--calibration", default=",".join(defaults.ANALYZE_CALIBRATIONS),
                         type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
                         help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)}, each fitted on the corpus")
     parser.add_argument("--frequency", default="wordfreq",
@@ -69,7 +68,8 @@ def register(subparsers) -> None:
                         "corpus (counted on the corpus with the encoder's tokenizer), both, or none")
     parser.add_argument("--edit-unit", default="word", choices=("word", "char"),
                         help="edit distance in words or characters for the lexical-overlap bias")
-    parser.add_argument("--random-pairs", type=int, default=10_000, help="random pairs for the cosine statistics")
+    parser.add_argument("--random-pairs", type=int, default=defaults.RANDOM_PAIRS,
+                        help="random pairs for the cosine statistics")
     add_calibration_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random pairs and the flow")
     add_encoding_arguments(parser)

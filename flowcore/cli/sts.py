@@ -48,7 +48,6 @@ from flowcore.sts.report import (
 __all__ = ["register", "run"]
 
 
-DEFAULT_CALIBRATIONS = "none,whitening,auto,flow"
 
 
 def _flow_input(text: str) -> str:
@@ -92,7 +91,8 @@ def register(subparsers) -> None:
     parser.add_argument("--calibration", default=None, type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
                         help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (as 'flowcore fit "
                         "--calibration'; none: the raw vectors; auto says which it chose); default: "
-                        f"{DEFAULT_CALIBRATIONS}; with --calibrator only none and the file's calibration")
+                        f"{','.join(defaults.STS_CALIBRATIONS)}; with --calibrator only none and the file's "
+                        "calibration")
     parser.add_argument("--datasets", default=None, type=lambda t: comma_names(t, DATASETS, "dataset"),
                         help=f"comma-separated built-in datasets (default: all of {','.join(DATASETS)})")
     add_pairs_arguments(parser, "evaluate your own labelled pairs instead of the built-in datasets, one table "
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     cache = embedding_cache(args)
     started = time.perf_counter()
     records = []
-    calibrations = args.calibration or DEFAULT_CALIBRATIONS.split(",")
+    calibrations = args.calibration or list(defaults.STS_CALIBRATIONS)
     fitted = None
     if args.calibrator is not None:
         from flowcore.calibration.flow_file import check_encoder_fits  # import torch: only with --calibrator
