@@ -137,6 +137,12 @@ class LinearCalibrator(Calibrator):
     def _map_chunk(self, rows, row_offset: int) -> np.ndarray:
         return (_rows(rows, self.dim, self.name, row_offset) - self.mean) @ self.matrix
 
+    def as_module(self):
+        """x -> (x − μ)·W as a float32 `LinearMap` (see `Calibrator.as_module`)."""
+        from flowcore.calibration.modules import LinearMap
+
+        return LinearMap(self.mean, self._fitted()).eval()
+
     def _contents(self) -> tuple[dict, dict]:
         import torch
 
@@ -199,6 +205,12 @@ class Identity(Calibrator):
 
         with np.errstate(over="ignore"):
             return check_output(_rows(X, self._dim, self.name).astype(np.float32))
+
+    def as_module(self):
+        """x -> x as a `Passthrough` module (see `Calibrator.as_module`)."""
+        from flowcore.calibration.modules import Passthrough
+
+        return Passthrough(self.dim).eval()
 
     def _contents(self) -> tuple[dict, dict]:
         return {}, {"settings": {}, "fit": {"dim": self.dim}}
