@@ -8,6 +8,8 @@ and the other poolings (`LayerPooling`) need `load_model(out)`, which checks the
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
 import os
 from pathlib import Path
@@ -28,12 +30,20 @@ from flowcore.integrations.recorded_encoder import choose_encoder, read_json, re
 from flowcore.text.loading import quiet_transformers, token_limit  # noqa: E402
 from flowcore.text.pooling import Pooling  # noqa: E402
 
-__all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense", "load_model"]
+__all__ = ["FLOW_FILE", "ONNX_GRAPH", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense",
+           "load_model"]
 
 FLOW_FILE = "flow.safetensors"
 """The calibrator's flow file inside the `FlowModule` module folder."""
+ONNX_GRAPH = "onnx/model.onnx"
+"""The transformer's ONNX graph in the model folder, where `backend="onnx"` finds it."""
 _STOCK_POOLINGS = ("mean", "cls")  # flowcore poolings that sentence-transformers' Pooling has, by the same name
 _OWN_CLASSES = ("FlowModule", "LayerPooling")
+
+
+def _pooling_of_averaged_states(first_token: bool) -> Pooling:
+    """The pooling of states already averaged over the hidden states (`Pooling.token_states`)."""
+    return Pooling(name="token-states", hidden_states=(0,), first_token=first_token)
 
 
 def _stock_pooling(pooling: Pooling) -> bool:
@@ -90,7 +100,9 @@ class FlowModule(Module):
 class LayerPooling(Module):
     """flowcore's poolings as a sentence-transformers module, pooling exactly as `flowcore.Encoder`.
 
-    Reads `features["all_layer_embeddings"]`: the transformer must run with `output_hidden_states`.
+    Reads `features["all_layer_embeddings"]` (the transformer runs with `output_hidden_states`); under
+    `backend="onnx"`, which returns no hidden states, `features["token_embeddings"]`, which the folder's
+    onnx/model.onnx computes as the mean of the pooled hidden states per token (`export` writes it).
 
     Args:
         pooling: the canonical pooling name (`flowcore.text.pooling`), e.g. "first-last-avg".
@@ -111,13 +123,14 @@ class LayerPooling(Module):
 
     def forward(self, features: dict, **kwargs) -> dict:
         states = features.get("all_layer_embeddings")
-        if states is None:
-            raise ValueError(f"LayerPooling({self.pooling!r}) needs every hidden state: the transformer before it "
-                             "must run with output_hidden_states (config_kwargs={'output_hidden_states': True})")
-        if max(self.hidden_states) >= len(states):
+        if states is None:  # backend="onnx": the folder's onnx/model.onnx returns the states' mean per token
+            averaged = _pooling_of_averaged_states(self.first_token)
+            pooled = averaged([features["token_embeddings"]], features["attention_mask"])
+        elif max(self.hidden_states) >= len(states):
             raise ValueError(f"LayerPooling({self.pooling!r}) needs hidden state {max(self.hidden_states)}, "
                              f"but the transformer gives {len(states)} (0..{len(states) - 1})")
-        pooled = self._pool([states[index] for index in self.hidden_states], features["attention_mask"])
+        else:
+            pooled = self._pool([states[index] for index in self.hidden_states], features["attention_mask"])
         features["sentence_embedding"] = pooled
         return features
 
@@ -182,10 +195,16 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
 
 
 def export(out, calibrator=None, *, model: str | None = None, pooling: str | None = None, layers=None,
-           normalize: bool = False, max_length: int = defaults.MAX_LENGTH) -> str:
+           normalize: bool = False, max_length: int = defaults.MAX_LENGTH, onnx: bool | None = None) -> str:
     """Write `build_model(...)` (same arguments) as a model folder at `out`; returns its path.
 
-    Load it with `load_model(out)` (or `SentenceTransformer(out)` when it names only stock classes).
+    Load it with `load_model(out)` (or `SentenceTransformer(out)` when it names only stock classes); the
+    folder's `onnx/model.onnx` lets either load it with `backend="onnx"`, the calibration applied after the
+    pooling as with the torch backend.
+
+    Args:
+        onnx: write `onnx/model.onnx` (the transformer up to the pooled states, `flowcore.integrations.onnx`);
+            None: when the `onnx` extra is installed.
 
     Example:
         >>> export("st-model", "model.flow", normalize=True)
@@ -193,11 +212,40 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; give a new folder for the model")
+    if onnx:
+        from flowcore.integrations.onnx import require_onnx
+
+        require_onnx()
+    elif onnx is None:
+        onnx = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
+    if isinstance(calibrator, (str, os.PathLike)):
+        calibrator = load(calibrator)
     st_model = build_model(calibrator, model=model, pooling=pooling, layers=layers, normalize=normalize,
                            max_length=max_length)
     with quiet_transformers():
         st_model.save(str(out), create_model_card=False)
+    if onnx:
+        _write_transformer_graph(out / ONNX_GRAPH, choose_encoder(calibrator, model, pooling, layers),
+                                 st_model[0].tokenizer)
     return str(out)
+
+
+def _write_transformer_graph(path: Path, chosen, tokenizer) -> None:
+    """The graph sentence-transformers' ONNX backend runs (optimum's layout): input_ids, attention_mask
+    [, token_type_ids] -> last_hidden_state, the states the pooling averages (`PooledTokenStates`)."""
+    from flowcore.integrations.onnx import write_graph
+    from flowcore.text.pooled_encoder import PooledTokenStates, load_model_for_export
+
+    model, num_layers = load_model_for_export(chosen.source, chosen.pooling)
+    accepted = inspect.signature(model.forward).parameters
+    names = [name for name in tokenizer.model_input_names if name in accepted]
+    ids = torch.tensor([[2, 3, 4, 5, 6], [2, 3, 4, 0, 0]])
+    example = {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)}
+    path.parent.mkdir(exist_ok=True)
+    write_graph(PooledTokenStates(model, chosen.pooling, num_layers), path, {name: example[name] for name in names},
+                {name: {0: "batch_size", 1: "sequence_length"} for name in names}, "last_hidden_state",
+                {"flowcore.pooling": chosen.pooling.name,
+                 "flowcore.hidden_states": ",".join(map(str, chosen.pooling.hidden_states))})
 
 
 def needs_trust_remote_code(folder) -> bool:
