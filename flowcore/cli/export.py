@@ -83,10 +83,12 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--whitening-dim, --whitening-power and --max-rows apply to --whitening, not to --calibrator")
     if args.format != "onnx" and (args.calibrator_only or args.quantize is not None):
         raise CLIError("--calibrator-only and --quantize apply to --format onnx, not to --format st")
-    if args.format == "onnx":  # the missing extra is named before any work
+    if args.format == "onnx":  # a missing extra is named before any work
         from flowcore.integrations.onnx import require_onnx
 
         require_onnx()
+    else:
+        from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
     if args.whitening is not None:
         settings = {"dim": args.whitening_dim, "power": args.whitening_power}
         whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
@@ -103,8 +105,6 @@ def run(args: argparse.Namespace) -> int:
         what = f"{calibrator.name} {args.calibrator}"
     if args.format == "onnx":
         return _export_onnx(args, calibrator, what)
-    from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
-
     out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
                  max_length=args.max_length)
     how = (f"flowcore.integrations.sentence_transformers.load_model({out!r})  (needs flowcore installed; "
