@@ -131,28 +131,30 @@ def write_graph(module: nn.Module, path, example: dict, dynamic: dict, output: s
 
 def quantize_graph(source, target, keep_float: tuple[str, ...] = ()) -> str:
     """`source` dynamically quantised to int8 by onnxruntime (`quantize_dynamic`) into `target`; returns the
-    weight type. The MatMuls with uint8 weights per channel, but for the feed-forward up-projections (as
-    `Encoder(quantize="int8")` does) and those whose weight's name starts with one of `keep_float`."""
+    weight type. As `Encoder(quantize="int8")` quantises: the MatMuls, with weights per channel, int8 where this
+    CPU has VNNI and uint8 elsewhere (`flowcore.text.quantize.weight_type`), but for the feed-forward
+    up-projections and those whose weight's name starts with one of `keep_float`."""
     import onnx
 
     require("onnxruntime.quantization", _FEATURE, "onnx")
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from flowcore.text.quantize import widening_matmuls
+    from flowcore.text.quantize import cpu_flags, weight_type, widening_matmuls
 
     graph = onnx.load(str(source))
     kept = [node.name for node in graph.graph.node
             if node.op_type == "MatMul" and any(name.startswith(keep_float) for name in node.input)]
+    weights = weight_type(cpu_flags())
     with tempfile.TemporaryDirectory(prefix="flowcore-int8-") as folder, _quiet_exporters():
         quantized = os.path.join(folder, "int8.onnx")
         quantize_dynamic(str(source), quantized, op_types_to_quantize=["MatMul"], per_channel=True,
                          reduce_range=False, nodes_to_exclude=widening_matmuls(graph) + kept,
-                         weight_type=QuantType.QUInt8,
+                         weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
                          extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
         with open(quantized, "rb") as handle:
             data = handle.read()
     atomic_write(target, lambda stream: stream.write(data))
-    return "uint8"
+    return weights
 
 
 def _check_out(out) -> Path:

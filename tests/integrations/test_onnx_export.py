@@ -176,7 +176,8 @@ def test_int8(bert, sentences, tmp_path):
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= operators  # the encoder's matrix products
     assert any(node.op_type == "MatMul" and "calibration.matrix" in node.input for node in graph.graph.node)
     manifest = json.loads((tmp_path / "int8" / "flowcore.json").read_text())
-    assert manifest["quantize"] == "int8" and manifest["quantized_weights"] == "uint8"
+    from flowcore.text.quantize import cpu_flags, weight_type
+    assert manifest["quantize"] == "int8" and manifest["quantized_weights"] == weight_type(cpu_flags())
     got, float32 = run_graph(tmp_path / "int8", sentences[:50]), run_graph(tmp_path / "float", sentences[:50])
     assert not np.array_equal(got, float32)
     cosines = (got * float32).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(float32, axis=1))
