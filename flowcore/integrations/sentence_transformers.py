@@ -4,7 +4,8 @@
 calibration, optional `Normalize`) whose `encode` matches `Encoder.encode` + the calibrator's `transform` to
 float32 rounding. A linear calibration with `mean`/`cls` pooling uses stock modules only; the flow (`FlowModule`)
 and the other poolings (`LayerPooling`) need `load_model(out)`, which checks the folder before setting
-`trust_remote_code`. No code is copied into the folder, and an encoder with an `auto_map` is refused.
+`trust_remote_code`. No code is copied into the folder, and an encoder with an `auto_map` is refused. With the
+`onnx` extra the folder also holds `onnx/model.onnx`, which sentence-transformers' `backend="onnx"` runs.
 """
 from __future__ import annotations
 
