@@ -50,7 +50,7 @@ def register(subparsers) -> None:
     parser.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
                         help="with --format onnx: int8, the encoder's matrix products dynamically quantised by "
                         "ONNX Runtime (faster on the CPU, a little less accurate: docs/benchmarks.md); the "
-                        "calibration stays float32. Not given: float32")
+                        "calibration stays float32 (so not with --calibrator-only). Not given: float32")
     parser.add_argument("--model", default=None,
                         help="'default', a local model folder or a cached Hugging Face name (default: the "
                         "calibrator's encoder; for --whitening, 'default')")

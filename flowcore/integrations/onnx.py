@@ -250,7 +250,10 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
     if calibrator_only:
         if calibrator is None:
             raise ValueError("calibrator_only exports a calibrator's graph: give a calibrator")
-        return _export_calibrator(out, calibrator, normalize, quantize)
+        if quantize is not None:
+            raise ValueError("quantize int8 quantises the encoder's matrix products and keeps the calibration "
+                             "float32: a calibrator-only graph has nothing to quantise")
+        return _export_calibrator(out, calibrator, normalize)
     chosen = choose_encoder(calibrator, model, pooling, layers)
     return _export_encoder(out, calibrator, chosen, normalize, max_length, quantize)
 
@@ -273,21 +276,17 @@ def _finish(out: Path, staged: Path, manifest: dict) -> str:
     return str(out)
 
 
-def _export_calibrator(out: Path, calibrator: Calibrator, normalize: bool, quantize) -> str:
+def _export_calibrator(out: Path, calibrator: Calibrator, normalize: bool) -> str:
     dim, output_dim = calibrator.dim, calibrator.output_dim
     module = CalibrationGraph(calibrator.as_module(), normalize)
     with tempfile.TemporaryDirectory(prefix="flowcore-export-") as folder:
         staged = Path(folder) / "staged"
         staged.mkdir()
-        graph, weights = staged / CALIBRATOR_GRAPH, None
-        target = Path(folder) / "float.onnx" if quantize else graph
-        write_graph(module, target, {"embeddings": torch.zeros(2, dim)}, {"embeddings": {0: "batch"}}, "calibrated",
-                    {"flowcore.calibrator": calibrator.name})
-        if quantize:
-            weights = quantize_graph(target, graph)
+        write_graph(module, staged / CALIBRATOR_GRAPH, {"embeddings": torch.zeros(2, dim)},
+                    {"embeddings": {0: "batch"}}, "calibrated", {"flowcore.calibrator": calibrator.name})
         manifest = _manifest(CALIBRATOR_GRAPH, {"embeddings": {"dtype": "float32", "shape": ["batch", dim]}},
                              {"name": "calibrated", "dtype": "float32", "shape": ["batch", output_dim]},
-                             calibrator, normalize, quantize, weights)
+                             calibrator, normalize, None, None)
         manifest["encoder"] = calibrator.provenance.to_json() if calibrator.provenance is not None else None
         return _finish(out, staged, manifest)
 
@@ -295,13 +294,14 @@ def _export_calibrator(out: Path, calibrator: Calibrator, normalize: bool, quant
 def _export_encoder(out: Path, calibrator, chosen, normalize: bool, max_length: int, quantize) -> str:
     from flowcore.calibration.modules import Passthrough
     from flowcore.text.encoder import Encoder
+    from flowcore.text.loading import load as load_encoder_model
     from flowcore.text.pooled_encoder import PooledEncoder, load_model_for_export
 
     encoder = Encoder(chosen.model_id, pooling=chosen.pooling.name, max_length=max_length, device="cpu")
-    loaded = encoder._loaded
-    model, num_layers = load_model_for_export(chosen.source, encoder._pooling)
+    loaded = load_encoder_model(chosen.source, torch.device("cpu"), None)  # the encoder's (shared) tokenizer
+    model, num_layers = load_model_for_export(chosen.source, chosen.pooling)
     calibration = calibrator.as_module() if calibrator is not None else Passthrough(encoder.dim)
-    module = CalibratedEncoder(PooledEncoder(model, encoder._pooling, num_layers), calibration, normalize)
+    module = CalibratedEncoder(PooledEncoder(model, chosen.pooling, num_layers), calibration, normalize)
     names = [name for name in ("input_ids", "attention_mask", "token_type_ids")
              if name in loaded.input_names or name == "attention_mask"]
     ids = torch.tensor([[2, 3, 4, 5, 6], [2, 3, 4, 0, 0]])

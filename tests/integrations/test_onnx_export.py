@@ -211,7 +211,9 @@ def test_errors(bert, sentences, tmp_path):
         flowcore_onnx.export(tmp_path / "d", flow, quantize="int4")
     with pytest.raises(ValueError, match="give a calibrator"):
         flowcore_onnx.export(tmp_path / "e", calibrator_only=True)
-    assert not any((tmp_path / name).exists() for name in "abcde")
+    with pytest.raises(ValueError, match="a calibrator-only graph has nothing to quantise"):
+        flowcore_onnx.export(tmp_path / "f", flow, calibrator_only=True, quantize="int8")
+    assert not any((tmp_path / name).exists() for name in "abcdef")
 
 
 def test_cli(bert, sentences, tmp_path, capsys):
