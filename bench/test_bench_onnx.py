@@ -121,7 +121,7 @@ def test_onnx_export_throughput_and_int8_cost(engines, pairs, record, measure, g
         measure("onnx-export STS-B Spearman x100", label, value, "")
     float_gap = np.abs(outputs["onnx-float"] - outputs["flowcore"]).max()
     goal("onnx export float: ONNX graph / flowcore encoder + calibrator", median["flowcore"] / median["onnx-float"],
-         1.0, how=f"sentences/s, {len(texts)} STS-B test sentences, mean pooling + whitening; max |diff| "
+         1.0, how=f"sentences/s, {len(texts)} STS-B test sentences, mean pooling + whitening; largest difference "
          f"{float_gap:.1e}")
     goal("onnx export float: ONNX graph / sentence-transformers ONNX backend + torch calibration",
          median["st-onnx"] / median["onnx-float"], 1.0, how="sentences/s, same graph body, batches of 64")
