@@ -8,7 +8,8 @@ from types import ModuleType
 __all__ = ["EXTRAS", "MissingExtraError", "require"]
 
 EXTRAS = {
-    "onnx": "int8 encoding on the CPU (`--quantize int8`): onnxruntime, onnx, onnxscript",
+    "onnx": "ONNX export (`flowcore export --format onnx`) and int8 encoding on the CPU (`--quantize int8`): "
+            "onnxruntime, onnx, onnxscript",
     "ray": "the Ray Data engine (`flowcore calibrate --engine ray`, `flowcore.ray`): ray[data]",
     "st": "sentence-transformers model folders (`flowcore export`): sentence-transformers",
     "mteb": "the MTEB adapter (`flowcore.integrations.mteb`): mteb",

@@ -107,3 +107,9 @@ def test_every_python_block_runs(page, tmp_path, monkeypatch):
     for example in Sybil([PythonCodeBlockParser(), SkipParser()]).parse(page):
         example.evaluate()
     assert set(REPO.iterdir()) == before, "a block wrote into the checkout (a relative path resolved elsewhere)"
+
+
+def test_the_deploy_page_shows_the_example_script_itself():
+    """docs/deploy.md shows docs/examples/deploy_onnx.py (which CI runs without torch or flowcore) verbatim."""
+    script = (REPO / "docs" / "examples" / "deploy_onnx.py").read_text(encoding="utf-8")
+    assert f"```python\n{script}```" in (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")

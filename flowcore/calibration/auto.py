@@ -131,6 +131,15 @@ class AutoCalibration(LinearCalibrator):
             return _rows(rows, self.dim, self.name, row_offset)
         return super()._map_chunk(rows, row_offset)
 
+    def as_module(self):
+        """The chosen map: whitening's `LinearMap`, or for none a `Passthrough` (see `Calibrator.as_module`)."""
+        self._fitted()
+        if self.choice == "none":
+            from flowcore.calibration.modules import Passthrough
+
+            return Passthrough(self.dim).eval()
+        return super().as_module()
+
     def _matrix_problem(self) -> str | None:
         if self.choice not in CHOICES:
             return f"unknown choice {self.choice!r}; auto chooses {' or '.join(CHOICES)}"

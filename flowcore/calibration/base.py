@@ -74,6 +74,17 @@ class Calibrator(ABC):
         """Width of the vectors returned (that of the vectors taken, unless a method changes it)."""
         return self.dim
 
+    @abstractmethod
+    def as_module(self):
+        """The fitted map as a frozen, forward-only `torch.nn.Module`: float32 (batch, dim) -> (batch, output_dim)
+        with matrix products and elementwise ops only (`flowcore.calibration.modules`), equal to `transform` to
+        float32 rounding; it traces and exports (e.g. to ONNX) and runs inside other models.
+
+        Example:
+            >>> module = flowcore.load("model.flow").as_module()
+            >>> Z = module(torch.from_numpy(X)).numpy()     # ≈ transform(X)
+        """
+
     def save(self, path) -> None:
         """Write the fitted calibrator to one file (safetensors + JSON header, atomically)."""
         from flowcore.calibration.flow_file import save_flow

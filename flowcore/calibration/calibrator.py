@@ -245,6 +245,13 @@ class FlowCalibrator(Calibrator):
         """Map calibrated vectors back to the embedding space (refused as `transform` refuses)."""
         return self._map(Z, inverse=True, chunk_rows=chunk_rows)
 
+    def as_module(self):
+        """The standardizer and the Glow's forward with folded weights, as a float32 `FlowMap` (see
+        `Calibrator.as_module`): no inverse, no log-det."""
+        from flowcore.calibration.modules import FlowMap
+
+        return FlowMap(self._fitted(), self.standardizer).eval()
+
     def _contents(self) -> tuple[dict, dict]:
         flow = self._fitted()
         info = {

@@ -145,6 +145,12 @@ class LinearCalibrator(Calibrator):
     def _map_chunk(self, rows, row_offset: int) -> np.ndarray:
         return (_rows(rows, self.dim, self.name, row_offset) - self.mean) @ self.matrix
 
+    def as_module(self):
+        """x -> (x − μ)·W as a float32 `LinearMap` (see `Calibrator.as_module`)."""
+        from flowcore.calibration.modules import LinearMap
+
+        return LinearMap(self.mean, self._fitted()).eval()
+
     def _contents(self) -> tuple[dict, dict]:
         import torch
 
@@ -220,6 +226,12 @@ class Identity(Calibrator):
         width = np.shape(X)[1] if self._dim is None and np.ndim(X) == 2 else self._dim  # unfitted: any width
         return self._map_chunks(X, lambda rows, row_offset: _rows(rows, self._dim, self.name, row_offset),
                                 defaults.TRANSFORM_CHUNK_ROWS, output_dim=width)
+
+    def as_module(self):
+        """x -> x as a `Passthrough` module (see `Calibrator.as_module`)."""
+        from flowcore.calibration.modules import Passthrough
+
+        return Passthrough(self.dim).eval()
 
     def _contents(self) -> tuple[dict, dict]:
         return {}, {"settings": {}, "fit": {"dim": self.dim}}

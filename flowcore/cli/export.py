@@ -1,5 +1,6 @@
-"""`flowcore export`: a fitted calibrator (a calibrator file, or a whitening fitted here) as a
-complete sentence-transformers model folder (see flowcore.integrations.sentence_transformers)."""
+"""`flowcore export`: a fitted calibrator (a calibrator file, or a whitening fitted here) as a complete
+sentence-transformers model folder (`--format st`, flowcore.integrations.sentence_transformers) or as one ONNX
+graph from token ids to calibrated vectors (`--format onnx`, flowcore.integrations.onnx)."""
 from __future__ import annotations
 
 import argparse
@@ -19,16 +20,23 @@ from flowcore.cli.arguments import (
 from flowcore.cli.fit import encode_sample
 from flowcore.text.pooling import NAMED_POOLINGS
 
+FORMATS = ("st", "onnx")
+QUANTIZE_MODES = ("int8",)
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="write a sentence-transformers model folder: encoder + pooling + calibration [+ Normalize]",
-        description="Write a complete sentence-transformers model folder: the encoder's transformer and tokenizer, "
-        "the pooling, the calibration and optionally Normalize. A linear calibration (a stock Dense layer) with mean "
-        "or cls pooling loads with SentenceTransformer(FOLDER) alone; a flow, or another pooling, needs flowcore's "
+        help="write a sentence-transformers model folder or an ONNX graph: encoder + pooling + calibration "
+        "[+ normalisation]",
+        description="Write a complete sentence-transformers model folder (--format st): the encoder's transformer "
+        "and tokenizer, the pooling, the calibration and optionally Normalize, with onnx/model.onnx for "
+        "backend='onnx'. A linear calibration (a stock Dense layer) with mean or cls pooling loads with "
+        "SentenceTransformer(FOLDER) alone; a flow, or another pooling, needs flowcore's "
         "flowcore.integrations.sentence_transformers.load_model(FOLDER), which checks the folder before passing "
-        "trust_remote_code=True (passing that flag yourself trusts every file in the folder).",
+        "trust_remote_code=True (passing that flag yourself trusts every file in the folder). Or write one ONNX "
+        "graph from token ids to calibrated vectors (--format onnx): FOLDER/model.onnx, the tokenizer files and "
+        "flowcore.json, which onnxruntime runs without Python, torch or flowcore (docs/deploy.md).",
     )
     calibration = parser.add_mutually_exclusive_group(required=True)
     calibration.add_argument("--calibrator", metavar="FILE",
@@ -38,13 +46,25 @@ def register(subparsers) -> None:
                              help="fit BERT-whitening on this text corpus (.txt, .jsonl, .csv, .parquet) and export "
                              "it as a stock Dense layer")
     parser.add_argument("--out", required=True, help="the model folder to write (new or empty)")
+    parser.add_argument("--format", choices=FORMATS, default="st",
+                        help="st: a sentence-transformers model folder; onnx: FOLDER/model.onnx, inputs input_ids, "
+                        "attention_mask [, token_type_ids] (int64, batch x sequence), output sentence_embedding "
+                        "(float32, batch x dim), with the tokenizer files and flowcore.json")
+    parser.add_argument("--calibrator-only", action="store_true",
+                        help="with --format onnx: FOLDER/calibrator.onnx alone, input embeddings (float32, batch x "
+                        "dim) -> calibrated, for vectors that come from elsewhere")
+    parser.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
+                        help="with --format onnx: int8, the encoder's matrix products dynamically quantised by "
+                        "ONNX Runtime (faster on the CPU, a little less accurate: docs/benchmarks.md); the "
+                        "calibration stays float32 (so not with --calibrator-only). Not given: float32")
     parser.add_argument("--model", default=None,
                         help="'default', a local model folder or a cached Hugging Face name (default: the "
                         "calibrator's encoder; for --whitening, 'default')")
     parser.add_argument("--pooling", default=None,
                         help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (default: the calibrator's "
                         f"pooling; for --whitening, {POOLING_DEFAULT})")
-    parser.add_argument("--normalize", action="store_true", help="append Normalize (unit-length vectors)")
+    parser.add_argument("--normalize", action="store_true",
+                        help="unit-length vectors (st: append Normalize; onnx: L2 normalisation in the graph)")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts are truncated to this many tokens, as by flowcore encode")
     parser.add_argument("--whitening-dim", type=int, default=None, metavar="K",
@@ -68,14 +88,20 @@ def run(args: argparse.Namespace) -> int:
     whitening_only = (args.whitening_dim, args.whitening_power, args.max_rows)
     if args.calibrator is not None and any(value is not None for value in whitening_only):
         raise CLIError("--whitening-dim, --whitening-power and --max-rows apply to --whitening, not to --calibrator")
-    from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
+    if args.format != "onnx" and (args.calibrator_only or args.quantize is not None):
+        raise CLIError("--calibrator-only and --quantize apply to --format onnx, not to --format st")
+    if args.format == "onnx":  # a missing extra is named before any work
+        from flowcore.integrations.onnx import require_onnx
 
+        require_onnx()
+    else:
+        from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
     if args.whitening is not None:
         settings = {"dim": args.whitening_dim, "power": args.whitening_power}
         whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
         vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr,
                                                    model=args.model or defaults.MODEL,
-                                                   pooling=args.pooling)
+                                                   pooling=args.pooling, quantize=None)
         warning = small_corpus_warning(distinct, vectors.shape[1], "--whitening CORPUS")
         if warning is not None:
             print(f"flowcore export: warning: {warning}", file=sys.stderr)
@@ -84,10 +110,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         calibrator = load(args.calibrator)
         what = f"{calibrator.name} {args.calibrator}"
+    if args.format == "onnx":
+        return _export_onnx(args, calibrator, what)
     out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
                  max_length=args.max_length)
     how = (f"flowcore.integrations.sentence_transformers.load_model({out!r})  (needs flowcore installed; "
            "SentenceTransformer(..., trust_remote_code=True) would trust every file in the folder)"
            if needs_trust_remote_code(out) else f"SentenceTransformer({out!r})")
     print(f"wrote {out} ({what}); load it with {how}")
+    return 0
+
+
+def _export_onnx(args: argparse.Namespace, calibrator, what: str) -> int:
+    from flowcore.integrations.onnx import CALIBRATOR_GRAPH, GRAPH, export
+
+    if args.calibrator_only and (args.model is not None or args.pooling is not None):
+        raise CLIError("--calibrator-only writes the calibration alone: --model and --pooling do not apply")
+    out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
+                 max_length=args.max_length, quantize=args.quantize, calibrator_only=args.calibrator_only)
+    graph = CALIBRATOR_GRAPH if args.calibrator_only else GRAPH
+    int8 = ", int8" if args.quantize else ""
+    print(f"wrote {out}/{graph} ({what}{int8}) and {out}/flowcore.json; run it with onnxruntime "
+          f"(docs/deploy.md)")
     return 0

@@ -4,14 +4,16 @@
 calibration, optional `Normalize`) whose `encode` matches `Encoder.encode` + the calibrator's `transform` to
 float32 rounding. A linear calibration with `mean`/`cls` pooling uses stock modules only; the flow (`FlowModule`)
 and the other poolings (`LayerPooling`) need `load_model(out)`, which checks the folder before setting
-`trust_remote_code`. No code is copied into the folder, and an encoder with an `auto_map` is refused.
+`trust_remote_code`. No code is copied into the folder, and an encoder with an `auto_map` is refused. With the
+`onnx` extra the folder also holds `onnx/model.onnx`, which sentence-transformers' `backend="onnx"` runs.
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -22,20 +24,32 @@ require("sentence_transformers", "the sentence-transformers integration (flowcor
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Dense, Module, Normalize, Transformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling as STPooling  # noqa: E402
-from transformers import AutoConfig  # noqa: E402
 
 from flowcore import defaults  # noqa: E402
 from flowcore.calibration.base import Calibrator, load  # noqa: E402
-from flowcore.calibration.flow_file import EncoderProvenance, check_encoder_fits  # noqa: E402
-from flowcore.text.loading import quiet_transformers, resolve_model, token_limit  # noqa: E402
-from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling  # noqa: E402
+from flowcore.integrations.recorded_encoder import choose_encoder, read_json, refuse_auto_map  # noqa: E402
+from flowcore.text.loading import quiet_transformers, token_limit  # noqa: E402
+from flowcore.text.pooling import Pooling  # noqa: E402
 
-__all__ = ["FLOW_FILE", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense", "load_model"]
+__all__ = ["FLOW_FILE", "ONNX_GRAPH", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense",
+           "load_model"]
 
 FLOW_FILE = "flow.safetensors"
 """The calibrator's flow file inside the `FlowModule` module folder."""
+ONNX_GRAPH = "onnx/model.onnx"
+"""The transformer's ONNX graph in the model folder, where `backend="onnx"` finds it."""
 _STOCK_POOLINGS = ("mean", "cls")  # flowcore poolings that sentence-transformers' Pooling has, by the same name
 _OWN_CLASSES = ("FlowModule", "LayerPooling")
+
+
+def _pooling_of_averaged_states(first_token: bool) -> Pooling:
+    """The pooling of states already averaged over the hidden states (`Pooling.token_states`)."""
+    return Pooling(name="token-states", hidden_states=(0,), first_token=first_token)
+
+
+def _stock_pooling(pooling: Pooling) -> bool:
+    """Whether sentence-transformers' own `Pooling` pools as the bound flowcore `pooling` does."""
+    return pooling.name in _STOCK_POOLINGS
 
 
 class FlowModule(Module):
@@ -58,22 +72,12 @@ class FlowModule(Module):
         self.embedding_dimension = calibrator.dim  # raises if the calibrator is not fitted
         self.flow_config = calibrator.config
         self.encoder = calibrator.provenance.to_json() if calibrator.provenance is not None else None
-        # registered, so that SentenceTransformer.to(device) moves them (the calibrator holds the same objects)
-        self.flow = calibrator.flow
-        self.standardizer = calibrator.standardizer
-        self.requires_grad_(False)
-        self.train(False)
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.flow.eval()  # frozen calibration: never ActNorm initialisation, always the folded inference path
-        return self
+        # registered, so that SentenceTransformer.to(device) moves it; plain ops: gradients pass to the encoder
+        self.flow = calibrator.as_module()
 
     def forward(self, features: dict, **kwargs) -> dict:
         x = features["sentence_embedding"]
-        dtype = next(self.flow.parameters()).dtype
-        z = self.calibrator._forward(x.to(dtype))
-        features["sentence_embedding"] = z.to(x.dtype)
+        features["sentence_embedding"] = self.flow(x.float()).to(x.dtype)
         return features
 
     def get_embedding_dimension(self) -> int:
@@ -97,7 +101,9 @@ class FlowModule(Module):
 class LayerPooling(Module):
     """flowcore's poolings as a sentence-transformers module, pooling exactly as `flowcore.Encoder`.
 
-    Reads `features["all_layer_embeddings"]`: the transformer must run with `output_hidden_states`.
+    Reads `features["all_layer_embeddings"]` (the transformer runs with `output_hidden_states`); under
+    `backend="onnx"`, which returns no hidden states, `features["token_embeddings"]`, which the folder's
+    onnx/model.onnx computes as the mean of the pooled hidden states per token (`export` writes it).
 
     Args:
         pooling: the canonical pooling name (`flowcore.text.pooling`), e.g. "first-last-avg".
@@ -118,13 +124,14 @@ class LayerPooling(Module):
 
     def forward(self, features: dict, **kwargs) -> dict:
         states = features.get("all_layer_embeddings")
-        if states is None:
-            raise ValueError(f"LayerPooling({self.pooling!r}) needs every hidden state: the transformer before it "
-                             "must run with output_hidden_states (config_kwargs={'output_hidden_states': True})")
-        if max(self.hidden_states) >= len(states):
+        if states is None:  # backend="onnx": the folder's onnx/model.onnx returns the states' mean per token
+            averaged = _pooling_of_averaged_states(self.first_token)
+            pooled = averaged([features["token_embeddings"]], features["attention_mask"])
+        elif max(self.hidden_states) >= len(states):
             raise ValueError(f"LayerPooling({self.pooling!r}) needs hidden state {max(self.hidden_states)}, "
                              f"but the transformer gives {len(states)} (0..{len(states) - 1})")
-        pooled = self._pool([states[index] for index in self.hidden_states], features["attention_mask"])
+        else:
+            pooled = self._pool([states[index] for index in self.hidden_states], features["attention_mask"])
         features["sentence_embedding"] = pooled
         return features
 
@@ -169,56 +176,36 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
     """
     if isinstance(calibrator, (str, os.PathLike)):
         calibrator = load(calibrator)
-    recorded: EncoderProvenance | None = calibrator.provenance if calibrator is not None else None
-    requested_model = model
-    if model is None:
-        if calibrator is not None and recorded is None:
-            raise ValueError(f"the {calibrator.name} calibrator records no encoder (it was fitted on raw "
-                             "embeddings); pass the model and pooling of the encoder that produced them")
-        model = recorded.model if recorded is not None else defaults.MODEL
-    if pooling is None:
-        pooling = recorded.pooling if recorded is not None and layers is None else defaults.POOLING
-    kind, requested = parse_pooling(pooling, layers)  # checked before any model is loaded
-    model_id, source = resolve_model(model)
-    needs_layers = kind not in _STOCK_POOLINGS
-    try:  # checks come before the weights are loaded
-        config = AutoConfig.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError) as error:
-        raise FileNotFoundError(f"could not read the configuration of model {model_id!r} (flowcore never downloads "
-                                f"models; pass a local folder or a name in the Hugging Face cache): {error}") from None
-    if getattr(config, "auto_map", None):
-        raise ValueError(f"encoder {model_id!r}: its config.json has an 'auto_map' (remote code); flowcore never "
-                         "runs remote code, so it does not export such a model")
-    if os.path.isdir(source):
-        for path in sorted(Path(source).glob("*.json")):
-            _refuse_auto_map(path, f"encoder {model_id!r}", "; flowcore never runs remote code, so it does not "
-                             "export such a model")
-    dim = int(config.hidden_size)
-    bound = bind_pooling(kind, requested, int(config.num_hidden_layers))
+    chosen = choose_encoder(calibrator, model, pooling, layers)
+    bound, dim, source = chosen.pooling, chosen.dim, chosen.source
+    needs_layers = not _stock_pooling(bound)
     calibration = []  # FlowModule for the flow, a stock Dense for the linear methods, nothing for "none"
-    if calibrator is not None:  # the encoder as described by its config: no weights loaded yet
-        check_encoder_fits(recorded, calibrator.dim, SimpleNamespace(model_id=model_id, pooling=bound.name, dim=dim),
-                           requested_model, what=f"the {calibrator.name} calibrator")
-        if calibrator.name == "flow":
-            calibration.append(FlowModule(calibrator))
-        elif calibrator.name != "none":
-            calibration.append(linear_dense(calibrator))
+    if calibrator is not None and calibrator.name == "flow":
+        calibration.append(FlowModule(calibrator))
+    elif calibrator is not None and calibrator.name != "none":
+        calibration.append(linear_dense(calibrator))
     local = {"local_files_only": True}
     with quiet_transformers():
         transformer = Transformer(source, model_kwargs=dict(local), processor_kwargs=dict(local),
                                   config_kwargs={**local, **({"output_hidden_states": True} if needs_layers else {})})
-    transformer.max_seq_length = token_limit(config, transformer.tokenizer, max_length)
+    transformer.max_seq_length = token_limit(chosen.config, transformer.tokenizer, max_length)
     pooler = (LayerPooling(bound.name, list(bound.hidden_states), dim, bound.first_token) if needs_layers
-              else STPooling(dim, pooling_mode=kind))
+              else STPooling(dim, pooling_mode=bound.name))
     modules = [transformer, pooler, *calibration, *([Normalize()] if normalize else [])]
     return SentenceTransformer(modules=modules, device=device)
 
 
 def export(out, calibrator=None, *, model: str | None = None, pooling: str | None = None, layers=None,
-           normalize: bool = False, max_length: int = defaults.MAX_LENGTH) -> str:
+           normalize: bool = False, max_length: int = defaults.MAX_LENGTH, onnx: bool | None = None) -> str:
     """Write `build_model(...)` (same arguments) as a model folder at `out`; returns its path.
 
-    Load it with `load_model(out)` (or `SentenceTransformer(out)` when it names only stock classes).
+    Load it with `load_model(out)` (or `SentenceTransformer(out)` when it names only stock classes); the
+    folder's `onnx/model.onnx` lets either load it with `backend="onnx"`, the calibration applied after the
+    pooling as with the torch backend.
+
+    Args:
+        onnx: write `onnx/model.onnx` (the transformer up to the pooled states, `flowcore.integrations.onnx`);
+            None: when the `onnx` extra is installed.
 
     Example:
         >>> export("st-model", "model.flow", normalize=True)
@@ -226,11 +213,40 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; give a new folder for the model")
+    if onnx:
+        from flowcore.integrations.onnx import require_onnx
+
+        require_onnx()
+    elif onnx is None:
+        onnx = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
+    if isinstance(calibrator, (str, os.PathLike)):
+        calibrator = load(calibrator)
     st_model = build_model(calibrator, model=model, pooling=pooling, layers=layers, normalize=normalize,
                            max_length=max_length)
     with quiet_transformers():
         st_model.save(str(out), create_model_card=False)
+    if onnx:
+        _write_transformer_graph(out / ONNX_GRAPH, choose_encoder(calibrator, model, pooling, layers),
+                                 st_model[0].tokenizer)
     return str(out)
+
+
+def _write_transformer_graph(path: Path, chosen, tokenizer) -> None:
+    """The graph sentence-transformers' ONNX backend runs (optimum's layout): input_ids, attention_mask
+    [, token_type_ids] -> last_hidden_state, the states the pooling averages (`PooledTokenStates`)."""
+    from flowcore.integrations.onnx import write_graph
+    from flowcore.text.pooled_encoder import PooledTokenStates, load_model_for_export
+
+    model, num_layers = load_model_for_export(chosen.source, chosen.pooling)
+    accepted = inspect.signature(model.forward).parameters
+    names = [name for name in tokenizer.model_input_names if name in accepted]
+    ids = torch.tensor([[2, 3, 4, 5, 6], [2, 3, 4, 0, 0]])
+    example = {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)}
+    path.parent.mkdir(exist_ok=True)
+    write_graph(PooledTokenStates(model, chosen.pooling, num_layers), path, {name: example[name] for name in names},
+                {name: {0: "batch_size", 1: "sequence_length"} for name in names}, "last_hidden_state",
+                {"flowcore.pooling": chosen.pooling.name,
+                 "flowcore.hidden_states": ",".join(map(str, chosen.pooling.hidden_states))})
 
 
 def needs_trust_remote_code(folder) -> bool:
@@ -270,48 +286,18 @@ def _module_entries(folder) -> list[dict]:
 _IDENTITY_ACTIVATIONS = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
 
 
-def _find_key(value, key: str, where: str = "") -> str | None:
-    """The path (e.g. "a.b[0]") of the first `key` in the JSON value at any depth, or None."""
-    if isinstance(value, dict):
-        for name, item in value.items():
-            here = f"{where}.{name}" if where else str(name)
-            if name == key:
-                return here
-            if (found := _find_key(item, key, here)) is not None:
-                return found
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            if (found := _find_key(item, key, f"{where}[{index}]")) is not None:
-                return found
-    return None
-
-
-def _read_json(path: Path, what: str):
-    try:
-        with open(path, encoding="utf-8") as stream:
-            return json.load(stream)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{what}: {path} is not a readable JSON file ({error}); refusing to load it") from None
-
-
-def _refuse_auto_map(path: Path, what: str, consequence: str) -> None:
-    if (found := _find_key(_read_json(path, what), "auto_map")) is not None:
-        raise ValueError(f"{what}: {path} has an 'auto_map' key ({found}), which makes transformers run code from "
-                         f"the folder{consequence}")
-
-
 def _check_no_remote_code(folder: Path, entries: list[dict]) -> None:
     """Refuse a folder whose files would run code under `trust_remote_code=True` (see `load_model`)."""
     refusal = ("; load_model refuses it (use SentenceTransformer(..., trust_remote_code=True) only if you trust "
                "every file in the folder)")
     for path in sorted(folder.rglob("*.json")):
         if path.is_file():
-            _refuse_auto_map(path, str(folder), refusal)
+            refuse_auto_map(path, str(folder), refusal)
     for entry in entries:
         config_path = folder / entry.get("path", "") / Dense.config_file_name
         if entry["type"].rsplit(".", 1)[-1] != "Dense" or not config_path.is_file():
             continue  # not a Dense, or an incomplete one (sentence-transformers itself reports it)
-        config = _read_json(config_path, str(folder))
+        config = read_json(config_path, str(folder))
         activation = config.get("activation_function") if isinstance(config, dict) else None
         if activation is not None and activation not in _IDENTITY_ACTIVATIONS:
             raise ValueError(f"{folder}: {config_path} has 'activation_function' {activation!r}, not torch's "

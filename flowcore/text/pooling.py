@@ -46,6 +46,11 @@ class Pooling:
         summed = (averaged * mask).sum(dim=1)
         return summed / (mask.sum(dim=1).clamp(min=1.0) * len(states))
 
+    def token_states(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """The float32 (B, T, D) states this pooling reads per token: the mean of `states` (the first token of
+        each row is the `cls` vector); pooling them alone, as a one-state pooling, gives `self(states)`."""
+        return sum((state.float() for state in states[1:]), states[0].float()) / len(states)
+
 
 def parse_pooling(pooling: str, layers=None) -> tuple[str, tuple[int, ...]]:
     """Check a pooling request before any model is loaded; return (kind, requested indices).

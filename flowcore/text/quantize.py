@@ -13,7 +13,7 @@ import torch
 from flowcore.extras import require
 from flowcore.text.loading import shared
 
-__all__ = ["QUANTIZE_MODES", "QuantizedModel", "check_quantize", "load_quantized", "weight_type"]
+__all__ = ["QUANTIZE_MODES", "QuantizedModel", "check_quantize", "load_quantized", "weight_type", "widening_matmuls"]
 
 QUANTIZE_MODES = ("int8",)
 _FEATURE = "quantize='int8' (--quantize int8)"
@@ -121,7 +121,7 @@ def load_quantized(source: str, input_names: tuple[str, ...], num_layers: int) -
                               dynamic_shapes={name: {0: batch, 1: length} for name in input_names},
                               dynamo=True, external_data=False, verbose=False, report=False)
         quantize_dynamic(fp32, int8, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=False,
-                         nodes_to_exclude=_widening_matmuls(onnx.load(fp32)),
+                         nodes_to_exclude=widening_matmuls(onnx.load(fp32)),
                          weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
                          extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
         with open(int8, "rb") as handle:
@@ -129,7 +129,7 @@ def load_quantized(source: str, input_names: tuple[str, ...], num_layers: int) -
     return QuantizedModel(onnx_model, input_names, weights)
 
 
-def _widening_matmuls(graph_model) -> list[str]:
+def widening_matmuls(graph_model) -> list[str]:
     """The MatMuls whose weight widens the hidden size (the feed-forward up-projections), kept in float32:
     their input, a LayerNorm output under one scale for the batch, loses the most accuracy."""
     shapes = {tensor.name: tuple(tensor.dims) for tensor in graph_model.graph.initializer}

@@ -51,7 +51,7 @@ def flow_file(bert, sentences, tmp_path_factory):
 
 @pytest.mark.parametrize("pooling", ["first-last-avg", "static-avg", "layers=1,2", "last2-avg", "mean", "cls"])
 def test_pooling_matches_the_encoder(bert, sentences, tmp_path, pooling):
-    out = fst.export(tmp_path / "st", model=bert, pooling=pooling)
+    out = fst.export(tmp_path / "st", model=bert, pooling=pooling, onnx=False)  # the ONNX backend: its own tests
     modules = json.loads((tmp_path / "st" / "modules.json").read_text())
     stock = pooling in ("mean", "cls")
     assert fst.needs_trust_remote_code(out) is not stock
@@ -106,7 +106,7 @@ def test_linear_calibrations_are_stock_dense_and_load_without_flowcore(bert, sen
     folders = []
     for label, calibrator in calibrators.items():
         calibrator.fit(encoder.encode(sentences), encoder=encoder)  # records the encoder: export needs no model
-        folders.append(fst.export(tmp_path / label, calibrator, pooling="mean", normalize=True))
+        folders.append(fst.export(tmp_path / label, calibrator, pooling="mean", normalize=True, onnx=False))
         types = [entry["type"] for entry in json.loads((tmp_path / label / "modules.json").read_text())]
         assert all(t.startswith("sentence_transformers.") for t in types), types
         dense = [] if label == "none" else ["Dense"]
