@@ -21,7 +21,7 @@ from flowcore.analysis.isotropy import isotropy
 from flowcore.analysis.lexical import edit_distances, lexical_bias
 from flowcore.calibration.auto import AutoCalibration
 from flowcore.calibration.corpus_size import small_corpus_warning
-from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, build_calibrator, settings_record
+from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, build_calibrator, reported, settings_record
 from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.metrics import cosine_similarity, score_pairs
 from flowcore.validation import check_matrix
@@ -128,8 +128,8 @@ def analyze(
         result["isotropy"][name] = isotropy(calibrated, pairs=random_pairs, seed=seed)
         result["calibrations"][name] = {"settings": settings_record(name, settings),
                                         "seconds": round(time.perf_counter() - started, 3)}
-        if getattr(calibrator, "losses", None):  # the flow's training bits/dim per epoch
-            result["calibrations"][name]["flow_losses"] = [float(loss) for loss in calibrator.losses]
+        if name != "none":  # what the fit did (auto's choice, a flow's losses and held-out scores)
+            result["calibrations"][name].update(reported(calibrator))
         for index, (a, b) in enumerate(mapped):
             similarities[index][name] = cosine_similarity(a, b)
     for given, sims in zip(pairs, similarities):

@@ -81,7 +81,6 @@ def encode_with(encoder, batch_size: int) -> Callable[[list[str]], np.ndarray] |
 def load_encoder(calibrator, model: str | None = None, pooling: str | None = None, quantize: str | None = None,
                  threads: int | None = None, device=None):
     """The `Encoder` for a calibration's text: its recorded model and pooling unless others are asked for."""
-    from flowcore.calibration.flow_file import check_encoder_fits
     from flowcore.text.encoder import Encoder
 
     recorded = calibrator.provenance
@@ -93,7 +92,7 @@ def load_encoder(calibrator, model: str | None = None, pooling: str | None = Non
     pooling = pooling or (recorded.pooling if recorded is not None else None)
     encoder = Encoder(model=requested, threads=threads, device=device, quantize=quantize,
                       **({"pooling": pooling} if pooling else {}))
-    check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, requested)
+    calibrator.check_encoder(encoder, requested)
     return encoder
 
 
@@ -137,7 +136,7 @@ class JobSpec:
 
     def __post_init__(self, actor: bool) -> None:
         from flowcore._fs import file_sha256
-        from flowcore.calibration.flow_file import load_flow
+        from flowcore.calibration.file import read_calibrator_file
 
         if (self.input is None) == (self.embeddings is None):
             raise ValueError("give exactly one of a text corpus (input) or stored embeddings (embeddings)")
@@ -153,7 +152,7 @@ class JobSpec:
         if not isinstance(self.keep_columns, str):  # a string is refused by the source, naming it
             self.keep_columns = tuple(self.keep_columns or ())
         if not os.path.isfile(self.flow):  # missing, a folder or a pipe: the loader's one-line error
-            load_flow(self.flow)
+            read_calibrator_file(self.flow)
         self.flow_sha256 = file_sha256(self.flow)
         self.flow = Path(self.flow).resolve()
 
@@ -205,8 +204,8 @@ class JobSpec:
         recorded = calibrator.provenance
         return {
             "encoder": described,
-            "calibration": {"method": calibrator.name, "path": str(self.flow),
-                            "sha256": self.flow_sha256, "config": getattr(calibrator, "config", None),
+            "calibration": {"method": calibrator.name, "path": str(self.flow), "sha256": self.flow_sha256,
+                            "settings": calibrator.settings(), "config": calibrator.settings().get("config"),
                             "fitted_for": recorded.to_json() if recorded else None},
             "format_versions": {"flow_file": file_version},
         }
@@ -216,14 +215,12 @@ def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=Non
                      requested_model: str | None = None) -> None:
     """Refuse inputs the calibration was not fitted for: embeddings of another width, or text through
     another encoder or pooling than its record (`requested_model`: the name the encoder was asked for)."""
-    from flowcore.calibration.flow_file import check_encoder_fits  # torch: only once a calibration is in hand
-
     if source.kind == "embeddings":
         source.expect_width(calibrator.dim)
         return
     if encoder is None:
         raise ValueError(f"{source.path} is text: an encoder is needed to embed it")
-    check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, requested_model)
+    calibrator.check_encoder(encoder, requested_model)
 
 
 def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray], dim: int,

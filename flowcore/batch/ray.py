@@ -426,7 +426,7 @@ def moments(dataset, column: str = VECTOR_COLUMN):
         column: the vector column.
 
     Example:
-        >>> whitening = flowcore.Whitening.from_moments(flowcore.ray.moments(ds, "embedding"), dim=256)
+        >>> whitening = flowcore.Whitening.from_moments(flowcore.ray.moments(ds, "embedding"), keep=256)
     """
     from flowcore.calibration.moments import Moments, MomentsAccumulator
 

@@ -119,7 +119,7 @@ class AutoCalibration(LinearCalibrator):
                    "sampled_rows": len(sample), "dim": dim, "variance_share": self.variance_share,
                    "rank": len(eigenvalues)}
         if hubness >= self.threshold:
-            whitening = Whitening(dim=dim).fit_moments(moments)
+            whitening = Whitening(keep=dim).fit_moments(moments)
             self.mean, self.matrix, self.choice = whitening.mean, whitening.matrix, "whitening"
         else:
             self.mean, self.matrix, self.choice = np.zeros(moments.dim), np.eye(moments.dim), "none"
@@ -130,6 +130,12 @@ class AutoCalibration(LinearCalibrator):
         if self.choice == "none":
             return _rows(rows, self.dim, self.name, row_offset)
         return super()._map_chunk(rows, row_offset)
+
+    def report(self) -> dict:
+        """`Calibrator.report`, with what auto chose and on what evidence."""
+        self._fitted()
+        return {**super().report(), "choice": self.choice, "signals": dict(self.signals), "reason": self.reason,
+                "summary": f"auto: {self.reason}"}
 
     def as_module(self):
         """The chosen map: whitening's `LinearMap`, or for none a `Passthrough` (see `Calibrator.as_module`)."""

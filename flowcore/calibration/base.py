@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     import numpy as np
 
-    from flowcore.calibration.flow_file import EncoderProvenance
+    from flowcore.calibration.file import EncoderProvenance
 
-__all__ = ["NAMES", "Calibrator", "calibrator_class", "create", "load", "positive_int", "setting_names"]
+__all__ = ["NAMES", "Calibrator", "calibrator_class", "create", "fit_options", "load", "positive_int",
+           "setting_names"]
 
 _CLASSES = {
     "none": "flowcore.calibration.linear:Identity",
     "whitening": "flowcore.calibration.whitening:Whitening",
-    "flow": "flowcore.calibration.calibrator:FlowCalibrator",
+    "flow": "flowcore.calibration.flow:FlowCalibrator",
     "center": "flowcore.calibration.linear:MeanCentering",
     "abtt": "flowcore.calibration.linear:AllButTheTop",
     "zca": "flowcore.calibration.whitening:ZCAWhitening",
@@ -32,7 +33,8 @@ _RENAMED = {"pca-whitening": "whitening", "zca-whitening": "zca"}
 
 
 class Calibrator(ABC):
-    """What every calibration method offers: fit without labels, map vectors, save, load.
+    """What every calibration method offers: fit without labels (on an array, a stream of chunks or chosen rows),
+    map vectors, say what the fit did, check an encoder, save, load, and run as a torch module.
 
     Attributes:
         name: the method's name (class attribute; see `NAMES`).
@@ -47,6 +49,8 @@ class Calibrator(ABC):
     """
 
     name: ClassVar[str] = ""
+    _renamed_settings: ClassVar[dict[str, str]] = {}
+    """Earlier names of settings, still accepted (with a DeprecationWarning) and read from older files."""
     _file_mismatch: ClassVar[str] = ("{kind} calibrator file whose header does not match its tensors: {error}; refit "
                                      "it with `flowcore fit`")
     """`load`'s message for a file whose contents do not fit its header."""
@@ -59,6 +63,64 @@ class Calibrator(ABC):
     @abstractmethod
     def fit(self, X, encoder=None) -> Calibrator:
         """Fit on the rows of X, recording `encoder` as `provenance`; returns self."""
+
+    @abstractmethod
+    def fit_chunks(self, chunks, encoder=None) -> Calibrator:
+        """Fit on a stream of (rows, dim) arrays, recording `encoder`; returns self. The linear methods merge the
+        chunks' moments in O(d²) memory; a method that trains over several epochs (the flow) holds the rows."""
+
+    def fit_rows(self, X, rows=None, encoder=None) -> Calibrator:
+        """Fit on the rows of X numbered in `rows` (all when None), never copying X (e.g. a memory-mapped corpus
+        without its rejected rows): `fit_chunks` over blocks of them, unless the method reads X itself.
+        A method whose fit takes more options (`fit_options`) takes them here too.
+
+        Example:
+            >>> create("whitening").fit_rows(np.load("big.npy", mmap_mode="r"), rows=np.flatnonzero(good))
+        """
+        from flowcore.calibration.moments import row_blocks
+
+        return self.fit_chunks(row_blocks(X, rows), encoder=self._encoder_of(X, encoder))
+
+    def report(self) -> dict:
+        """What the fit did, JSON-able: "method", "dim", "output_dim", "settings" and "summary" (one line), and the
+        method's own entries (auto: its "choice", "signals" and "reason"; the flow: its losses and held-out scores).
+
+        Example:
+            >>> flowcore.load("model.flow").report()["summary"]
+            'auto: whitening, 199 directions (hubness 0.310 ≥ 0.265)'
+        """
+        settings = self.settings()
+        defaults = {p.name: p.default for p in inspect.signature(type(self)).parameters.values()}
+        shown = ", ".join(f"{key} {value}" for key, value in settings.items() if value != defaults.get(key))
+        return {"method": self.name, "dim": self.dim, "output_dim": self.output_dim, "settings": settings,
+                "summary": f"{self.name}{f' ({shown})' if shown else ''} to {self.output_dim} dims"}
+
+    def fit_threads(self) -> int | None:
+        """The CPU threads its fit trains on, for callers that fit several side by side; None: it does not train
+        (a linear method's fit is a few matrix products)."""
+        return None
+
+    def check_encoder(self, encoder, requested: str | None = None, what: str | None = None) -> None:
+        """A ValueError saying how to fix it unless vectors from `encoder` (an `Encoder`, or anything with its
+        `model_id`, `pooling` and `dim`) fit this calibrator: the model and pooling it records (when it records
+        them; `requested`, the model name asked for, also matches) and its width.
+
+        Args:
+            encoder: the encoder that would feed it.
+            requested: the model name the encoder was asked for (e.g. "default"), when it differs from `model_id`.
+            what: how messages name the calibrator (default: "the <method> calibrator").
+        """
+        what = what or f"the {self.name} calibrator"
+        recorded = self.provenance
+        if recorded is not None and recorded.model not in (str(encoder.model_id), requested):
+            raise ValueError(f"{what} was fitted on embeddings from encoder {recorded.model!r}, not "
+                             f"{encoder.model_id!r}; use the same encoder (--model {recorded.model}) or refit it")
+        if recorded is not None and recorded.pooling != str(encoder.pooling):
+            raise ValueError(f"{what} was fitted on {recorded.pooling!r} pooling, not {encoder.pooling!r}; "
+                             f"use the same pooling (--pooling {recorded.pooling}) or refit it")
+        if int(encoder.dim) != self.dim:
+            raise ValueError(f"encoder {encoder.model_id!r} gives {encoder.dim}-wide vectors but {what} expects "
+                             f"{self.dim}")
 
     @abstractmethod
     def transform(self, X) -> np.ndarray:
@@ -87,11 +149,11 @@ class Calibrator(ABC):
 
     def save(self, path) -> None:
         """Write the fitted calibrator to one file (safetensors + JSON header, atomically)."""
-        from flowcore.calibration.flow_file import save_flow
+        from flowcore.calibration.file import write_calibrator_file
 
         tensors, info = self._contents()
         encoder = self.provenance.to_json() if self.provenance is not None else None
-        save_flow(path, tensors, {"kind": self.name, "encoder": encoder, "metadata": self.metadata, **info})
+        write_calibrator_file(path, tensors, {"kind": self.name, "encoder": encoder, "metadata": self.metadata, **info})
 
     @abstractmethod
     def _contents(self) -> tuple[dict, dict]:
@@ -135,10 +197,11 @@ class Calibrator(ABC):
         """
         calibrator = load(path, device=device)
         if not isinstance(calibrator, cls) or (cls.name and calibrator.name != cls.name):
-            from flowcore.calibration.flow_file import FlowFileError
+            from flowcore.calibration.file import CalibratorFileError
 
-            raise FlowFileError(f"{path}: holds the {calibrator.name} calibration, not {cls.name or cls.__name__}; "
-                                "flowcore.load(path) reads a calibrator file of any kind")
+            raise CalibratorFileError(f"{path}: holds the {calibrator.name} calibration, not "
+                                      f"{cls.name or cls.__name__}; flowcore.load(path) reads a calibrator file of any "
+                                      "kind")
         return calibrator
 
     @staticmethod
@@ -147,14 +210,14 @@ class Calibrator(ABC):
         from flowcore._provenance import made_by
 
         if encoder is None and (made := made_by(X)) is not None:
-            from flowcore.calibration.flow_file import EncoderProvenance
+            from flowcore.calibration.file import EncoderProvenance
 
             return EncoderProvenance(*made)
         return encoder
 
     def _provenance_of(self, encoder) -> EncoderProvenance | None:
         """`encoder` (an `Encoder` or `EncoderProvenance`) as provenance; None keeps the current one."""
-        from flowcore.calibration.flow_file import EncoderProvenance
+        from flowcore.calibration.file import EncoderProvenance
 
         if encoder is None:
             return self.provenance
@@ -178,8 +241,18 @@ def calibrator_class(name: str) -> type[Calibrator]:
 
 def setting_names(name: str) -> tuple[str, ...]:
     """The settings `create(name, ...)` accepts: the keyword arguments of the method's class."""
-    parameters = inspect.signature(calibrator_class(name)).parameters.values()
-    return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    cls = calibrator_class(name)
+    parameters = inspect.signature(cls).parameters.values()
+    return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                 and p.name not in cls._renamed_settings)
+
+
+def fit_options(name: str) -> tuple[str, ...]:
+    """The options besides X, rows and encoder that method `name`'s `fit_rows` takes (e.g. a trained method's
+    checkpoint and threads): what a caller such as `flowcore fit` may pass it."""
+    parameters = inspect.signature(calibrator_class(name).fit_rows).parameters.values()
+    return tuple(p.name for p in parameters if p.name not in ("self", "X", "rows", "encoder")
+                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def create(name: str, **settings) -> Calibrator:
@@ -193,7 +266,7 @@ def create(name: str, **settings) -> Calibrator:
         >>> create("whitening", power=0.3, dim=128).fit(X).transform(X)     # float32 (n, 128)
     """
     accepted = setting_names(name)
-    unknown = [key for key in settings if key not in accepted]
+    unknown = [key for key in settings if key not in accepted and key not in calibrator_class(name)._renamed_settings]
     if unknown:
         raise ValueError(f"calibration {name!r} takes the settings {', '.join(accepted) or '(none)'}; "
                          f"not {', '.join(unknown)}")
@@ -208,34 +281,34 @@ def load(path, device=None) -> Calibrator:
         device: torch device for a flow (the linear calibrators compute in numpy).
 
     Raises:
-        FlowFileError: naming the file, when it is missing, damaged or of an unknown kind.
+        CalibratorFileError: naming the file, when it is missing, damaged or of an unknown kind.
 
     Example:
         >>> calibrator = flowcore.load("abtt.flow")      # an AllButTheTop, fitted
     """
-    from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow
+    from flowcore.calibration.file import CalibratorFileError, EncoderProvenance, read_calibrator_file
 
-    tensors, info = load_flow(path)
+    tensors, info = read_calibrator_file(path)
     kind = info.get("kind", "flow")  # flow files from before kinds were recorded have none
     if isinstance(kind, str) and kind in _RENAMED:
-        raise FlowFileError(f"{path}: a {kind!r} calibrator from an earlier flowcore, which this one does not "
-                            f"read; the method is now {_RENAMED[kind]!r}: refit it "
-                            f"(`flowcore fit --calibration {_RENAMED[kind]}`)")
+        raise CalibratorFileError(f"{path}: a {kind!r} calibrator from an earlier flowcore, which this one does not "
+                                  f"read; the method is now {_RENAMED[kind]!r}: refit it "
+                                  f"(`flowcore fit --calibration {_RENAMED[kind]}`)")
     if not isinstance(kind, str) or kind not in _CLASSES:
-        raise FlowFileError(f"{path}: unknown calibrator kind {kind!r}; this flowcore reads {', '.join(NAMES)}")
+        raise CalibratorFileError(f"{path}: unknown calibrator kind {kind!r}; this flowcore reads {', '.join(NAMES)}")
     cls = calibrator_class(kind)
     try:
         calibrator = cls._from_file(path, tensors, info, device)
         encoder = info.get("encoder")
         calibrator.provenance = EncoderProvenance(**encoder) if encoder is not None else None
         calibrator.metadata = info.get("metadata", {})
-    except FlowFileError:
+    except CalibratorFileError:
         raise
     except KeyError as error:
-        raise FlowFileError(f"{path}: " + cls._file_mismatch.format(
+        raise CalibratorFileError(f"{path}: " + cls._file_mismatch.format(
             kind=kind, error=f"its header has no {error.args[0]!r} entry")) from None
     except (TypeError, ValueError, RuntimeError, AttributeError) as error:
-        raise FlowFileError(f"{path}: " + cls._file_mismatch.format(kind=kind, error=error)) from None
+        raise CalibratorFileError(f"{path}: " + cls._file_mismatch.format(kind=kind, error=error)) from None
     calibrator.source = Path(path)
     return calibrator
 

@@ -106,7 +106,7 @@ class LinearCalibrator(Calibrator):
             encoder: as in `fit`.
 
         Example:
-            >>> Whitening(dim=256).fit_chunks(block for _, block in NpyMatrix("big.npy").blocks(16384))
+            >>> Whitening(keep=256).fit_chunks(block for _, block in NpyMatrix("big.npy").blocks(16384))
         """
         return self.fit_moments(Moments.of_chunks(chunks), encoder=encoder)
 
@@ -161,7 +161,7 @@ class LinearCalibrator(Calibrator):
 
     @classmethod
     def _from_file(cls, path, tensors: dict, info: dict, device) -> LinearCalibrator:
-        settings = info.get("settings", {})
+        settings = {cls._renamed_settings.get(key, key): value for key, value in info.get("settings", {}).items()}
         unknown = sorted(set(settings) - set(setting_names(cls.name)))
         if unknown:
             raise ValueError(f"its settings name {', '.join(unknown)}, which {cls.name} does not have")

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from flowcore.integrations.sentence_transformers import export, needs_trust_remote_code
     if args.whitening is not None:
-        settings = {"dim": args.whitening_dim, "power": args.whitening_power}
+        settings = {"keep": args.whitening_dim, "power": args.whitening_power}
         whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
         vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr,
                                                    model=args.model or defaults.MODEL,

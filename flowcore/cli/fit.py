@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from flowcore import defaults
-from flowcore.calibration.base import NAMES, create, setting_names
+from flowcore.calibration.base import NAMES, create, fit_options, setting_names
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
 from flowcore.calibration.moments import row_blocks
 from flowcore.calibration.recipes import RECIPES
@@ -32,10 +32,13 @@ from flowcore.cli.arguments import (
 )
 from flowcore.flows.configs import CONFIGS
 
-_FLOW_OPTIONS = ("config", "recipe", "epochs", "train_batch_size", "lr", "patience", "checkpoint_every", "threads")
-"""The options that only train a flow (their flags: --config, --train-batch-size...)."""
-_METHOD_OPTIONS = {"power": "--whitening-power", "dim": "--whitening-dim", "k": "--abtt-k"}
-"""The options of the other calibrations: {their setting (`flowcore.calibration.create`): flag}."""
+_SETTING_FLAGS = {"power": "--whitening-power", "keep": "--whitening-dim", "k": "--abtt-k", "config": "--config",
+                  "recipe": "--recipe", "epochs": "--epochs", "batch_size": "--train-batch-size", "lr": "--lr",
+                  "patience": "--patience"}
+"""{a method's setting (`flowcore.calibration.setting_names`): its flag}; a flag whose setting the chosen method
+lacks is refused."""
+_FIT_FLAGS = {"checkpoint_every": "--checkpoint-every", "threads": "--threads"}
+"""{an option of a method's fit (`flowcore.calibration.fit_options`): its flag}, refused likewise."""
 
 
 def register(subparsers) -> None:
@@ -187,21 +190,37 @@ def _distinct_rows(data: np.ndarray, rows: np.ndarray | None) -> int:
     return len(seen)
 
 
-def _method_settings(args) -> dict:
-    """The settings of `--calibration` from its options; an option of another one is a one-line error."""
-    if args.calibration != "flow":
-        for name in _FLOW_OPTIONS:
-            if getattr(args, name) is not None:
-                raise CLIError(f"--{name.replace('_', '-')} applies to --calibration flow only, not {args.calibration}")
-    accepted = setting_names(args.calibration)
-    settings = {"seed": args.seed} if "seed" in accepted else {}  # unused by a flow: `_fit_flow` reads its flags
-    for name, flag in _METHOD_OPTIONS.items():
+def _given(args, flags: dict, accepted: tuple) -> dict:
+    """{name: value} of the `flags` given on the command line; a one-line error for one the method does not take."""
+    given = {}
+    for name, flag in flags.items():
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             if name not in accepted:
                 raise CLIError(f"{flag} does not apply to --calibration {args.calibration}")
-            settings[name] = value
-    return settings
+            given[name] = value
+    return given
+
+
+def _method_settings(args) -> dict:
+    """The settings of `--calibration` from its flags (--seed and --device where the method takes them)."""
+    accepted = setting_names(args.calibration)
+    implied = {name: value for name, value in (("seed", args.seed), ("device", args.device)) if name in accepted}
+    return {**implied, **_given(args, _SETTING_FLAGS, accepted)}
+
+
+def _fit_options(args) -> dict:
+    """The options of the method's fit: its flags, and for a method that trains a progress bar and a checkpoint
+    beside the output (OUT.checkpoint: a rerun resumes from it)."""
+    accepted = fit_options(args.calibration)
+    options = _given(args, _FIT_FLAGS, accepted)
+    if "show_progress_bar" in accepted:
+        options["show_progress_bar"] = show_progress(args)
+    if "checkpoint" in accepted:
+        options["checkpoint"] = args.out.with_name(args.out.name + ".checkpoint")
+        if args.restart:
+            options["checkpoint"].unlink(missing_ok=True)
+    return options
 
 
 def run(args) -> int:
@@ -209,9 +228,9 @@ def run(args) -> int:
     if args.cache is not None:
         check_output(args.cache, inputs=[args.embeddings, args.input, args.out], suffixes=(".npy",), flag="--cache")
     started = time.perf_counter()
-    settings = _method_settings(args)
     check_positive(("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience))
-    calibrator = create(args.calibration, **settings) if args.calibration != "flow" else None  # bad settings fail early
+    calibrator = create(args.calibration, **_method_settings(args))  # bad settings fail before any work
+    options = _fit_options(args)
     rows = distinct = None  # rows: the rows of data to fit on, all unless the cache holds rejected rows
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
@@ -228,35 +247,10 @@ def run(args) -> int:
                                    unit="vectors" if args.embeddings is not None else "sentences")
     if warning is not None:
         print(f"flowcore fit: warning: {warning}", file=sys.stderr)
-    if args.calibration == "flow":
-        return _fit_flow(args, data, rows, encoder, fitted_rows)
-    calibrator.fit_chunks(row_blocks(data, rows), encoder=encoder)  # records the encoder (None: raw embeddings)
+    calibrator.fit_rows(data, rows, encoder=encoder, **options)  # records the encoder (None: raw embeddings)
     calibrator.save(args.out)
-    took = f"on {fitted_rows} x {data.shape[1]} in {time.perf_counter() - started:.1f}s; wrote {args.out}"
-    if args.calibration == "auto":
-        print(f"auto: {calibrator.reason}; fitted {took}")
-        return 0
-    shown = ", ".join(f"{name} {value}" for name, value in calibrator.settings().items()
-                      if name in settings and name != "seed")
-    print(f"fitted {args.calibration}{f' ({shown})' if shown else ''} -> {calibrator.output_dim} dims {took}")
-    return 0
-
-
-def _fit_flow(args, data, rows, encoder, fitted_rows: int) -> int:
-    """Train the flow with checkpoints (a rerun resumes), save it, and print what was kept."""
-    from flowcore.calibration.calibrator import FlowCalibrator
-
-    config = args.config or defaults.CONFIG
-    calibrator = FlowCalibrator(config=config, recipe=args.recipe or defaults.RECIPE, epochs=args.epochs,
-                                batch_size=args.train_batch_size, lr=args.lr, seed=args.seed, device=args.device,
-                                patience=args.patience)
-    checkpoint = args.out.with_name(args.out.name + ".checkpoint")
-    if args.restart:
-        checkpoint.unlink(missing_ok=True)
-    calibrator.fit(data, encoder=encoder, checkpoint=checkpoint, show_progress_bar=show_progress(args),
-                   checkpoint_every=args.checkpoint_every or defaults.CHECKPOINT_EVERY, rows=rows, threads=args.threads)
-    calibrator.save(args.out)
-    checkpoint.unlink(missing_ok=True)
-    print(f"fitted {config} on {fitted_rows} x {data.shape[1]} ({calibrator.recipe.name} recipe): "
-          f"{calibrator.outcome}; wrote {args.out}")
+    if "checkpoint" in options:
+        options["checkpoint"].unlink(missing_ok=True)
+    print(f"{calibrator.report()['summary']}; fitted on {fitted_rows} x {data.shape[1]} in "
+          f"{time.perf_counter() - started:.1f}s; wrote {args.out}")
     return 0

@@ -171,8 +171,6 @@ def run(args: argparse.Namespace) -> int:
     calibrations = args.calibration or list(defaults.STS_CALIBRATIONS)
     fitted = None
     if args.calibrator is not None:
-        from flowcore.calibration.flow_file import check_encoder_fits  # import torch: only with --calibrator
-
         given = prefitted(args.calibrator, device=args.device)
         name = given.calibrator.name
         calibrations = args.calibration or ["none", name]
@@ -187,8 +185,7 @@ def run(args: argparse.Namespace) -> int:
         for pooling in args.pooling:
             encoder = build_encoder(args, pooling=pooling)
             if fitted is not None:  # refuse a file fitted for another encoder, pooling or width
-                check_encoder_fits(given.calibrator.provenance, given.calibrator.dim, encoder, args.model,
-                                   what=f"--calibrator {args.calibrator}")
+                given.calibrator.check_encoder(encoder, args.model, what=f"--calibrator {args.calibrator}")
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
                                 data_dir=args.data_dir, fit_corpus=args.fit_corpus, sick_split=args.sick_split,
                                 settings=settings, cache=cache, batch_size=args.batch_size, show_progress_bar=progress,

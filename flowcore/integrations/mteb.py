@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from flowcore._vectors import unit_rows
+from flowcore.calibration.base import Calibrator
 from flowcore.extras import require
 from flowcore.text.encoder import DEFAULT_MODEL_NAME
 from flowcore.text.loading import DEFAULT_MODEL, default_model_revision
@@ -33,7 +34,7 @@ class FlowcoreMTEBModel:
         meta_overrides: further `ModelMeta` fields (e.g. `languages`, `license`).
 
     Example:
-        >>> model = FlowcoreMTEBModel.from_flow_file("model.flow")
+        >>> model = FlowcoreMTEBModel.from_calibrator_file("model.flow")
         >>> results = mteb.evaluate(model, mteb.get_tasks(tasks=["STSBenchmark"]))
     """
 
@@ -57,8 +58,8 @@ class FlowcoreMTEBModel:
         self._meta_overrides = dict(meta_overrides or {})
 
     @classmethod
-    def from_flow_file(cls, path, encoder=None, normalize: bool = False, device=None,
-                       **kwargs) -> "FlowcoreMTEBModel":
+    def from_calibrator_file(cls, path, encoder=None, normalize: bool = False, device=None,
+                             **kwargs) -> "FlowcoreMTEBModel":
         """The model of a calibrator file: its calibrator on the encoder and pooling it records.
 
         Args:
@@ -85,6 +86,15 @@ class FlowcoreMTEBModel:
             model._revision = f"{file_sha256(path)[:12]}-{model._fingerprint()[:12]}"
         return model
 
+
+    @classmethod
+    def from_flow_file(cls, path, *args, **kwargs) -> "FlowcoreMTEBModel":
+        """`from_calibrator_file`'s earlier name (with a DeprecationWarning) until 1.0."""
+        import warnings
+
+        warnings.warn("FlowcoreMTEBModel.from_flow_file is now from_calibrator_file; the old name goes at 1.0",
+                      DeprecationWarning, stacklevel=2)
+        return cls.from_calibrator_file(path, *args, **kwargs)
     @property
     def calibration(self) -> str:
         """The calibrator's method name, "none" without one, else its class name in lower case."""
@@ -187,11 +197,7 @@ def _check_calibrator(calibrator, encoder) -> int:
     dim = int(encoder.dim)
     if calibrator is None:
         return dim
-    from flowcore.calibration.base import Calibrator
-
     if isinstance(calibrator, Calibrator):  # the protocol: its widths and recorded encoder
-        from flowcore.calibration.flow_file import check_encoder_fits
-
         try:
             width, out = int(calibrator.dim), int(calibrator.output_dim)
         except (ValueError, RuntimeError) as error:  # not fitted
@@ -199,7 +205,7 @@ def _check_calibrator(calibrator, encoder) -> int:
         if width != dim:
             raise ValueError(f"the calibrator takes {width}-wide vectors but encoder {encoder.model_id!r} "
                              f"gives {dim}-wide ones")
-        check_encoder_fits(calibrator.provenance, width, encoder, what="the calibrator")
+        calibrator.check_encoder(encoder, what="the calibrator")
         return out
     probe = np.asarray(calibrator.transform(np.zeros((2, dim), dtype=np.float32)))  # one of your own
     if probe.ndim != 2 or probe.shape[0] != 2:
@@ -245,11 +251,8 @@ def _n_parameters(encoder, calibrator) -> int | None:
     if model is None:
         return None
     count = _count_parameters(model)
-    flow = getattr(calibrator, "flow", None)
-    if flow is not None:
-        count += _count_parameters(flow)
-    elif getattr(calibrator, "matrix", None) is not None:
-        count += int(np.size(calibrator.matrix)) + int(np.size(calibrator.mean))
+    if isinstance(calibrator, Calibrator):  # the numbers its map holds
+        count += sum(tensor.numel() for tensor in calibrator.as_module().state_dict().values())
     return count
 
 

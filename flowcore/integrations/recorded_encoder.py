@@ -8,8 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from flowcore import defaults
-from flowcore.calibration.flow_file import check_encoder_fits
-from flowcore.text.loading import resolve_model
+from flowcore.text.loading import own_pooling, resolve_model
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 
 __all__ = ["ChosenEncoder", "choose_encoder", "find_json_key", "read_json", "refuse_auto_map"]
@@ -52,10 +51,10 @@ def choose_encoder(calibrator=None, model: str | None = None, pooling: str | Non
             raise ValueError(f"the {calibrator.name} calibrator records no encoder (it was fitted on raw "
                              "embeddings); pass the model and pooling of the encoder that produced them")
         model = recorded.model if recorded is not None else defaults.MODEL
-    if pooling is None:
-        pooling = recorded.pooling if recorded is not None and layers is None else defaults.POOLING
-    kind, requested = parse_pooling(pooling, layers)  # checked before any model is loaded
     model_id, source = resolve_model(model)
+    if pooling is None and layers is None:
+        pooling = recorded.pooling if recorded is not None else own_pooling(source) or defaults.POOLING
+    kind, requested = parse_pooling(pooling, layers)  # checked before any model is loaded
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError) as error:
@@ -71,9 +70,8 @@ def choose_encoder(calibrator=None, model: str | None = None, pooling: str | Non
     bound = bind_pooling(kind, requested, int(config.num_hidden_layers))
     chosen = ChosenEncoder(model_id, source, config, bound)
     if calibrator is not None:
-        check_encoder_fits(recorded, calibrator.dim, SimpleNamespace(model_id=model_id, pooling=bound.name,
-                                                                     dim=chosen.dim),
-                           requested_model, what=f"the {calibrator.name} calibrator")
+        calibrator.check_encoder(SimpleNamespace(model_id=model_id, pooling=bound.name, dim=chosen.dim),
+                                 requested_model)
     return chosen
 
 

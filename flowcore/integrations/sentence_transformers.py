@@ -27,6 +27,8 @@ from sentence_transformers.sentence_transformer.modules import Pooling as STPool
 
 from flowcore import defaults  # noqa: E402
 from flowcore.calibration.base import Calibrator, load  # noqa: E402
+from flowcore.calibration.linear import LinearCalibrator  # noqa: E402
+from flowcore.calibration.modules import LinearMap, Passthrough  # noqa: E402
 from flowcore.integrations.recorded_encoder import choose_encoder, read_json, refuse_auto_map  # noqa: E402
 from flowcore.text.loading import quiet_transformers, token_limit  # noqa: E402
 from flowcore.text.pooling import Pooling  # noqa: E402
@@ -53,10 +55,11 @@ def _stock_pooling(pooling: Pooling) -> bool:
 
 
 class FlowModule(Module):
-    """A fitted `FlowCalibrator` as a frozen sentence-transformers module after the pooling.
+    """A fitted calibrator whose map is not linear (the flow) as a frozen sentence-transformers module after the
+    pooling: its `as_module()`, saved as its calibrator file.
 
     Args:
-        calibrator: a fitted `FlowCalibrator`, or the path of a flow file.
+        calibrator: a fitted calibrator, or the path of a calibrator file.
     """
 
     config_keys: list[str] = ["embedding_dimension", "flow_config", "encoder"]
@@ -65,12 +68,12 @@ class FlowModule(Module):
         super().__init__()
         if isinstance(calibrator, (str, os.PathLike)):
             calibrator = load(calibrator)
-        if getattr(calibrator, "name", None) != "flow":
-            raise TypeError(f"FlowModule takes a fitted flow or a flow file path, not {type(calibrator).__name__} "
-                            "(other calibrations export as a Dense: build_model)")
+        if not isinstance(calibrator, Calibrator):
+            raise TypeError(f"FlowModule takes a fitted calibrator or a calibrator file path, not "
+                            f"{type(calibrator).__name__}")
         self.calibrator = calibrator
         self.embedding_dimension = calibrator.dim  # raises if the calibrator is not fitted
-        self.flow_config = calibrator.config
+        self.flow_config = calibrator.settings().get("config")
         self.encoder = calibrator.provenance.to_json() if calibrator.provenance is not None else None
         # registered, so that SentenceTransformer.to(device) moves it; plain ops: gradients pass to the encoder
         self.flow = calibrator.as_module()
@@ -143,12 +146,12 @@ class LayerPooling(Module):
 
 
 def linear_dense(calibrator) -> Dense:
-    """A fitted linear calibrator x -> (x − μ)·W as a stock float32 `Dense`: weight Wᵀ, bias −μ·W."""
-    if not hasattr(calibrator, "matrix"):
+    """A fitted linear calibrator x -> (x − μ)·W (its `as_module()` is a `LinearMap`) as a stock float32 `Dense`:
+    weight Wᵀ, bias −μ·W, computed in float64 from its mean and matrix."""
+    if not isinstance(calibrator, LinearCalibrator):
         raise TypeError(f"a {getattr(calibrator, 'name', type(calibrator).__name__)} calibrator is not linear "
                         "(x -> (x - mean) W), so it has no Dense form")
-    if calibrator.matrix is None:
-        raise ValueError(f"the {calibrator.name} calibrator is not fitted: call fit(X) first")
+    calibrator.as_module()  # a ValueError unless fitted
     matrix = np.asarray(calibrator.matrix, dtype=np.float64)
     bias = -(np.asarray(calibrator.mean, dtype=np.float64) @ matrix)
     dim, output_dim = matrix.shape
@@ -179,11 +182,12 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
     chosen = choose_encoder(calibrator, model, pooling, layers)
     bound, dim, source = chosen.pooling, chosen.dim, chosen.source
     needs_layers = not _stock_pooling(bound)
-    calibration = []  # FlowModule for the flow, a stock Dense for the linear methods, nothing for "none"
-    if calibrator is not None and calibrator.name == "flow":
-        calibration.append(FlowModule(calibrator))
-    elif calibrator is not None and calibrator.name != "none":
+    calibration = []  # a stock Dense for a linear map, FlowModule for another (the flow), nothing for the identity
+    module = calibrator.as_module() if calibrator is not None else None
+    if isinstance(module, LinearMap):
         calibration.append(linear_dense(calibrator))
+    elif module is not None and not isinstance(module, Passthrough):
+        calibration.append(FlowModule(calibrator))
     local = {"local_files_only": True}
     with quiet_transformers():
         transformer = Transformer(source, model_kwargs=dict(local), processor_kwargs=dict(local),

@@ -3,8 +3,8 @@ calibrations compared, the evaluation protocol and its report. Nothing here impo
 """
 from flowcore.sts.baselines import (
     CALIBRATIONS,
+    Baseline,
     CalibrationSettings,
-    FlowBaseline,
     PreFitted,
     build_calibrator,
     prefitted,
@@ -29,7 +29,7 @@ from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table,
 
 __all__ = [
     "AGGREGATIONS", "AGGREGATION_NOTES", "CACHE_ENV", "CALIBRATIONS", "DATASETS", "DATA_ENV", "MULTI_SUBSET",
-    "CalibrationSettings", "EmbeddingCache", "FlowBaseline", "PairColumns", "PreFitted",
+    "CalibrationSettings", "EmbeddingCache", "Baseline", "PairColumns", "PreFitted",
     "STSDataError", "STSPairs", "build_calibrator", "correlations", "cosine_similarity", "default_cache_dir",
     "default_data_dir", "evaluate", "fit_corpus_sentences", "load_pairs", "load_pairs_files", "load_split",
     "load_test", "markdown_table", "prefitted", "read_sentence_file", "score_pairs", "spearman_of", "splits",

@@ -1,52 +1,34 @@
-"""The calibrations `flowcore sts` and `flowcore analyze` compare, built by name with their settings."""
+"""The calibrations `flowcore sts` and `flowcore analyze` compare, built by name with their settings through the
+calibrator protocol alone: one table maps the fields of `CalibrationSettings` (the keys of the result records) to
+each method's settings, and what a fit did comes from its `report()`."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from flowcore import defaults
-from flowcore.calibration.base import NAMES, create, load
-from flowcore.calibration.recipes import RECIPES, recipe_named
+from flowcore.calibration.base import NAMES, create, fit_options, load, setting_names
 
-__all__ = ["CALIBRATIONS", "FLOW_INPUTS", "CalibrationSettings", "FlowBaseline", "PreFitted", "build_calibrator",
-           "prefitted", "settings_record"]
+__all__ = ["CALIBRATIONS", "FLOW_INPUTS", "Baseline", "CalibrationSettings", "PreFitted", "build_calibrator",
+           "prefitted", "reported", "settings_record"]
 
 CALIBRATIONS = NAMES
 """Every registered calibration method, `none` (the raw vectors) included."""
 FLOW_INPUTS = ("standardize", "prewhiten", "raw")
 """What `flowcore sts --flow-input` fits the flow on, instead of its recipe's own input."""
-_RECORDED = {"whitening": {"whitening_dim": "dim", "whitening_power": "power"}, "abtt": {"abtt_k": "k"},
-             "auto": {"seed": "seed"}}
-"""{method: {`CalibrationSettings` field and result key: the method's setting}}."""
-_FLOW_RECORD = ("losses", "heldout_bits_per_dim", "heldout_epochs", "selected_epoch", "stopped_early")
-"""The flow's training record, read through a `FlowBaseline`."""
-
-
-class FlowBaseline:
-    """The flow as `flowcore sts` fits it, on `input`: None (its recipe's), `standardize`, `raw` (as the
-    paper's code) or `prewhiten` (whitening first, then a flow on the whitened vectors)."""
-
-    def __init__(self, flow, input: str | None = None, show_progress_bar: bool | None = None):
-        if input is not None and input not in FLOW_INPUTS:
-            raise ValueError(f"unknown flow input {input!r}; choose from {', '.join(FLOW_INPUTS)}")
-        self.flow, self.input, self.show_progress_bar = flow, input, show_progress_bar
-        self.whitening = None
-
-    def __getattr__(self, name: str):
-        if name in _FLOW_RECORD:
-            return getattr(self.flow, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def _prepared(self, X):
-        return self.whitening.transform(X) if self.whitening is not None else X
-
-    def fit(self, X) -> "FlowBaseline":
-        if self.input == "prewhiten":
-            self.whitening = create("whitening").fit(X)
-        self.flow.fit(self._prepared(X), show_progress_bar=self.show_progress_bar)
-        return self
-
-    def transform(self, X):
-        return self.flow.transform(self._prepared(X))
+_FIELDS = {
+    "whitening": {"whitening_dim": "keep", "whitening_power": "power"},
+    "abtt": {"abtt_k": "k"},
+    "auto": {"seed": "seed"},
+    "flow": {"flow_config": "config", "flow_recipe": "recipe", "flow_epochs": "epochs", "flow_lr": "lr",
+             "flow_batch_size": "batch_size", "seed": "seed", "flow_holdout": "holdout",
+             "flow_evaluations_per_epoch": "evaluations_per_epoch", "flow_patience": "patience"},
+}
+"""{method: {`CalibrationSettings` field, the result records' key: the method's setting}}."""
+_INPUTS = {"standardize": True, "raw": False, "prewhiten": None}
+"""The `standardize` setting each `FlowCalibrator`-style input gives (prewhiten: whitening first, then the recipe's
+input on the whitened vectors)."""
+_REPORTED_APART = ("method", "dim", "output_dim", "settings", "summary")
+"""`report()` entries that records keep elsewhere (or not at all)."""
 
 
 @dataclass(frozen=True)
@@ -66,33 +48,72 @@ class CalibrationSettings:
     device: str | None = None
 
 
-def build_calibrator(name: str, settings: CalibrationSettings, show_progress_bar: bool | None = None):
-    """A fresh calibrator of method `name` with its `settings`; the flow comes as a `FlowBaseline`."""
-    if name == "flow":
-        # "prewhiten": the whitened vectors go to the flow as they are
-        standardize = None if settings.flow_input is None else settings.flow_input == "standardize"
-        flow = create("flow", config=settings.flow_config, recipe=settings.flow_recipe, epochs=settings.flow_epochs,
-                      batch_size=settings.flow_batch_size, lr=settings.flow_lr, seed=settings.seed,
-                      device=settings.device, standardize=standardize)
-        return FlowBaseline(flow, input=settings.flow_input, show_progress_bar=show_progress_bar)
-    recorded = _RECORDED.get(name, {})
-    return create(name, **{setting: getattr(settings, key) for key, setting in recorded.items()})
+class Baseline:
+    """A calibrator as `flowcore sts` fits it: with a progress bar where its fit shows one, and (`prewhiten`)
+    on vectors whitened first.
+
+    Args:
+        calibrator: a fresh calibrator (`flowcore.calibration.create`).
+        prewhiten: fit and apply it on whitened vectors.
+        show_progress_bar: its fit's progress bar, where it has one.
+    """
+
+    def __init__(self, calibrator, prewhiten: bool = False, show_progress_bar: bool | None = None):
+        self.calibrator, self.prewhiten, self.show_progress_bar = calibrator, prewhiten, show_progress_bar
+        self.whitening = None
+
+    def _prepared(self, X):
+        return self.whitening.transform(X) if self.whitening is not None else X
+
+    def fit(self, X) -> Baseline:
+        if self.prewhiten:
+            self.whitening = create("whitening").fit(X)
+        options = {"show_progress_bar": self.show_progress_bar} \
+            if "show_progress_bar" in fit_options(self.calibrator.name) else {}
+        self.calibrator.fit_rows(self._prepared(X), **options)
+        return self
+
+    def transform(self, X):
+        return self.calibrator.transform(self._prepared(X))
+
+    def report(self) -> dict:
+        return self.calibrator.report()
+
+    def fit_threads(self) -> int | None:
+        return self.calibrator.fit_threads()
+
+
+def build_calibrator(name: str, settings: CalibrationSettings, show_progress_bar: bool | None = None) -> Baseline:
+    """A fresh calibrator of method `name` with its `settings`, as a `Baseline`."""
+    accepted = setting_names(name)
+    chosen = {setting: getattr(settings, key) for key, setting in _FIELDS.get(name, {}).items()
+              if hasattr(settings, key)}  # None: the method's own default (e.g. a flow recipe's epochs)
+    if "device" in accepted:
+        chosen["device"] = settings.device
+    prewhiten = False
+    if settings.flow_input is not None and "standardize" in accepted:
+        if settings.flow_input not in _INPUTS:
+            raise ValueError(f"unknown flow input {settings.flow_input!r}; choose from {', '.join(FLOW_INPUTS)}")
+        chosen["standardize"], prewhiten = _INPUTS[settings.flow_input], settings.flow_input == "prewhiten"
+    return Baseline(create(name, **chosen), prewhiten, show_progress_bar)
 
 
 def settings_record(name: str, settings: CalibrationSettings) -> dict:
-    """The settings of calibration `name` that are stored in its result records."""
-    if name == "flow":
-        recipe = recipe_named(settings.flow_recipe, epochs=settings.flow_epochs, lr=settings.flow_lr,
-                              batch_size=settings.flow_batch_size)
-        record = {key: value for key, value in asdict(settings).items() if key.startswith("flow_") or key == "seed"}
-        record.update(flow_epochs=recipe.epochs, flow_lr=recipe.lr, flow_batch_size=recipe.batch_size,
-                      flow_holdout=recipe.holdout)
-        if recipe.holdout > 0:  # held-out evaluations choose the weights and stop training
-            record.update(flow_evaluations_per_epoch=recipe.evaluations_per_epoch, flow_patience=recipe.patience)
-        if settings.flow_input is None:  # the recipe's own input, named by flow_recipe
-            del record["flow_input"]
-        return record
-    return {key: getattr(settings, key) for key in _RECORDED.get(name, {})}
+    """The settings of calibration `name` stored in its result records: each field of `_FIELDS` as the method
+    resolves it (e.g. a flow's epochs from its recipe when not given), and a flow's input when one is chosen."""
+    built = build_calibrator(name, settings)
+    resolved = built.calibrator.settings()
+    record = {key: resolved[setting] for key, setting in _FIELDS.get(name, {}).items()}
+    if settings.flow_input is not None and "standardize" in resolved:
+        record["flow_input"] = settings.flow_input
+    return record
+
+
+def reported(calibrator) -> dict:
+    """The entries of a fitted calibrator's `report()` that result records hold, each named after its method
+    (e.g. the flow's "losses" as "flow_losses", auto's "choice" as "auto_choice")."""
+    report = calibrator.report()
+    return {f"{report['method']}_{key}": value for key, value in report.items() if key not in _REPORTED_APART}
 
 
 @dataclass(frozen=True)
@@ -105,17 +126,9 @@ class PreFitted:
 
 
 def prefitted(path, device=None) -> PreFitted:
-    """The calibrator of any calibrator file, with its settings as result records name them."""
+    """The calibrator of any calibrator file, with its settings and what its fit did as result records name them."""
     calibrator = load(path, device=device)
-    record = {"flow_file": str(path)}
-    if calibrator.name != "flow":
-        fitted = calibrator.settings()
-        return PreFitted(calibrator, str(path), {
-            **record, **{key: fitted[setting] for key, setting in _RECORDED.get(calibrator.name, {}).items()}})
-    recipe = calibrator.recipe
-    record.update(flow_config=calibrator.config, flow_epochs=calibrator.epochs, flow_lr=calibrator.lr,
-                  flow_batch_size=calibrator.batch_size, seed=calibrator.seed, flow_recipe=recipe.name,
-                  flow_selected_epoch=calibrator.selected_epoch)
-    if recipe.name not in RECIPES or recipe.input != RECIPES[recipe.name].input:
-        record["flow_input"] = recipe.input
+    fitted = calibrator.settings()
+    record = {key: fitted[setting] for key, setting in _FIELDS.get(calibrator.name, {}).items() if setting in fitted}
+    record = {"flow_file": str(path), **record, **reported(calibrator)}
     return PreFitted(calibrator, str(path), record)

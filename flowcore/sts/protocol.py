@@ -17,9 +17,15 @@ import numpy as np
 from flowcore import defaults
 from flowcore._progress import progress_wanted
 from flowcore.calibration.corpus_size import small_corpus_warning
-from flowcore.calibration.recipes import recipe_named
-from flowcore.runtime import training_threads, use_threads_in_this_process
-from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, PreFitted, build_calibrator, settings_record
+from flowcore.runtime import use_threads_in_this_process
+from flowcore.sts.baselines import (
+    CALIBRATIONS,
+    CalibrationSettings,
+    PreFitted,
+    build_calibrator,
+    reported,
+    settings_record,
+)
 from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.data import DATASETS, STSPairs, default_data_dir, fit_corpus_sentences, load_test
 from flowcore.sts.metrics import cosine_similarity, score_pairs
@@ -118,7 +124,7 @@ def evaluate(
         prepared.append(_Dataset(given, pairs_, left, right, *corpus))
     scorer = _Scorer(calibrations, settings, fitted, fit_corpus, progress, str(encoder.pooling),
                      str(encoder.model_id))
-    if jobs > 1 and len(prepared) > 1 and fit_corpus in ("target", "train") and _flow_fits_in_parallel(scorer):
+    if jobs > 1 and len(prepared) > 1 and fit_corpus in ("target", "train") and _fits_in_parallel(scorer):
         return _score_in_processes(scorer, prepared, min(jobs, len(prepared)))
     return [record for item in prepared for record in scorer(item)]
 
@@ -178,15 +184,8 @@ class _Scorer:
                         calibrator.fit(item.corpus_vectors)
                         if self.fit_corpus not in ("target", "train"):
                             self.fitted_on_file[name] = calibrator
-                if getattr(calibrator, "losses", None):
-                    record["flow_losses"] = [float(loss) for loss in calibrator.losses]
-                if getattr(calibrator, "heldout_bits_per_dim", None):  # the recipe's unsupervised choice of weights
-                    record["flow_heldout_bits_per_dim"] = list(calibrator.heldout_bits_per_dim)
-                    record["flow_heldout_epochs"] = list(calibrator.heldout_epochs)
-                    record["flow_selected_epoch"] = calibrator.selected_epoch
-                    record["flow_stopped_early"] = calibrator.stopped_early
-                if getattr(calibrator, "choice", None) is not None:  # what auto chose, and on what evidence
-                    record.update(auto_choice=calibrator.choice, auto_signals=dict(calibrator.signals))
+                if name != "none" and name not in self.fitted:  # what the fit did (auto's choice, a flow's scores)
+                    record.update(reported(calibrator))
                 a, b = calibrator.transform(item.left), calibrator.transform(item.right)
                 if not (np.isfinite(a).all() and np.isfinite(b).all()):
                     raise FloatingPointError("the calibrated vectors contain NaN or Inf")
@@ -201,15 +200,14 @@ class _Scorer:
         return records
 
 
-def _flow_fits_in_parallel(scorer: _Scorer) -> bool:
-    """Worth and safe to fit the flows in forked one-thread processes: the built-in flow, on CPU, where
-    fork exists (a forked child can use neither CUDA nor multi-threaded OpenMP)."""
-    settings = scorer.settings
-    if "flow" not in scorer.calibrations or "flow" in scorer.fitted:
+def _fits_in_parallel(scorer: _Scorer) -> bool:
+    """Worth and safe to fit the calibrations in forked one-thread processes: one trains (its fit is not a few
+    matrix products) on one CPU thread, where fork exists (a forked child can use neither CUDA nor multi-threaded
+    OpenMP)."""
+    if "fork" not in multiprocessing.get_all_start_methods() or scorer.settings.device not in (None, "cpu"):
         return False
-    if "fork" not in multiprocessing.get_all_start_methods() or settings.device not in (None, "cpu"):
-        return False
-    return training_threads(recipe_named(settings.flow_recipe, batch_size=settings.flow_batch_size).batch_size) == 1
+    return any(build_calibrator(name, scorer.settings).fit_threads() == 1
+               for name in scorer.calibrations if name not in scorer.fitted)
 
 
 _WORK: tuple[_Scorer, list[_Dataset]] | None = None

@@ -90,8 +90,8 @@ def row_label(record: dict) -> str:
         detail += f" power {record['whitening_power']:g}"
     if name == "abtt" and record.get("abtt_k"):
         detail += f"-{record['abtt_k']}"
-    if name == "flow" and record.get("flow_input", "standardize") != "standardize":
-        detail += f" on {record['flow_input']} input"
+    if record.get(f"{name}_input", "standardize") != "standardize":  # a calibration fitted on another input
+        detail += f" on {record[f'{name}_input']} input"
     return f"{label} + {detail} ({corpus})"
 
 

@@ -21,7 +21,7 @@ from flowcore.batch import outputs
 from flowcore.batch.job import CalibrationJob, JobMismatchError, calibrate_file
 from flowcore.batch.rows import EMPTY_LINE, NON_FINITE
 from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
-from flowcore.calibration.flow_file import EncoderProvenance
+from flowcore.calibration.file import EncoderProvenance
 
 from helpers.tiny_models import save_tiny_bert
 

@@ -13,7 +13,7 @@ from flowcore.batch.pipeline import BackgroundThread, calibrate_chunks, iter_cal
 from flowcore.batch.rows import Chunk, Position
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
-from flowcore.calibration.flow_file import EncoderProvenance
+from flowcore.calibration.file import EncoderProvenance
 
 DIM = 8
 
@@ -60,7 +60,7 @@ def test_check_compatible_reads_the_flows_provenance(tmp_path, calibrator):
         check_compatible(fitted, corpus, StandInEncoder(model="other"))
     with pytest.raises(ValueError, match="fitted on 'mean' pooling, not 'cls'"):
         check_compatible(fitted, corpus, StandInEncoder(pooling="cls"))
-    with pytest.raises(ValueError, match="gives 9-wide vectors but the calibrator expects 8"):
+    with pytest.raises(ValueError, match="gives 9-wide vectors but the flow calibrator expects 8"):
         check_compatible(fitted, corpus, StandInEncoder(dim=DIM + 1))
     with pytest.raises(ValueError, match="an encoder is needed"):
         check_compatible(fitted, corpus)

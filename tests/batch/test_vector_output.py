@@ -24,7 +24,7 @@ from flowcore.batch.job import (
 )
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
-from flowcore.calibration.flow_file import FORMAT_VERSION, EncoderProvenance
+from flowcore.calibration.file import FORMAT_VERSION, EncoderProvenance
 
 from helpers.tiny_models import save_tiny_bert
 

@@ -11,7 +11,7 @@ from flowcore.flows.glow import Glow
 
 LINEAR = {
     "whitening": lambda: flowcore.Whitening(),
-    "whitening-8": lambda: flowcore.Whitening(dim=8),
+    "whitening-8": lambda: flowcore.Whitening(keep=8),
     "tempered": lambda: flowcore.Whitening(power=0.25),
     "zca": lambda: flowcore.ZCAWhitening(),
     "center": lambda: flowcore.MeanCentering(),
@@ -106,7 +106,7 @@ def test_unfitted_calibrators_are_refused():
 
 
 def test_a_saved_and_loaded_calibrator_gives_the_same_module(vectors, tmp_path):
-    calibrator = flowcore.Whitening(dim=6).fit(vectors)
+    calibrator = flowcore.Whitening(keep=6).fit(vectors)
     calibrator.save(tmp_path / "w.flow")
     loaded = flowcore.load(tmp_path / "w.flow").as_module()
     torch.testing.assert_close(loaded(torch.from_numpy(vectors)), calibrator.as_module()(torch.from_numpy(vectors)))

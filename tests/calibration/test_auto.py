@@ -38,7 +38,7 @@ def test_hub_dominated_vectors_are_whitened_and_balanced_ones_kept_raw():
     variances = np.linalg.eigvalsh(np.cov(X.astype(np.float64), rowvar=False))[::-1]
     shares = np.cumsum(variances) / variances.sum()
     assert shares[dim - 1] >= defaults.AUTO_VARIANCE_SHARE > shares[dim - 2]  # the fewest directions holding 90 %
-    np.testing.assert_allclose(auto.transform(X), flowcore.Whitening(dim=dim).fit(X).transform(X), atol=1e-5)
+    np.testing.assert_allclose(auto.transform(X), flowcore.Whitening(keep=dim).fit(X).transform(X), atol=1e-5)
     assert auto.reason == (f"whitening, {dim} directions (hubness {auto.signals['hubness']:.3f} ≥ 0.265; measured "
                            "on only 1500 distinct rows, fewer than the 4000 the threshold is set for)")
 
@@ -115,7 +115,7 @@ def test_the_robin_hood_index_counts_how_unevenly_neighbour_places_are_shared():
 @pytest.mark.parametrize("make", [anisotropic, fine_tuned_like])
 def test_the_file_records_the_choice_and_its_evidence(make, tmp_path):
     X = make(rows=600, dim=16)
-    auto = create("auto", seed=2, threshold=0.2).fit(X, encoder=flowcore.calibration.flow_file.EncoderProvenance(
+    auto = create("auto", seed=2, threshold=0.2).fit(X, encoder=flowcore.calibration.file.EncoderProvenance(
         "default", "static-avg"))
     auto.save(tmp_path / "auto.flow")
     with safe_open(str(tmp_path / "auto.flow"), framework="pt") as reader:

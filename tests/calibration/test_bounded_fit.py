@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flowcore
-from flowcore.calibration.calibrator import _whitening_start
+from flowcore.calibration.flow import _whitening_start
 from flowcore.calibration.standardize import Standardizer
 from flowcore.calibration.whitening import Whitening
 from flowcore.defaults import STAT_BLOCK_ROWS

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import flowcore
-from flowcore.calibration.flow_file import FlowFileError
+from flowcore.calibration.file import CalibratorFileError
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_same_seed_same_model(data, calibrator):
 
 
 def test_save_load_round_trip(calibrator, data, tmp_path):
-    from flowcore.calibration.flow_file import EncoderProvenance
+    from flowcore.calibration.file import EncoderProvenance
 
     calibrator.metadata = {"corpus": "nli", "sentences": 500}
     calibrator.provenance = EncoderProvenance("default", "mean")
@@ -89,26 +89,26 @@ def test_damaged_files_are_named(calibrator, tmp_path):
 
     truncated = tmp_path / "truncated.flow"
     truncated.write_bytes(blob[: len(blob) // 2])
-    with pytest.raises(FlowFileError, match="truncated.flow: not a readable flow file"):
+    with pytest.raises(CalibratorFileError, match="truncated.flow: not a readable calibrator file"):
         flowcore.FlowCalibrator.load(truncated)
 
     corrupted = tmp_path / "corrupted.flow"
     flipped = bytearray(blob)
     flipped[-10] ^= 0xFF
     corrupted.write_bytes(bytes(flipped))
-    with pytest.raises(FlowFileError, match="corrupted.flow: corrupted flow file"):
+    with pytest.raises(CalibratorFileError, match="corrupted.flow: corrupted calibrator file"):
         flowcore.FlowCalibrator.load(corrupted)
 
-    with pytest.raises(FlowFileError, match="missing.flow: no such flow file"):
+    with pytest.raises(CalibratorFileError, match="missing.flow: no such calibrator file"):
         flowcore.FlowCalibrator.load(tmp_path / "missing.flow")
 
-    from flowcore.calibration.flow_file import load_flow, save_flow
-    tensors, info = load_flow(path)
+    from flowcore.calibration.file import read_calibrator_file, write_calibrator_file
+    tensors, info = read_calibrator_file(path)
     info["glow"]["dim"] = 12
     mismatched = tmp_path / "mismatched.flow"
-    save_flow(mismatched, tensors, info)
-    with pytest.raises(FlowFileError, match="mismatched.flow: flow file does not match its recorded configuration") \
-            as raised:
+    write_calibrator_file(mismatched, tensors, info)
+    with pytest.raises(CalibratorFileError,
+                       match="mismatched.flow: flow file does not match its recorded configuration") as raised:
         flowcore.FlowCalibrator.load(mismatched)
     message = str(raised.value)
     assert "\n" not in message and "tensor flow.levels.0.0" in message and "refit" in message  # one line, the first
@@ -117,14 +117,14 @@ def test_damaged_files_are_named(calibrator, tmp_path):
     for changed, expected in ((extra, "tensor flow.levels.0.0.mixing.lower is not part of the recorded configuration"),
                               ({k: v for k, v in tensors.items() if not k.endswith("0.0.actnorm.logs")},
                                "needs a tensor flow.levels.0.0.actnorm.logs, which the file lacks")):
-        save_flow(mismatched, changed, info)
-        with pytest.raises(FlowFileError, match=expected):
+        write_calibrator_file(mismatched, changed, info)
+        with pytest.raises(CalibratorFileError, match=expected):
             flowcore.FlowCalibrator.load(mismatched)
 
     from safetensors.torch import save_file
     foreign = tmp_path / "foreign.flow"
     save_file({"w": tensors["flow.levels.0.0.actnorm.loc"]}, str(foreign), metadata={"info": json.dumps(info)})
-    with pytest.raises(FlowFileError, match="foreign.flow: not a flowcore flow file"):
+    with pytest.raises(CalibratorFileError, match="foreign.flow: not a flowcore calibrator file"):
         flowcore.FlowCalibrator.load(foreign)
 
 

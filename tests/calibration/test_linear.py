@@ -123,11 +123,11 @@ def test_bad_input_names_the_problem(monkeypatch):
 
 def test_sts_builds_and_labels_the_new_calibrations():
     settings = CalibrationSettings(abtt_k=2)
-    assert isinstance(build_calibrator("center", settings), MeanCentering)
-    abtt = build_calibrator("abtt", settings)
+    assert isinstance(build_calibrator("center", settings).calibrator, MeanCentering)
+    abtt = build_calibrator("abtt", settings).calibrator
     assert isinstance(abtt, AllButTheTop) and abtt.k == 2
-    assert isinstance(build_calibrator("zca", settings), ZCAWhitening)
-    assert isinstance(build_calibrator("none", settings), Identity)
+    assert isinstance(build_calibrator("zca", settings).calibrator, ZCAWhitening)
+    assert isinstance(build_calibrator("none", settings).calibrator, Identity)
     assert settings_record("abtt", settings) == {"abtt_k": 2}
     record = {"model": "default", "pooling": "mean", "calibration": "abtt", "fit_corpus": "target", "abtt_k": 2}
     assert row_label(record) == "default mean + abtt-2 (target)"

@@ -132,16 +132,17 @@ def test_the_papers_recipe_is_raw_input_without_selection(tmp_path):
 
 
 def test_files_from_before_recipes_are_refused_with_how_to_refit(tmp_path):
-    from flowcore.calibration.flow_file import FlowFileError, load_flow, save_flow
+    from flowcore.calibration.file import CalibratorFileError, read_calibrator_file, write_calibrator_file
 
     data = anisotropic(300)
     flowcore.FlowCalibrator("l2_d2_w32", recipe="standardized").fit(data,
                                                                     show_progress_bar=False).save(tmp_path / "new.flow")
-    tensors, info = load_flow(tmp_path / "new.flow")
+    tensors, info = read_calibrator_file(tmp_path / "new.flow")
     for key in ("recipe", "heldout_bits_per_dim", "selected_epoch"):
         del info["training"][key]
     del info["kind"]  # as such files were written
-    save_flow(tmp_path / "old.flow", tensors, info)
-    with pytest.raises(FlowFileError, match=r"old.flow: a flow file from an earlier flowcore \(before fit recipes\), "
-                                            r"which this one does not read; refit the flow with `flowcore fit`"):
+    write_calibrator_file(tmp_path / "old.flow", tensors, info)
+    with pytest.raises(CalibratorFileError, match=r"old.flow: a flow file from an earlier flowcore \(before fit "
+                                                  r"recipes\), which this one does not read; refit the flow with "
+                                                  r"`flowcore fit`"):
         flowcore.load(tmp_path / "old.flow")

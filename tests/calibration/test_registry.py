@@ -10,9 +10,14 @@ from safetensors import safe_open
 
 import flowcore
 import flowcore.calibration as calibration
-from flowcore.calibration.flow_file import EncoderProvenance, FlowFileError, load_flow, save_flow
+from flowcore.calibration.file import (
+    CalibratorFileError,
+    EncoderProvenance,
+    read_calibrator_file,
+    write_calibrator_file,
+)
 
-SETTINGS = {"flow": {"config": "l2_d2_w32", "epochs": 1}, "whitening": {"power": 0.3, "dim": 5}, "abtt": {"k": 2},
+SETTINGS = {"flow": {"config": "l2_d2_w32", "epochs": 1}, "whitening": {"power": 0.3, "keep": 5}, "abtt": {"k": 2},
             "auto": {"seed": 3, "threshold": 0.05}}
 """Small, non-default settings per method (the rest are fitted with their defaults)."""
 
@@ -82,12 +87,12 @@ def test_fit_without_an_encoder_keeps_no_provenance_and_refits_keep_it(name):
 def test_a_class_load_refuses_a_file_of_another_kind(tmp_path):
     X = _anisotropic(rows=200, dim=6)
     _fit("abtt", X).save(tmp_path / "abtt.flow")
-    with pytest.raises(FlowFileError, match="abtt.flow: holds the abtt calibration, not flow; flowcore.load"):
+    with pytest.raises(CalibratorFileError, match="abtt.flow: holds the abtt calibration, not flow; flowcore.load"):
         flowcore.FlowCalibrator.load(tmp_path / "abtt.flow")
-    with pytest.raises(FlowFileError, match="holds the abtt calibration, not zca"):
+    with pytest.raises(CalibratorFileError, match="holds the abtt calibration, not zca"):
         flowcore.ZCAWhitening.load(tmp_path / "abtt.flow")
     _fit("zca", X).save(tmp_path / "zca.flow")
-    with pytest.raises(FlowFileError, match="holds the zca calibration, not whitening"):
+    with pytest.raises(CalibratorFileError, match="holds the zca calibration, not whitening"):
         flowcore.Whitening.load(tmp_path / "zca.flow")  # a subclass in code, another method on disk
 
 
@@ -95,9 +100,9 @@ def test_a_flow_file_without_a_kind_is_a_flow(tmp_path):
     """Flow files written before kinds were recorded (format version 3) still load unchanged."""
     X = _anisotropic(rows=200, dim=6)
     _fit("flow", X).save(tmp_path / "new.flow")
-    tensors, info = load_flow(tmp_path / "new.flow")
+    tensors, info = read_calibrator_file(tmp_path / "new.flow")
     del info["kind"]
-    save_flow(tmp_path / "old.flow", tensors, info)
+    write_calibrator_file(tmp_path / "old.flow", tensors, info)
     old = flowcore.load(tmp_path / "old.flow")
     assert old.name == "flow"
     np.testing.assert_array_equal(old.transform(X), flowcore.load(tmp_path / "new.flow").transform(X))
@@ -105,10 +110,10 @@ def test_a_flow_file_without_a_kind_is_a_flow(tmp_path):
 
 @pytest.mark.parametrize("kind, now", [("pca-whitening", "whitening"), ("zca-whitening", "zca")])
 def test_files_of_the_earlier_linear_kinds_are_refused_with_how_to_refit(kind, now, tmp_path):
-    tensors, info = load_flow(_saved("whitening", tmp_path))
-    save_flow(tmp_path / "old.flow", {name: tensors[name] for name in ("linear.mean", "linear.matrix")},
+    tensors, info = read_calibrator_file(_saved("whitening", tmp_path))
+    write_calibrator_file(tmp_path / "old.flow", {name: tensors[name] for name in ("linear.mean", "linear.matrix")},
               {**info, "kind": kind, "settings": {}})
-    with pytest.raises(FlowFileError, match=rf"old.flow: a '{kind}' calibrator from an earlier flowcore.*"
+    with pytest.raises(CalibratorFileError, match=rf"old.flow: a '{kind}' calibrator from an earlier flowcore.*"
                                             rf"now '{now}': refit it \(`flowcore fit --calibration {now}`\)"):
         flowcore.load(tmp_path / "old.flow")
 
@@ -120,27 +125,27 @@ def _saved(name, folder):
 
 
 def test_damaged_or_unknown_calibrator_files_are_refused_naming_the_file(tmp_path):
-    tensors, info = load_flow(_saved("abtt", tmp_path))
-    save_flow(tmp_path / "odd.flow", tensors, {**info, "kind": "cholesky"})
-    with pytest.raises(FlowFileError, match="odd.flow: unknown calibrator kind 'cholesky'; this flowcore reads "
+    tensors, info = read_calibrator_file(_saved("abtt", tmp_path))
+    write_calibrator_file(tmp_path / "odd.flow", tensors, {**info, "kind": "cholesky"})
+    with pytest.raises(CalibratorFileError, match="odd.flow: unknown calibrator kind 'cholesky'; this flowcore reads "
                                             "none, whitening, flow, center, abtt, zca, auto"):
         flowcore.load(tmp_path / "odd.flow")
-    save_flow(tmp_path / "bad.flow", {"linear.mean": tensors["linear.mean"][:2],
+    write_calibrator_file(tmp_path / "bad.flow", {"linear.mean": tensors["linear.mean"][:2],
                                       "linear.matrix": tensors["linear.matrix"]}, info)
-    with pytest.raises(FlowFileError, match="bad.flow: abtt calibrator file whose header does not match its tensors.*"
-                                            "does not fit a matrix"):
+    with pytest.raises(CalibratorFileError, match="bad.flow: abtt calibrator file whose header does not match its "
+                                                  "tensors.*does not fit a matrix"):
         flowcore.load(tmp_path / "bad.flow")
-    save_flow(tmp_path / "k.flow", tensors, {**info, "settings": {"k": -1}})
-    with pytest.raises(FlowFileError, match="k.flow: abtt calibrator file whose header does not match its tensors.*"
-                                            "positive integer"):
+    write_calibrator_file(tmp_path / "k.flow", tensors, {**info, "settings": {"k": -1}})
+    with pytest.raises(CalibratorFileError, match="k.flow: abtt calibrator file whose header does not match its "
+                                                  "tensors.*positive integer"):
         flowcore.load(tmp_path / "k.flow")
-    tensors, info = load_flow(_saved("whitening", tmp_path))
+    tensors, info = read_calibrator_file(_saved("whitening", tmp_path))
     del tensors["linear.axes"]
-    save_flow(tmp_path / "w.flow", tensors, info)
-    with pytest.raises(FlowFileError, match="w.flow: whitening calibrator file whose header does not match its "
+    write_calibrator_file(tmp_path / "w.flow", tensors, info)
+    with pytest.raises(CalibratorFileError, match="w.flow: whitening calibrator file whose header does not match its "
                                             "tensors: it holds no tensor linear.axes"):
         flowcore.load(tmp_path / "w.flow")
-    with pytest.raises(FlowFileError, match="no such flow file"):
+    with pytest.raises(CalibratorFileError, match="no such calibrator file"):
         flowcore.load(tmp_path / "missing.flow")
 
 
@@ -148,7 +153,7 @@ def test_unknown_names_and_bad_settings_are_refused_clearly():
     with pytest.raises(ValueError, match="unknown calibration 'pca'; choose from none, whitening, flow, center, "
                                          "abtt, zca, auto"):
         calibration.create("pca")
-    with pytest.raises(ValueError, match="calibration 'whitening' takes the settings dim, power, tolerance; not k"):
+    with pytest.raises(ValueError, match="calibration 'whitening' takes the settings keep, power, tolerance; not k"):
         calibration.create("whitening", k=3)
     with pytest.raises(ValueError, match=r"calibration 'center' takes the settings \(none\); not dim"):
         calibration.create("center", dim=3)
@@ -156,8 +161,10 @@ def test_unknown_names_and_bad_settings_are_refused_clearly():
     assert {"config", "recipe", "epochs", "seed"} <= set(calibration.setting_names("flow"))
     with pytest.raises(ValueError, match="unknown flow config 'huge'"):
         calibration.create("flow", config="huge")
-    created = calibration.create("whitening", power=0.3, dim=128)
-    assert created.settings() == {"dim": 128, "power": 0.3, "tolerance": 1e-8}
+    created = calibration.create("whitening", power=0.3, keep=128)
+    assert created.settings() == {"keep": 128, "power": 0.3, "tolerance": 1e-8}
+    with pytest.warns(DeprecationWarning, match=r"Whitening\(dim=k\) is now Whitening\(keep=k\)"):
+        assert calibration.create("whitening", dim=64).settings()["keep"] == 64  # its earlier name
 
 
 @pytest.mark.parametrize("name", [name for name in calibration.NAMES if name != "none"])
@@ -193,7 +200,7 @@ def test_whitening_to_one_direction_saves_and_loads(tmp_path, rows, dim):
     rng = np.random.default_rng(0)
     X = {"two rows": rng.normal(size=(2, 8)), "rank 1": rng.normal(size=(50, 1)) * rng.normal(size=(1, 8)),
          "full": rng.normal(size=(50, 8))}[rows]
-    whitening = flowcore.Whitening(dim=dim).fit(X)
+    whitening = flowcore.Whitening(keep=dim).fit(X)
     assert whitening.output_dim == 1
     whitening.save(tmp_path / "w.flow")
     np.testing.assert_array_equal(flowcore.load(tmp_path / "w.flow").transform(X), whitening.transform(X))

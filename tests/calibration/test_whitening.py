@@ -26,14 +26,14 @@ def test_matches_the_bert_whitening_formula_up_to_column_signs():
     mu = X.mean(axis=0, keepdims=True)
     u, s, _ = np.linalg.svd(np.cov((X - mu).T))
     reference = (X - mu) @ (u @ np.diag(1 / np.sqrt(s)))[:, :5]
-    ours = Whitening(dim=5).fit(X).transform(X)
+    ours = Whitening(keep=5).fit(X).transform(X)
     signs = np.sign((reference * ours).sum(axis=0))
     np.testing.assert_allclose(ours * signs, reference, rtol=1e-3, atol=1e-3)
 
 
 def test_dimension_reduction_keeps_the_largest_variance_directions():
     X = _anisotropic()
-    whitening = Whitening(dim=4).fit(X)
+    whitening = Whitening(keep=4).fit(X)
     Z = whitening.transform(X[:50])
     assert Z.shape == (50, 4)
     assert np.all(np.diff(whitening.eigenvalues) <= 0)
@@ -50,7 +50,7 @@ def test_directions_without_variance_are_dropped():
     Z = whitening.transform(X)
     assert whitening.output_dim == 3 and Z.shape == (40, 3) and np.isfinite(Z).all()
     np.testing.assert_allclose(np.cov(Z, rowvar=False), np.eye(3), atol=1e-3)
-    assert Whitening(dim=2).fit(X).output_dim == 2
+    assert Whitening(keep=2).fit(X).output_dim == 2
     with pytest.raises(ValueError, match="every row of the corpus is the same"):
         Whitening().fit(np.ones((5, 4)))
 
@@ -61,8 +61,8 @@ def test_bad_input_is_reported_clearly():
         Whitening().transform(X)
     with pytest.raises(ValueError, match="whitening needs at least 2 rows, got 1"):
         Whitening().fit(X[:1])
-    with pytest.raises(ValueError, match="dim 7 exceeds the embedding width 6"):
-        Whitening(dim=7).fit(X)
+    with pytest.raises(ValueError, match="whitening cannot keep 7 directions of 6-wide vectors"):
+        Whitening(keep=7).fit(X)
     broken = X.copy()
     broken[3, 2] = np.nan
     with pytest.raises(ValueError, match=r"NaN or Inf values in row\(s\) 3"):
@@ -76,7 +76,7 @@ def test_bad_input_is_reported_clearly():
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"dim": 0}, "dim must be a positive integer"), ({"dim": 2.5}, "dim must be a positive integer"),
+    ({"keep": 0}, "keep must be a positive integer"), ({"keep": 2.5}, "keep must be a positive integer"),
     ({"power": -0.1}, "power must be a number from 0"), ({"power": 1.5}, "power must be a number from 0"),
     ({"power": float("nan")}, "power must be a number from 0"), ({"power": "half"}, "power must be a number"),
     ({"tolerance": 1.0}, "tolerance must be a number in"),
@@ -118,7 +118,7 @@ def test_tempered_whitening_leaves_the_spectrum_at_the_power_one_minus_two_gamma
     """Var along the i-th axis after W = U Λ^-γ is λ_i^(1-2γ): γ between 0 and ½ shrinks the
     dominant directions less than full whitening."""
     X = _anisotropic(rows=4000).astype(np.float64)
-    tempered = Whitening(power=0.3, dim=7).fit(X)
+    tempered = Whitening(power=0.3, keep=7).fit(X)
     Z = tempered.transform(X).astype(np.float64)
     assert Z.shape == (len(X), 7)
     np.testing.assert_allclose(np.var(Z, axis=0, ddof=1), tempered.eigenvalues ** 0.4, rtol=1e-4)
@@ -129,9 +129,9 @@ def test_tempered_whitening_leaves_the_spectrum_at_the_power_one_minus_two_gamma
 def test_streaming_fit_equals_the_in_memory_fit(power):
     """fit_chunks / from_moments: the same μ, Λ and W (up to column signs) from O(d²) statistics."""
     X = _anisotropic(rows=2000, dim=12).astype(np.float64) + 1e3
-    in_memory = Whitening(dim=8, power=power).fit(X)
-    streamed = Whitening(dim=8, power=power).fit_chunks(X[start:start + 300] for start in range(0, len(X), 300))
-    merged = Whitening.from_moments(Moments.of(X[:700]).merge(Moments.of(X[700:])), dim=8, power=power)
+    in_memory = Whitening(keep=8, power=power).fit(X)
+    streamed = Whitening(keep=8, power=power).fit_chunks(X[start:start + 300] for start in range(0, len(X), 300))
+    merged = Whitening.from_moments(Moments.of(X[:700]).merge(Moments.of(X[700:])), keep=8, power=power)
     for fitted in (streamed, merged):
         assert (fitted.rows, fitted.rank, fitted.output_dim) == (2000, 12, 8)
         np.testing.assert_allclose(fitted.mean, in_memory.mean, rtol=1e-12)
@@ -153,5 +153,5 @@ def test_streaming_fit_reports_rank_and_refuses_bad_chunks():
         Whitening().fit_chunks([bad[:50], bad[50:]])
     with pytest.raises(ValueError, match="at least 2 rows"):
         Whitening().fit_chunks([X[:1]])
-    with pytest.raises(ValueError, match="dim 7 exceeds the embedding width 6"):
-        Whitening(dim=7).fit_chunks([X])
+    with pytest.raises(ValueError, match="whitening cannot keep 7 directions of 6-wide vectors"):
+        Whitening(keep=7).fit_chunks([X])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import flowcore
-from flowcore.calibration.flow_file import EncoderProvenance
+from flowcore.calibration.file import EncoderProvenance
 from flowcore.cli import main
 
 
@@ -27,8 +27,9 @@ def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "warning" not in captured.err  # 300 >= 5 x 16
     line = captured.out.strip()
-    assert line.startswith("fitted l2_d2_w32 on 300 x 16 (whitened recipe): kept ") and len(line.splitlines()) == 1
-    assert line.endswith(f" s; wrote {out}")
+    assert line.startswith("flow l2_d2_w32 (whitened recipe): kept ") and len(line.splitlines()) == 1
+    assert "; fitted on 300 x 16 in " in line
+    assert line.endswith(f"s; wrote {out}")
     calibrator = flowcore.FlowCalibrator.load(out)
     assert (calibrator.config, calibrator.epochs, calibrator.seed, calibrator.dim) == ("l2_d2_w32", 2, 4, 16)
     expected = flowcore.FlowCalibrator(config="l2_d2_w32", epochs=2, batch_size=64, seed=4).fit(
@@ -206,8 +207,8 @@ def test_the_default_is_auto_and_it_says_what_it_chose_and_why(tmp_path, capsys)
 
 @pytest.mark.parametrize("options, method, settings", [
     (["--calibration", "whitening", "--whitening-power", "0.3", "--whitening-dim", "8"], "whitening",
-     {"dim": 8, "power": 0.3}),
-    (["--calibration", "whitening"], "whitening", {"dim": None, "power": 0.5}),
+     {"keep": 8, "power": 0.3}),
+    (["--calibration", "whitening"], "whitening", {"keep": None, "power": 0.5}),
     (["--calibration", "abtt", "--abtt-k", "3"], "abtt", {"k": 3}),
     (["--calibration", "zca"], "zca", {}), (["--calibration", "center"], "center", {}),
     (["--calibration", "none"], "none", {}),
@@ -216,7 +217,8 @@ def test_fit_any_method_streams_the_rows_into_a_loadable_file(embeddings, tmp_pa
                                                               settings):
     out = tmp_path / f"{method}.flow"
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), *options]) == 0
-    assert f"fitted {method}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert printed.startswith(method) and "; fitted on 300 x 16 in " in printed
     loaded = flowcore.load(out)
     assert loaded.name == method and loaded.dim == 16 and loaded.provenance is None
     assert {key: loaded.settings()[key] for key in settings} == settings
@@ -258,13 +260,14 @@ def test_options_of_another_method_are_one_line_errors(embeddings, tmp_path, cap
          "--whitening-power does not apply to --calibration abtt"),
         (["--whitening-dim", "4"], "--whitening-dim does not apply to --calibration auto"),
         (["--calibration", "flow", "--whitening-dim", "4"], "--whitening-dim does not apply to --calibration flow"),
-        (["--epochs", "2"], "--epochs applies to --calibration flow only, not auto"),
+        (["--epochs", "2"], "--epochs does not apply to --calibration auto"),
         (["--calibration", "flow", "--patience", "0"], "--patience must be at least 1, got 0"),
-        (["--calibration", "whitening", "--epochs", "2"], "--epochs applies to --calibration flow only, not whitening"),
+        (["--calibration", "whitening", "--epochs", "2"], "--epochs does not apply to --calibration whitening"),
         (["--calibration", "center", "--config", "l2_d2_w32"],
-         "--config applies to --calibration flow only, not center"),
+         "--config does not apply to --calibration center"),
         (["--calibration", "whitening", "--whitening-power", "2"], "whitening power must be a number from 0"),
-        (["--calibration", "whitening", "--whitening-dim", "17"], "whitening dim 17 exceeds the embedding width 16"),
+        (["--calibration", "whitening", "--whitening-dim", "17"],
+         "whitening cannot keep 17 directions of 16-wide vectors"),
     ]:
         assert main(["fit", "--embeddings", str(embeddings), "--out", out, *options]) == 2
         assert message in capsys.readouterr().err

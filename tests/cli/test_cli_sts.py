@@ -159,8 +159,8 @@ def test_cli_pairs_of_stsb_match_the_built_in_row(sts_data_dir, tmp_path, capsys
 def test_cli_flow_file_is_applied_not_fitted(tmp_path, capsys, stand_in):
     import numpy as np
 
-    from flowcore.calibration.calibrator import FlowCalibrator
-    from flowcore.calibration.flow_file import EncoderProvenance
+    from flowcore.calibration.file import EncoderProvenance
+    from flowcore.calibration.flow import FlowCalibrator
 
     pairs = _pairs_file(tmp_path / "mine.tsv")
     sentences = [f"corpus sentence {i}" for i in range(200)]

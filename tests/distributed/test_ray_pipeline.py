@@ -32,7 +32,7 @@ def test_calibrate_adds_vectors_and_keeps_bad_rows(ray_session, tmp_path):
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
     assert ((got[good] * expected).sum(axis=1)).min() > 0.99999
 
-    with pytest.raises(ValueError, match="the calibrator was fitted on embeddings from encoder"):
+    with pytest.raises(ValueError, match="the flow calibrator was fitted on embeddings from encoder"):
         Calibrate(tmp_path / "text.flow", model=save_tiny_bert(tmp_path / "other", WORDS, 16, 2, seed=1))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flowcore.calibration.flow_file import load_flow, save_flow
+from flowcore.calibration.file import read_calibrator_file, write_calibrator_file
 
 
 def randomize(module: torch.nn.Module, std: float = 0.3, seed: int = 1) -> torch.nn.Module:
@@ -52,8 +52,8 @@ def check_every_parameter_gets_gradient(layer, x: torch.Tensor) -> None:
 
 
 def check_save_load(layer, make_layer, x: torch.Tensor, path) -> torch.nn.Module:
-    save_flow(path, layer.state_dict(), {"kind": type(layer).__name__})
-    tensors, info = load_flow(path)
+    write_calibrator_file(path, layer.state_dict(), {"kind": type(layer).__name__})
+    tensors, info = read_calibrator_file(path)
     assert info == {"kind": type(layer).__name__}
     loaded = make_layer().to(x.dtype)
     loaded.load_state_dict(tensors)

@@ -3,6 +3,8 @@ import hashlib
 
 import numpy as np
 
+from flowcore import MeanCentering
+
 
 class HashEncoder:
     """A deterministic stand-in encoder: a fixed random vector per distinct sentence, plus a large
@@ -22,15 +24,12 @@ class HashEncoder:
         return np.asarray(rows, dtype=np.float32)
 
 
-class MeanShift:
-    """A stand-in calibrator: subtracts the fitted mean (removes the shared offset)."""
+class MeanShift(MeanCentering):
+    """A stand-in calibrator: mean-centring (it removes the shared offset) that counts the rows it is fitted on."""
 
     fitted_rows: list[int] = []
 
-    def fit(self, X):
-        self.mean = X.mean(axis=0)
-        MeanShift.fitted_rows.append(len(X))
-        return self
-
-    def transform(self, X):
-        return X - self.mean
+    def fit_chunks(self, chunks, encoder=None):
+        chunks = list(chunks)
+        MeanShift.fitted_rows.append(sum(len(chunk) for chunk in chunks))
+        return super().fit_chunks(chunks, encoder=encoder)

@@ -139,7 +139,7 @@ def test_protocol_and_model_meta(encoder, recorded, stsb):
     assert meta.n_parameters == sum(p.numel() for p in encoder._loaded.model.parameters())
     assert meta.modalities == ["text"] and meta.use_instructions is False
     assert meta.languages == ["eng-Latn"] and meta.license == "apache-2.0"  # from mteb's registry, offline
-    whitening = flowcore.Whitening(dim=128).fit(recorded.encode(stsb.sentences1[:400]))
+    whitening = flowcore.Whitening(keep=128).fit(recorded.encode(stsb.sentences1[:400]))
     whitened = FlowcoreMTEBModel(encoder, whitening, normalize=True,
                                  meta_overrides={"training_datasets": {"STSBenchmark"}})
     assert whitened.mteb_model_meta.name.endswith("-whitening") and whitened.mteb_model_meta.embed_dim == 128
@@ -159,7 +159,7 @@ def test_protocol_and_model_meta(encoder, recorded, stsb):
 def test_encode_over_mteb_batches(recorded, stsb):
     texts = stsb.sentences1[:10]
     X = recorded.encode(texts)
-    whitening = flowcore.Whitening(dim=64).fit(recorded.encode(stsb.sentences()[:600]))
+    whitening = flowcore.Whitening(keep=64).fit(recorded.encode(stsb.sentences()[:600]))
     model = FlowcoreMTEBModel(recorded, whitening)
     got = model.encode(loader(texts, batch_size=3), task_metadata=None, hf_split="test", hf_subset="default",
                        prompt_type=mteb.types.PromptType.query, batch_size=3)
@@ -183,27 +183,27 @@ def test_encode_over_mteb_batches(recorded, stsb):
         model.encode([{"image": [0]}], task_metadata=None, hf_split="test", hf_subset="default")
 
 
-def test_from_flow_file(recorded, encoder, stsb, tmp_path):
+def test_from_calibrator_file(recorded, encoder, stsb, tmp_path):
     sentences = stsb.sentences()[:512]
     calibrator = flowcore.FlowCalibrator(config="l2_d2_w32").fit(recorded.encode(sentences), encoder=encoder,
                                                                  show_progress_bar=False)
     path = tmp_path / "stsb.flow"
     calibrator.save(path)
-    model = FlowcoreMTEBModel.from_flow_file(path, encoder=recorded)
+    model = FlowcoreMTEBModel.from_calibrator_file(path, encoder=recorded)
     texts = stsb.sentences2[:7]
     got = model.encode(loader(texts), task_metadata=None, hf_split="test", hf_subset="default")
     np.testing.assert_allclose(got, calibrator.transform(recorded.encode(texts)), rtol=0, atol=1e-5)
-    own = FlowcoreMTEBModel.from_flow_file(path)  # the encoder the file records: default, first-last-avg
+    own = FlowcoreMTEBModel.from_calibrator_file(path)  # the encoder the file records: default, first-last-avg
     assert (own.encoder.model_id, own.encoder.pooling) == ("default", "first-last-avg")
     assert own.mteb_model_meta.name == "flowcore/all-MiniLM-L6-v2-first-last-avg-flow"
     assert own.mteb_model_meta.revision.startswith(file_sha256(path)[:12])
     with pytest.raises(ValueError, match="pooling"):
-        FlowcoreMTEBModel.from_flow_file(path, encoder=flowcore.Encoder(pooling="mean"))
+        FlowcoreMTEBModel.from_calibrator_file(path, encoder=flowcore.Encoder(pooling="mean"))
     anonymous = tmp_path / "raw.flow"
     flowcore.FlowCalibrator(config="l2_d2_w32").fit(recorded.encode(sentences), show_progress_bar=False).save(anonymous)
     with pytest.raises(ValueError, match="records no encoder"):
-        FlowcoreMTEBModel.from_flow_file(anonymous)
-    assert FlowcoreMTEBModel.from_flow_file(anonymous, encoder=recorded).embed_dim == 384
+        FlowcoreMTEBModel.from_calibrator_file(anonymous)
+    assert FlowcoreMTEBModel.from_calibrator_file(anonymous, encoder=recorded).embed_dim == 384
 
 
 def test_importing_the_adapter_does_not_import_mteb():
@@ -211,14 +211,14 @@ def test_importing_the_adapter_does_not_import_mteb():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-@pytest.mark.parametrize("name, settings", [("abtt", {"k": 2}), ("whitening", {"power": 0.25, "dim": 96}),
+@pytest.mark.parametrize("name, settings", [("abtt", {"k": 2}), ("whitening", {"power": 0.25, "keep": 96}),
                                             ("zca", {}), ("center", {}), ("none", {})])
 def test_any_calibrator_file_and_its_name(recorded, encoder, stsb, tmp_path, name, settings):
     """The adapter reads every calibrator through the protocol: its file, name, widths and encoder."""
     calibrator = flowcore.calibration.create(name, **settings).fit(recorded.encode(stsb.sentences()[:600]),
                                                                    encoder=encoder)
     calibrator.save(tmp_path / f"{name}.flow")
-    model = FlowcoreMTEBModel.from_flow_file(tmp_path / f"{name}.flow", encoder=recorded)
+    model = FlowcoreMTEBModel.from_calibrator_file(tmp_path / f"{name}.flow", encoder=recorded)
     assert model.calibration == name and model.embed_dim == calibrator.output_dim
     assert model.mteb_model_meta.name == f"flowcore/all-MiniLM-L6-v2-first-last-avg-{name}"
     texts = stsb.sentences2[:5]

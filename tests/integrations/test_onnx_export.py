@@ -22,7 +22,7 @@ WORDS = "a man dog cat runs plays guitar the is on with red blue green big small
 MIN_COSINE, MAX_ABS = 0.99999, 1e-4
 METHODS = {
     "whitening": lambda: flowcore.Whitening(),
-    "whitening-k": lambda: flowcore.Whitening(dim=6),
+    "whitening-k": lambda: flowcore.Whitening(keep=6),
     "tempered": lambda: flowcore.Whitening(power=0.25),
     "abtt": lambda: flowcore.AllButTheTop(k=2),
     "zca": lambda: flowcore.ZCAWhitening(),
@@ -134,7 +134,7 @@ class _no_warning:
 
 def test_the_folder(bert, sentences, tmp_path):
     encoder = flowcore.Encoder(bert, pooling="mean")
-    whitening = flowcore.Whitening(dim=8).fit(encoder.encode(sentences), encoder=encoder)
+    whitening = flowcore.Whitening(keep=8).fit(encoder.encode(sentences), encoder=encoder)
     whitening.save(tmp_path / "w.flow")
     out = flowcore_onnx.export(tmp_path / "onnx", tmp_path / "w.flow", normalize=True, max_length=20)
     folder = tmp_path / "onnx"

@@ -38,7 +38,7 @@ def test_default_model_flow_and_whitening(stsb, tmp_path):
     assert flow_cos.min() > 0.9999, flow_cos.min()
 
     mean_encoder = flowcore.Encoder(pooling="mean")
-    whitening = flowcore.Whitening(dim=128).fit(mean_encoder.encode(fit), encoder=mean_encoder)
+    whitening = flowcore.Whitening(keep=128).fit(mean_encoder.encode(fit), encoder=mean_encoder)
     out = export(tmp_path / "white_st", whitening, normalize=True)  # the default model and mean pooling it records
     assert all(e["type"].startswith("sentence_transformers.")
                for e in json.loads((tmp_path / "white_st" / "modules.json").read_text()))

@@ -12,7 +12,7 @@ pytest.importorskip("sentence_transformers")
 from sentence_transformers import SentenceTransformer  # noqa: E402
 
 import flowcore  # noqa: E402
-from flowcore.calibration.flow_file import FlowFileError  # noqa: E402
+from flowcore.calibration.file import CalibratorFileError  # noqa: E402
 from flowcore.integrations import sentence_transformers as fst  # noqa: E402
 
 from helpers.tiny_models import save_tiny_bert  # noqa: E402
@@ -99,7 +99,7 @@ def test_linear_calibrations_are_stock_dense_and_load_without_flowcore(bert, sen
               "texts = open(sys.argv[1]).read().splitlines()\n"
               "for folder in sys.argv[2:]:\n"
               "    np.save(folder + '.npy', SentenceTransformer(folder, device='cpu').encode(texts))\n")
-    calibrators = {"whitening": flowcore.Whitening(), "whitening-6": flowcore.Whitening(dim=6),
+    calibrators = {"whitening": flowcore.Whitening(), "whitening-6": flowcore.Whitening(keep=6),
                    "tempered": flowcore.Whitening(power=0.25, dim=8), "zca": flowcore.ZCAWhitening(),
                    "center": flowcore.MeanCentering(), "abtt": flowcore.AllButTheTop(k=2),
                    "none": flowcore.calibration.create("none")}
@@ -130,7 +130,7 @@ def test_whitening_after_a_flowcore_pooling(bert, sentences, tmp_path):
     assert cosines(got, whitening.transform(encoder.encode(sentences[:40]))).min() > 0.9999
 
 
-@pytest.mark.parametrize("calibrator", [flowcore.Whitening(dim=3), flowcore.Whitening(power=0.2),
+@pytest.mark.parametrize("calibrator", [flowcore.Whitening(keep=3), flowcore.Whitening(power=0.2),
                                         flowcore.AllButTheTop(k=1), flowcore.MeanCentering(), flowcore.ZCAWhitening()],
                          ids=lambda calibrator: calibrator.name)
 def test_linear_dense_weights(calibrator):
@@ -150,7 +150,7 @@ def test_linear_dense_weights(calibrator):
 
 
 def test_errors(bert, sentences, flow_file, tmp_path):
-    with pytest.raises(FlowFileError, match="no such flow file"):
+    with pytest.raises(CalibratorFileError, match="no such calibrator file"):
         fst.export(tmp_path / "a", tmp_path / "missing.flow")
     with pytest.raises(ValueError, match="fitted on 'first-last-avg' pooling, not 'mean'"):
         fst.export(tmp_path / "b", flow_file, pooling="mean")
@@ -169,8 +169,8 @@ def test_errors(bert, sentences, flow_file, tmp_path):
         fst.export(tmp_path / "g", whitening)
     with pytest.raises(ValueError, match="24-wide vectors but the whitening calibrator expects 16"):
         fst.export(tmp_path / "h", whitening, model=wide)
-    with pytest.raises(TypeError, match="FlowModule takes a fitted flow"):
-        fst.FlowModule(whitening)
+    with pytest.raises(TypeError, match="FlowModule takes a fitted calibrator or a calibrator file path, not dict"):
+        fst.FlowModule({})
     with pytest.raises(ValueError, match="unknown pooling"):
         fst.export(tmp_path / "f", model=bert, pooling="max")
     (tmp_path / "full").mkdir()

@@ -59,7 +59,7 @@ def test_export_whitening_end_to_end(setup, tmp_path, capsys):
     assert all(t.startswith("sentence_transformers.") for t in types)
     got = SentenceTransformer(str(out)).encode(sentences[:50])
     encoder = flowcore.Encoder(bert, pooling="mean")
-    want = flowcore.Whitening(dim=8).fit(encoder.encode(sentences)).transform(encoder.encode(sentences[:50]))
+    want = flowcore.Whitening(keep=8).fit(encoder.encode(sentences)).transform(encoder.encode(sentences[:50]))
     assert got.shape == (50, 8) and cosines(got, want).min() > 0.9999
 
 
@@ -106,7 +106,7 @@ def test_export_whitening_default_pooling(setup, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--calibrator", "{root}/missing.flow"], "missing.flow: no such flow file"),
+    (["--calibrator", "{root}/missing.flow"], "missing.flow: no such calibrator file"),
     (["--calibrator", "{flow}", "--pooling", "mean"], "fitted on 'static-avg' pooling, not 'mean'"),
     (["--calibrator", "{flow}", "--model", "{root}/nowhere"], "model folder {root}/nowhere does not exist"),
     (["--calibrator", "{flow}", "--whitening-dim", "4"], "apply to --whitening, not to --calibrator"),

@@ -8,8 +8,8 @@ from flowcore.calibration.linear import Identity
 from flowcore.calibration.whitening import Whitening
 from flowcore.sts.baselines import (
     CALIBRATIONS,
+    Baseline,
     CalibrationSettings,
-    FlowBaseline,
     build_calibrator,
     prefitted,
     settings_record,
@@ -41,23 +41,24 @@ def test_build_calibrator_and_settings_record():
     settings = CalibrationSettings(whitening_dim=4, whitening_power=0.3, flow_input="prewhiten", flow_epochs=2, seed=7)
     assert CALIBRATIONS == ("none", "whitening", "flow", "center", "abtt", "zca", "auto")
     none = build_calibrator("none", settings)
-    assert isinstance(none, Identity) and none.transform([[1, 2]]).dtype == np.float32
-    whitening = build_calibrator("whitening", settings)
-    assert isinstance(whitening, Whitening) and (whitening.dim_kept, whitening.power) == (4, 0.3)
+    assert isinstance(none, Baseline) and isinstance(none.calibrator, Identity)
+    assert none.transform([[1, 2]]).dtype == np.float32
+    whitening = build_calibrator("whitening", settings).calibrator
+    assert isinstance(whitening, Whitening) and (whitening.keep, whitening.power) == (4, 0.3)
     flow = build_calibrator("flow", settings, show_progress_bar=False)
-    assert isinstance(flow, FlowBaseline) and flow.input == "prewhiten" and flow.show_progress_bar is False
-    assert flow.flow.epochs == 2 and not flow.flow.standardize
+    assert flow.prewhiten and flow.show_progress_bar is False
+    assert flow.calibrator.epochs == 2 and flow.calibrator.standardize  # the recipe's input, on whitened vectors
     with pytest.raises(ValueError, match="unknown calibration 'pca'"):
         build_calibrator("pca", settings)
     with pytest.raises(ValueError, match="unknown flow input 'whiten'; choose from standardize, prewhiten, raw"):
-        FlowBaseline(None, input="whiten")
+        build_calibrator("flow", CalibrationSettings(flow_input="whiten"))
     assert settings_record("none", settings) == {}
     assert settings_record("whitening", settings) == {"whitening_dim": 4, "whitening_power": 0.3}
     assert settings_record("flow", settings) == {"flow_config": "l2_d3_w32", "flow_recipe": "whitened",
                                                  "flow_epochs": 2, "flow_lr": 1e-3, "flow_batch_size": 32,
                                                  "flow_input": "prewhiten", "seed": 7, "flow_holdout": 0.1,
                                                  "flow_evaluations_per_epoch": 4, "flow_patience": 2}
-    auto = build_calibrator("auto", settings)
+    auto = build_calibrator("auto", settings).calibrator
     assert isinstance(auto, AutoCalibration) and auto.seed == 7 and settings_record("auto", settings) == {"seed": 7}
     assert settings_record("whitening", CalibrationSettings()) == {"whitening_dim": None, "whitening_power": 0.5}
 
@@ -68,8 +69,8 @@ def test_prewhiten_fits_the_flow_on_whitened_vectors():
     baseline = build_calibrator("flow", settings, show_progress_bar=False).fit(X)
     whitened = Whitening().fit(X).transform(X)
     np.testing.assert_allclose(baseline.whitening.transform(X), whitened)
-    np.testing.assert_array_equal(baseline.transform(X), baseline.flow.transform(whitened))
-    assert baseline.flow.standardizer is None and baseline.losses == baseline.flow.losses
+    np.testing.assert_array_equal(baseline.transform(X), baseline.calibrator.transform(whitened))
+    assert baseline.report()["losses"] == baseline.calibrator.losses
 
 
 @pytest.mark.parametrize("name, record", [
@@ -79,7 +80,7 @@ def test_any_calibrator_file_is_prefitted_with_its_settings(tmp_path, name, reco
     X = np.random.default_rng(0).normal(size=(300, 6)) @ np.random.default_rng(1).normal(size=(6, 6))
     from flowcore.calibration import create
 
-    settings = {"whitening": {"dim": 3, "power": 0.25}, "abtt": {"k": 2}, "zca": {},
+    settings = {"whitening": {"keep": 3, "power": 0.25}, "abtt": {"k": 2}, "zca": {},
                 "flow": {"config": "l2_d2_w32", "epochs": 1}}[name]
     calibrator = create(name, **settings)
     calibrator.fit(X, **({"show_progress_bar": False} if name == "flow" else {}))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowcore.calibration.corpus_size import small_corpus_warning
-from flowcore.sts.baselines import CalibrationSettings, PreFitted
+from flowcore.sts.baselines import Baseline, CalibrationSettings, PreFitted
 from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.data import load_split
 from flowcore.sts.pairs import load_pairs
@@ -23,7 +23,7 @@ def stand_in(monkeypatch):
 
     built_in, stand_ins = protocol.build_calibrator, {}
     monkeypatch.setattr(protocol, "build_calibrator",
-                        lambda name, *args: stand_ins[name]() if name in stand_ins else built_in(name, *args))
+                        lambda name, *args: Baseline(stand_ins[name]()) if name in stand_ins else built_in(name, *args))
     return stand_ins.__setitem__
 
 
@@ -282,15 +282,20 @@ def test_forked_workers_end_on_the_pools_terminate_whatever_the_parents_signal_h
 
 
 def test_flows_are_fitted_side_by_side_only_where_that_is_safe_and_the_same(sts_data_dir, tmp_path, monkeypatch):
-    """One process for: no flow, a flow from a factory or a file, a file corpus, CUDA, or batches that
-    would train on several threads (their results depend on the thread count)."""
+    """One process for: nothing that trains, a file corpus, CUDA, or batches that would train on several threads
+    (their results depend on the thread count); processes for a flow that trains on one thread."""
     from flowcore.runtime import training_threads
     from flowcore.sts import protocol
 
     calls = []
     monkeypatch.setattr(protocol, "_score_in_processes", lambda *args: calls.append(args) or [])
+    class TrainsOnOneThread(MeanShift):  # a stand-in flow: what decides is that its fit trains on one thread
+        def fit_threads(self):
+            return 1
+
     built_in = protocol.build_calibrator
-    stand_in = lambda name, *args: MeanShift() if name == "flow" else built_in(name, *args)  # noqa: E731
+    stand_in = lambda name, *args: Baseline(TrainsOnOneThread()) if name == "flow" else built_in(name, *args)  # noqa
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("A man sleeps.\nA dog runs.\n", encoding="utf-8")
     base = dict(datasets=["STS16", "STS13"], data_dir=sts_data_dir, cache=EmbeddingCache(tmp_path),
@@ -309,10 +314,8 @@ def test_flows_are_fitted_side_by_side_only_where_that_is_safe_and_the_same(sts_
     evaluate(HashEncoder(), calibrations=["flow"], **base)
     assert len(calls) == 1 and calls[0][2] == 2
     calls.clear()
-    wide = CalibrationSettings(flow_batch_size=4096)
-    with monkeypatch.context() as patch:
-        patch.setattr(protocol, "build_calibrator", stand_in)
-        evaluate(HashEncoder(), calibrations=["flow"], settings=wide, **base)
+    wide = CalibrationSettings(flow_batch_size=4096)  # the real flow's threads decide (nothing is fitted here)
+    evaluate(HashEncoder(), calibrations=["flow"], settings=wide, **base)
     assert bool(calls) == (training_threads(4096) == 1)
 
 

@@ -128,7 +128,7 @@ def test_a_calibrator_fitted_on_encoded_vectors_records_the_encoder(tiny_bert, t
     not (their encoder is unknown), and a file fitted on them says so where an encoder is needed."""
     import flowcore
     from flowcore.batch.job import calibrate_file
-    from flowcore.calibration.flow_file import EncoderProvenance
+    from flowcore.calibration.file import EncoderProvenance
 
     encoder = Encoder(tiny_bert, pooling="mean")
     sentences = [" ".join(WORDS[i:i + 4]) for i in range(len(WORDS) - 4)] * 3

@@ -1,6 +1,6 @@
-"""Flow files from strangers: random bytes, truncated or damaged files, a pickle or torch.save
+"""Calibrator files from strangers: random bytes, truncated or damaged files, a pickle or torch.save
 file, a header claiming huge tensors, NaN weights, a valid flow of another width. Each is refused
-with a one-line `FlowFileError` naming the file, the header ones before safetensors reads any
+with a one-line `CalibratorFileError` naming the file, the header ones before safetensors reads any
 tensor, and nothing in flowcore can run code from a file (no pickle, no remote code)."""
 import ast
 import json
@@ -16,14 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-import flowcore.calibration.flow_file as flow_file
+import flowcore.calibration.file as calibrator_file
 from flowcore import FlowCalibrator
-from flowcore.calibration.flow_file import FlowFileError
+from flowcore.calibration.file import CalibratorFileError
 from flowcore.cli import main
 
 
 def refused(path) -> str:
-    with pytest.raises(FlowFileError) as error:
+    with pytest.raises(CalibratorFileError) as error:
         FlowCalibrator.load(path)
     message = str(error.value)
     assert message.startswith(f"{path}: ") and "\n" not in message, message
@@ -51,7 +51,7 @@ def test_a_truncated_or_bit_flipped_flow_file_loads_unchanged_or_is_refused(tmp_
     path.write_bytes(data)
     try:
         loaded = FlowCalibrator.load(path)
-    except FlowFileError as error:
+    except CalibratorFileError as error:
         assert str(error).startswith(f"{path}: ") and "\n" not in str(error)
         return
     assert how == "flip"  # only a flip in the free-form JSON (not the weights: checksummed) can still load
@@ -72,7 +72,8 @@ class _Trap:
 def test_a_pickle_is_refused_as_a_pickle_and_never_unpickled(tmp_path):
     marker = tmp_path / "unpickled"
     (tmp_path / "model.flow").write_bytes(pickle.dumps({"flow": _Trap(marker)}, protocol=4))
-    assert "this is a Python pickle, not a flow file; flowcore never unpickles" in refused(tmp_path / "model.flow")
+    message = refused(tmp_path / "model.flow")
+    assert "this is a Python pickle, not a calibrator file; flowcore never unpickles" in message
     assert not marker.exists()
 
 
@@ -103,7 +104,7 @@ def test_a_header_that_lies_is_refused_before_safetensors_reads_it(tmp_path, mon
     def never(*args, **kwargs):
         raise AssertionError("safetensors was asked to read a file the header check should have refused")
 
-    monkeypatch.setattr(flow_file, "safe_open", never)
+    monkeypatch.setattr(calibrator_file, "safe_open", never)
     (tmp_path / "model.flow").write_bytes(content)
     assert problem in refused(tmp_path / "model.flow")
 
@@ -118,7 +119,7 @@ def test_nan_weights_are_refused(tmp_path, flow_path):
 
 def test_a_valid_safetensors_file_that_is_not_a_flow_is_refused(tmp_path):
     save_file({"weight": torch.zeros(2, 2)}, str(tmp_path / "model.flow"))
-    assert "not a flowcore flow file" in refused(tmp_path / "model.flow")
+    assert "not a flowcore calibrator file" in refused(tmp_path / "model.flow")
 
 
 def test_a_valid_flow_of_another_width_is_refused_before_any_work(tmp_path, capsys):
@@ -168,7 +169,7 @@ def rewritten(source: Path, target: Path, edit, version: str = "4", rehash: bool
     edit(info)
     metadata.update(format_version=version, info=json.dumps(info, sort_keys=True))
     if rehash:
-        metadata["sha256"] = flow_file._digest(tensors, None if version == "3" else info)
+        metadata["sha256"] = calibrator_file._digest(tensors, None if version == "3" else info)
     save_file(tensors, str(target), metadata=metadata)
     return target
 
@@ -197,7 +198,7 @@ def test_a_relabelled_header_is_refused_naming_the_file(tmp_path, source, target
     original = fitted_linear(tmp_path, source)
     edited = rewritten(original, tmp_path / "edited.flow", relabel(target) if target != "flow" else
                        lambda info: info.update(kind="flow"), rehash=False)
-    assert "corrupted flow file (its weights or header do not match their recorded checksum)" in refused(edited)
+    assert "corrupted calibrator file (its weights or header do not match their recorded checksum)" in refused(edited)
     legacy = rewritten(original, tmp_path / "legacy.flow", relabel(target) if target != "flow" else
                        lambda info: info.update(kind="flow"), version="3")
     message = refused(legacy)
@@ -253,7 +254,7 @@ def test_a_matrix_with_no_output_columns_is_refused_on_load(tmp_path):
     with safe_open(str(original), framework="pt") as reader:
         metadata, tensors = dict(reader.metadata()), {name: reader.get_tensor(name) for name in reader.keys()}
     tensors["linear.matrix"] = torch.zeros(DIM, 0, dtype=torch.float64)
-    metadata["sha256"] = flow_file._digest(tensors, json.loads(metadata["info"]))
+    metadata["sha256"] = calibrator_file._digest(tensors, json.loads(metadata["info"]))
     save_file(tensors, str(tmp_path / "empty.flow"), metadata=metadata)
     assert "maps no vector to anything" in refused(tmp_path / "empty.flow")
 
@@ -261,6 +262,6 @@ def test_a_matrix_with_no_output_columns_is_refused_on_load(tmp_path):
 def test_a_calibrator_path_that_is_a_link_loop_says_so(tmp_path):
     (tmp_path / "a.flow").symlink_to(tmp_path / "b.flow")
     (tmp_path / "b.flow").symlink_to(tmp_path / "a.flow")
-    with pytest.raises(FlowFileError) as error:
+    with pytest.raises(CalibratorFileError) as error:
         FlowCalibrator.load(tmp_path / "a.flow")
     assert str(error.value) == f"{tmp_path / 'a.flow'} is a symbolic link loop, not a file"

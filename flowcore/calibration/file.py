@@ -1,6 +1,7 @@
-"""Flow files, every calibrator's file format: safetensors (never pickle) with JSON metadata and a
-SHA-256 of the tensors. `load_flow` checks the header before safetensors reads any data, then the
-checksum and that the weights are finite: nothing here can run code from the file."""
+"""Calibrator files, every calibrator's one file format: safetensors (never pickle) with JSON metadata and a
+SHA-256 of the tensors and the header's info. `read_calibrator_file` checks the header before safetensors
+reads any data, then the checksum and that the weights are finite: nothing here can run code from the file.
+(The `.flow` suffix and the "flowcore-flow" format tag are the format's names for every method.)"""
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,8 @@ from flowcore._fs import atomic_write
 from flowcore._json import JSONProblem, parse_json
 from flowcore._lines import require_file
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_HEADER_BYTES", "EncoderProvenance", "FlowFileError", "check_encoder_fits",
-           "check_layout", "load_flow", "save_flow"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MAX_HEADER_BYTES", "READ_VERSIONS", "CalibratorFileError", "EncoderProvenance",
+           "check_layout", "read_calibrator_file", "write_calibrator_file"]
 
 FORMAT = "flowcore-flow"
 FORMAT_VERSION = 4
@@ -50,22 +51,8 @@ class EncoderProvenance:
         return asdict(self)
 
 
-def check_encoder_fits(provenance: EncoderProvenance | None, dim: int, encoder, requested_model: str | None = None,
-                       what: str = "the calibrator") -> None:
-    """A ValueError saying how to fix it unless vectors from `encoder` fit a calibration of `dim`-wide
-    vectors from `provenance` (None: width only); `requested_model` (the name asked for) also matches."""
-    if provenance is not None and provenance.model not in (str(encoder.model_id), requested_model):
-        raise ValueError(f"{what} was fitted on embeddings from encoder {provenance.model!r}, not "
-                         f"{encoder.model_id!r}; use the same encoder (--model {provenance.model}) or refit it")
-    if provenance is not None and provenance.pooling != str(encoder.pooling):
-        raise ValueError(f"{what} was fitted on {provenance.pooling!r} pooling, not {encoder.pooling!r}; "
-                         f"use the same pooling (--pooling {provenance.pooling}) or refit it")
-    if int(encoder.dim) != dim:
-        raise ValueError(f"encoder {encoder.model_id!r} gives {encoder.dim}-wide vectors but {what} expects {dim}")
-
-
-class FlowFileError(ValueError):
-    """A flow file that is missing, truncated, corrupted or does not match what it claims."""
+class CalibratorFileError(ValueError):
+    """A calibrator file that is missing, truncated, corrupted or does not match what it claims."""
 
 
 def _digest(tensors: dict[str, torch.Tensor], info: dict | None) -> str:
@@ -80,7 +67,7 @@ def _digest(tensors: dict[str, torch.Tensor], info: dict | None) -> str:
     return sha.hexdigest()
 
 
-def save_flow(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
+def write_calibrator_file(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
     """Write `tensors` and the JSON-able `info` to `path` atomically (`flowcore._fs.atomic_write`)."""
     path = Path(path)
     tensors = {name: t.detach().cpu().clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
@@ -97,14 +84,14 @@ def save_flow(path, tensors: dict[str, torch.Tensor], info: dict) -> None:
 
 
 def check_layout(path) -> None:
-    """`FlowFileError` naming the problem unless, by its header alone, the file is well-formed
+    """`CalibratorFileError` naming the problem unless, by its header alone, the file is well-formed
     safetensors whose tensors all lie inside it.
 
     Args:
         path: the file to check.
 
     Example:
-        >>> check_layout("model.flow")   # returns None, or raises FlowFileError
+        >>> check_layout("model.flow")   # returns None, or raises CalibratorFileError
     """
     path = Path(path)
     size = os.path.getsize(path)
@@ -114,30 +101,32 @@ def check_layout(path) -> None:
         if len(start) < 8 or header_bytes > MAX_HEADER_BYTES:
             for magic, what in _PICKLE_MAGIC.items():  # (a plausible header length may start with these bytes)
                 if start.startswith(magic):
-                    raise FlowFileError(f"{path}: this is {what}, not a flow file; flowcore never unpickles files "
-                                        "(unpickling can run code). Flow files are safetensors written by "
-                                        "`flowcore fit` or FlowCalibrator.save")
+                    raise CalibratorFileError(f"{path}: this is {what}, not a calibrator file; flowcore never "
+                                              "unpickles files (unpickling can run code). Calibrator files are "
+                                              "safetensors written by `flowcore fit` or a calibrator's save")
         if len(start) < 8:
-            raise FlowFileError(f"{path}: not a flow file (only {size} bytes; truncated?)")
+            raise CalibratorFileError(f"{path}: not a calibrator file (only {size} bytes; truncated?)")
         if header_bytes > min(size - 8, MAX_HEADER_BYTES):
-            raise FlowFileError(f"{path}: not a readable flow file: its header claims {header_bytes:,} bytes but "
-                                f"the file holds {size - 8:,} after the length (truncated or not safetensors?)")
+            raise CalibratorFileError(f"{path}: not a readable calibrator file: its header claims {header_bytes:,} "
+                                      f"bytes but the file holds {size - 8:,} after the length (truncated or not "
+                                      "safetensors?)")
         try:
             header = parse_json(handle.read(header_bytes).decode("utf-8"))
         except (UnicodeDecodeError, JSONProblem) as problem:
-            raise FlowFileError(f"{path}: not a readable flow file (its header is not usable JSON: {problem})") \
-                from None
+            raise CalibratorFileError(f"{path}: not a readable calibrator file (its header is not usable JSON: "
+                                      f"{problem})") from None
     if not isinstance(header, dict):
-        raise FlowFileError(f"{path}: not a readable flow file (its header is not a JSON object)")
+        raise CalibratorFileError(f"{path}: not a readable calibrator file (its header is not a JSON object)")
     data_bytes = size - 8 - header_bytes
     for name, entry in header.items():
         if name == "__metadata__":
             if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
-                raise FlowFileError(f"{path}: not a readable flow file (its metadata is not a map of strings)")
+                raise CalibratorFileError(f"{path}: not a readable calibrator file (its metadata is not a map of "
+                                          "strings)")
             continue
         problem = _tensor_problem(entry, data_bytes)
         if problem:
-            raise FlowFileError(f"{path}: not a readable flow file: tensor {name!r} {problem}")
+            raise CalibratorFileError(f"{path}: not a readable calibrator file: tensor {name!r} {problem}")
 
 
 def _tensor_problem(entry, data_bytes: int) -> str | None:
@@ -161,39 +150,41 @@ def _tensor_problem(entry, data_bytes: int) -> str | None:
     return None
 
 
-def load_flow(path) -> tuple[dict[str, torch.Tensor], dict]:
-    """Read and verify a flow file (layout, format, checksum, finite weights); returns (tensors, info)."""
+def read_calibrator_file(path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read and verify a calibrator file (layout, format, checksum, finite weights); returns (tensors, info)."""
     path = Path(path)
     if not os.path.lexists(path):
-        raise FlowFileError(f"{path}: no such flow file")
-    require_file(path, FlowFileError)  # a folder, a pipe or a link loop, named as such
+        raise CalibratorFileError(f"{path}: no such calibrator file")
+    require_file(path, CalibratorFileError)  # a folder, a pipe or a link loop, named as such
     check_layout(path)
     try:
         with safe_open(str(path), framework="pt") as reader:
             metadata = reader.metadata() or {}
             tensors = {name: reader.get_tensor(name) for name in reader.keys()}
     except Exception as error:  # safetensors raises its own error types for damaged headers
-        raise FlowFileError(f"{path}: not a readable flow file (truncated or corrupted?): {error}") from None
+        raise CalibratorFileError(f"{path}: not a readable calibrator file (truncated or corrupted?): "
+                                  f"{error}") from None
     if metadata.get("format") != FORMAT:
-        raise FlowFileError(f"{path}: not a flowcore flow file (no '{FORMAT}' format tag in its metadata)")
+        raise CalibratorFileError(f"{path}: not a flowcore calibrator file (no '{FORMAT}' format tag in its metadata)")
     version = metadata.get("format_version", "?")
     if version not in READ_VERSIONS:
-        raise FlowFileError(f"{path}: flow file format version {version}; this flowcore reads versions "
-                            f"{', '.join(READ_VERSIONS)}. Refit it with this flowcore (`flowcore fit`)")
+        raise CalibratorFileError(f"{path}: calibrator file format version {version}; this flowcore reads versions "
+                                  f"{', '.join(READ_VERSIONS)}. Refit it with this flowcore (`flowcore fit`)")
     if "info" not in metadata:
-        raise FlowFileError(f"{path}: flow file metadata is damaged: it has no info")
+        raise CalibratorFileError(f"{path}: calibrator file metadata is damaged: it has no info")
     try:
         info = parse_json(metadata["info"])
     except JSONProblem as problem:
-        raise FlowFileError(f"{path}: flow file metadata is damaged (its info is not usable JSON: {problem})") from None
+        raise CalibratorFileError(f"{path}: calibrator file metadata is damaged (its info is not usable JSON: "
+                                  f"{problem})") from None
     if not isinstance(info, dict):
-        raise FlowFileError(f"{path}: flow file metadata is damaged: its info is not a JSON object")
+        raise CalibratorFileError(f"{path}: calibrator file metadata is damaged: its info is not a JSON object")
     if metadata.get("sha256") != _digest(tensors, info if version != "3" else None):
-        raise FlowFileError(f"{path}: corrupted flow file (its weights or header do not match their recorded "
-                            "checksum)")
+        raise CalibratorFileError(f"{path}: corrupted calibrator file (its weights or header do not match their "
+                                  "recorded checksum)")
     for name, tensor in sorted(tensors.items()):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise FlowFileError(f"{path}: the weights hold NaN/Inf (tensor {name!r}): a diverged or damaged fit "
-                                "would turn every vector into NaN; refit the flow")
+            raise CalibratorFileError(f"{path}: the weights hold NaN/Inf (tensor {name!r}): a diverged or damaged fit "
+                                      "would turn every vector into NaN; refit it")
     return tensors, info
 

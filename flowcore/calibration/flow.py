@@ -13,13 +13,14 @@ import torch
 from flowcore import defaults
 from flowcore.calibration.base import Calibrator
 from flowcore.calibration.cuda_streaming import map_on_cuda
-from flowcore.calibration.flow_file import FlowFileError
+from flowcore.calibration.file import CalibratorFileError
 from flowcore.calibration.moments import row_blocks
-from flowcore.calibration.recipes import DEFAULT_RECIPE, FlowRecipe, recipe_named
+from flowcore.calibration.recipes import DEFAULT_RECIPE, RECIPES, FlowRecipe, recipe_named
 from flowcore.calibration.standardize import Standardizer
 from flowcore.calibration.whitening import Whitening
 from flowcore.flows.glow import CONFIGS, Glow
 from flowcore.flows.train import fit, row_index, training_matrix
+from flowcore.runtime import training_threads
 from flowcore.validation import NonFiniteOutputError, check_matrix, check_output
 
 __all__ = ["FlowCalibrator"]
@@ -46,6 +47,7 @@ class FlowCalibrator(Calibrator):
         standardize: True sets the recipe's input to "standardize", False to "raw"; None keeps it.
         holdout: the share of X held out to choose the weights kept; None: the recipe's.
         patience: stop after this many held-out evaluations in a row without a better score; None: the recipe's.
+        evaluations_per_epoch: held-out evaluations per epoch; None: the recipe's.
 
     Attributes:
         recipe: the `FlowRecipe` followed (saved in the flow file).
@@ -68,14 +70,16 @@ class FlowCalibrator(Calibrator):
 
     def __init__(self, config: str = defaults.CONFIG, recipe: str = DEFAULT_RECIPE, epochs: int | None = None,
                  batch_size: int | None = None, lr: float | None = None, seed: int = 0, device=None,
-                 standardize: bool | None = None, holdout: float | None = None, patience: int | None = None):
+                 standardize: bool | None = None, holdout: float | None = None, patience: int | None = None,
+                 evaluations_per_epoch: int | None = None):
         super().__init__()
         if config not in CONFIGS:
             raise ValueError(f"unknown flow config {config!r}; choose one of {', '.join(CONFIGS)}")
         self.config = config
         input = None if standardize is None else ("standardize" if standardize else "raw")
-        self.recipe: FlowRecipe = recipe_named(recipe, input=input, epochs=epochs, batch_size=batch_size,
-                                               lr=lr, holdout=holdout, patience=patience)
+        self.recipe: FlowRecipe = recipe_named(recipe, input=input, epochs=epochs, batch_size=batch_size, lr=lr,
+                                               holdout=holdout, patience=patience,
+                                               evaluations_per_epoch=evaluations_per_epoch)
         self.seed = seed
         self.device = torch.device(device) if device is not None else None
         self.flow: Glow | None = None
@@ -171,24 +175,55 @@ class FlowCalibrator(Calibrator):
         self.fit_seconds = time.perf_counter() - started
         return self
 
+    def fit_rows(self, X, rows=None, encoder=None, show_progress_bar: bool | None = None, checkpoint=None,
+                 checkpoint_every: int = defaults.CHECKPOINT_EVERY, threads: int | None = None) -> "FlowCalibrator":
+        """`fit` on the rows of X numbered in `rows`, reading X itself (never a copy), with `fit`'s options."""
+        return self.fit(X, show_progress_bar=show_progress_bar, encoder=encoder, checkpoint=checkpoint,
+                        checkpoint_every=checkpoint_every, rows=rows, threads=threads)
+
+    def fit_chunks(self, chunks: Iterable, encoder=None) -> "FlowCalibrator":
+        """`fit` on the rows of a stream of (rows, d) arrays, held in memory: training visits them every epoch."""
+        return self.fit(np.concatenate([np.asarray(chunk, dtype=np.float32) for chunk in chunks]), encoder=encoder)
+
+    def fit_threads(self) -> int:
+        return training_threads(self.batch_size)
+
+    def report(self) -> dict:
+        """`Calibrator.report`, with the training record: losses, held-out scores, the epoch kept, early stop."""
+        self._fitted()
+        record = {name: getattr(self, name) for name in _RECORD}
+        return {**super().report(), **record,
+                "summary": f"flow {self.config} ({self.recipe.name} recipe): {self._kept()}"}
+
     @property
     def outcome(self) -> str:
         """One line: which weights were kept and why, and how long the fit took."""
+        return self._kept() + ("" if self.fit_seconds is None else f"; {self.fit_seconds:.0f} s")
+
+    def _kept(self) -> str:
+        """Which weights the fit kept and why, in words."""
         self._fitted()
-        took = "" if self.fit_seconds is None else f"; {self.fit_seconds:.0f} s"
         epochs = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
         if self.selected_epoch is None:
-            return f"trained {epochs}, kept the last weights (no held-out rows to choose by){took}"
+            return f"trained {epochs}, kept the last weights (no held-out rows to choose by)"
         ran = (f"stopped after {self.heldout_epochs[-1]:.3g} of at most {epochs}: {self.recipe.patience} evaluation"
                f"{'s' if self.recipe.patience != 1 else ''} in a row without a better held-out score"
                if self.stopped_early else f"trained the full {epochs}")
         start = self.heldout_bits_per_dim[0]  # None unless the start was scored
         if self.selected_epoch == 0 and start is not None:
-            return f"kept the whitening start: no trained state was better on held-out data ({ran}){took}"
+            return f"kept the whitening start: no trained state was better on held-out data ({ran})"
         kept = self.heldout_bits_per_dim[self.heldout_epochs.index(self.selected_epoch)]
         against = "" if start is None else f" against the whitening start's {start:.4f}"
-        return (f"kept the flow trained {self.selected_epoch:.3g} epochs: held-out {kept:.4f} bits/dim{against} "
-                f"({ran}){took}")
+        return f"kept the flow trained {self.selected_epoch:.3g} epochs: held-out {kept:.4f} bits/dim{against} ({ran})"
+
+    def settings(self) -> dict:
+        """The constructor's settings (`create("flow", **settings)` builds the same calibrator, unfitted)."""
+        recipe = self.recipe
+        named = RECIPES.get(recipe.name)
+        standardize = None if named is not None and recipe.input == named.input else recipe.input != "raw"
+        return {"config": self.config, "recipe": recipe.name, "epochs": recipe.epochs, "batch_size": recipe.batch_size,
+                "lr": recipe.lr, "seed": self.seed, "standardize": standardize, "holdout": recipe.holdout,
+                "evaluations_per_epoch": recipe.evaluations_per_epoch, "patience": recipe.patience}
 
     def _on_varying(self, y: torch.Tensor, function) -> torch.Tensor:
         """y with `function` applied to the coordinates that go through the flow."""
@@ -272,8 +307,8 @@ class FlowCalibrator(Calibrator):
         training = info["training"]
         recipe = training.get("recipe")
         if recipe is None:
-            raise FlowFileError(f"{path}: a flow file from an earlier flowcore (before fit recipes), which this "
-                                "one does not read; refit the flow with `flowcore fit`")
+            raise CalibratorFileError(f"{path}: a flow file from an earlier flowcore (before fit recipes), which this "
+                                      "one does not read; refit the flow with `flowcore fit`")
         calibrator = cls(config=info["config"], seed=training["seed"], device=device)
         calibrator.recipe = FlowRecipe(**recipe)
         if calibrator.standardize != info["standardize"]:

@@ -1,4 +1,4 @@
-"""Flow files: the typed encoder provenance, files of the previous format version (read as they are), and one
+"""Calibrator files: the typed encoder provenance, files of the previous format version (read as they are), and one
 clear error for files of any other format version."""
 import json
 
@@ -8,8 +8,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import flowcore
-import flowcore.calibration.flow_file as flow_file
-from flowcore.calibration.flow_file import FORMAT_VERSION, EncoderProvenance, FlowFileError
+import flowcore.calibration.file as calibrator_file
+from flowcore.calibration.file import FORMAT_VERSION, CalibratorFileError, EncoderProvenance
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def _rewrite_header(source, target, version: str, edit, rehash: bool = False) ->
     edit(info)
     metadata.update(format_version=version, info=json.dumps(info, sort_keys=True))
     if rehash:
-        metadata["sha256"] = flow_file._digest(tensors, None if version == "3" else info)
+        metadata["sha256"] = calibrator_file._digest(tensors, None if version == "3" else info)
     save_file(tensors, str(target), metadata=metadata)
 
 
@@ -65,10 +65,10 @@ def test_a_file_of_another_format_version_says_how_to_refit(fitted, tmp_path, ve
     _, calibrator = fitted
     calibrator.save(tmp_path / "current.flow")
     _rewrite_header(tmp_path / "current.flow", tmp_path / f"v{version}.flow", version, lambda info: None)
-    message = (rf"v{version}.flow: flow file format version {version}; this flowcore reads versions 3, 4. "
+    message = (rf"v{version}.flow: calibrator file format version {version}; this flowcore reads versions 3, 4. "
                r"Refit it with this flowcore \(`flowcore fit`\)")
     for load in (flowcore.load, flowcore.FlowCalibrator.load):
-        with pytest.raises(FlowFileError, match=message):
+        with pytest.raises(CalibratorFileError, match=message):
             load(tmp_path / f"v{version}.flow")
 
 
@@ -76,7 +76,7 @@ def test_a_file_of_another_format_version_says_how_to_refit(fitted, tmp_path, ve
 def test_a_version_3_file_still_loads_and_maps_alike(fitted, tmp_path, kind):
     """Files written before the checksum covered the header (version 3) load, with their contents checked."""
     data, flow = fitted
-    calibrator = flow if kind == "flow" else flowcore.Whitening(dim=4).fit(data)
+    calibrator = flow if kind == "flow" else flowcore.Whitening(keep=4).fit(data)
     calibrator.save(tmp_path / "current.flow")
     _rewrite_header(tmp_path / "current.flow", tmp_path / "v3.flow", "3", lambda info: None, rehash=True)
     loaded = flowcore.load(tmp_path / "v3.flow")
@@ -90,7 +90,8 @@ def test_the_checksum_covers_the_header(fitted, tmp_path):
     calibrator.save(tmp_path / "m.flow")
     _rewrite_header(tmp_path / "m.flow", tmp_path / "edited.flow", "4",
                     lambda info: info.update(encoder={"model": "other", "pooling": "cls"}))
-    with pytest.raises(FlowFileError, match=r"edited.flow: corrupted flow file \(its weights or header do not match"):
+    with pytest.raises(CalibratorFileError,
+                       match=r"edited.flow: corrupted calibrator file \(its weights or header do not match"):
         flowcore.load(tmp_path / "edited.flow")
 
 
@@ -112,5 +113,5 @@ def test_a_damaged_header_is_refused_naming_the_file(fitted, tmp_path):
     calibrator.save(tmp_path / "m.flow")
     data = (tmp_path / "m.flow").read_bytes()
     (tmp_path / "m.flow").write_bytes(data[:40])
-    with pytest.raises(FlowFileError, match=r"m.flow: not a readable flow file: its header claims"):
+    with pytest.raises(CalibratorFileError, match=r"m.flow: not a readable calibrator file: its header claims"):
         flowcore.FlowCalibrator.load(tmp_path / "m.flow")
