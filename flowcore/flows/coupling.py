@@ -10,18 +10,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flowcore import kernels
+from flowcore import defaults, kernels
+from flowcore.flows.configs import COUPLINGS
 
 __all__ = ["COUPLINGS", "Coupling"]
-
-COUPLINGS = ("affine", "additive")
 
 
 class Coupling(nn.Module):
     """A coupling layer of `kind` "affine" or "additive" on `dim` features; `split` = dim // 2
     features condition the rest through `net`, an MLP of `width` hidden units."""
 
-    def __init__(self, dim: int, width: int = 32, kind: str = "affine"):
+    def __init__(self, dim: int, width: int = defaults.WIDTH, kind: str = defaults.COUPLING):
         super().__init__()
         if kind not in COUPLINGS:
             raise ValueError(f"unknown coupling {kind!r}; choose one of {', '.join(COUPLINGS)}")

@@ -37,8 +37,9 @@ class Glow(nn.Module):
         >>> loss = glow.bits_per_dim(x)                     # the training objective
     """
 
-    def __init__(self, dim: int, levels: int = 2, depth: int = 3, width: int = 32,
-                 coupling: str = "affine", permutation: str = "lu"):
+    def __init__(self, dim: int, levels: int = defaults.LEVELS, depth: int = defaults.DEPTH,
+                 width: int = defaults.WIDTH, coupling: str = defaults.COUPLING,
+                 permutation: str = defaults.PERMUTATION):
         super().__init__()
         for name, value in (("dim", dim), ("levels", levels), ("depth", depth), ("width", width)):
             if not isinstance(value, int) or value < 1:

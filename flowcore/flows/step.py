@@ -9,22 +9,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flowcore import kernels
+from flowcore import defaults, kernels
 from flowcore.flows.actnorm import ActNorm
+from flowcore.flows.configs import PERMUTATIONS
 from flowcore.flows.coupling import Coupling
 from flowcore.flows.invertible_linear import LULinear, ReversePermutation
 from flowcore.kernels.compat import version_key
 
 __all__ = ["PERMUTATIONS", "FlowStep"]
 
-PERMUTATIONS = ("lu", "reverse")
-
-
 class FlowStep(nn.Module):
     """ActNorm -> invertible linear ("lu" or "reverse") -> coupling ("affine" or "additive") on `dim`
     features: `z, logdet = step(x)`, data -> latent; `x, logdet = step.inverse(z)`."""
 
-    def __init__(self, dim: int, width: int = 32, coupling: str = "affine", permutation: str = "lu"):
+    def __init__(self, dim: int, width: int = defaults.WIDTH, coupling: str = defaults.COUPLING,
+                 permutation: str = defaults.PERMUTATION):
         super().__init__()
         if permutation not in PERMUTATIONS:
             raise ValueError(f"unknown permutation {permutation!r}; choose one of {', '.join(PERMUTATIONS)}")
