@@ -29,9 +29,10 @@ from flowcore.cli.arguments import (
     check_positive,
     show_progress,
 )
-from flowcore.flows.configs import CONFIGS
+from flowcore.flows.configs import CONFIGS, COUPLINGS, PERMUTATIONS
 
-_FLOW_OPTIONS = ("config", "recipe", "epochs", "train_batch_size", "lr", "patience", "checkpoint_every", "threads")
+_FLOW_OPTIONS = ("config", "coupling", "permutation", "recipe", "epochs", "train_batch_size", "lr", "patience",
+                 "checkpoint_every", "threads")
 """The options that only train a flow (their flags: --config, --train-batch-size...)."""
 _METHOD_OPTIONS = {"power": "--whitening-power", "dim": "--whitening-dim", "k": "--abtt-k"}
 """The options of the other calibrations: {their setting (`flowcore.calibration.create`): flag}."""
@@ -63,6 +64,12 @@ def register(subparsers) -> None:
     flow = parser.add_argument_group("the flow (--calibration flow)")
     flow.add_argument("--config", default=None, choices=sorted(CONFIGS),
                       help=f"Glow levels/depth/width (default: {defaults.CONFIG})")
+    flow.add_argument("--coupling", default=None, choices=COUPLINGS,
+                      help=f"each step's coupling, as in the BERT-flow code (default: {defaults.COUPLING}): 'affine' "
+                      "(scale and shift) or 'additive' (shift only)")
+    flow.add_argument("--permutation", default=None, choices=PERMUTATIONS,
+                      help=f"each step's invertible 1x1, as in the BERT-flow code (default: {defaults.PERMUTATION}): "
+                      "'lu' (learned) or 'reverse' (fixed; with --recipe standardized or paper)")
     flow.add_argument("--recipe", default=None, choices=RECIPES,
                       help=f"fit recipe (default: {defaults.RECIPE}): 'whitened' (start at whitening, train on 90 %% "
                       "of the rows, keep the best held-out weights, the start included, and stop after --patience "
@@ -204,7 +211,8 @@ def run(args) -> int:
     started = time.perf_counter()
     settings = _method_settings(args)
     check_positive(("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience))
-    calibrator = create(args.calibration, **settings) if args.calibration != "flow" else None  # bad settings fail early
+    calibrator = create(args.calibration, **settings) if args.calibration != "flow" else _flow_calibrator(args)
+    # (bad settings fail here, before a corpus is encoded)
     rows = distinct = None  # rows: the rows of data to fit on, all unless the cache holds rejected rows
     if args.embeddings is not None:
         data, encoder = _load_embeddings(args), None
@@ -222,7 +230,7 @@ def run(args) -> int:
     if warning is not None:
         print(f"flowcore fit: warning: {warning}", file=sys.stderr)
     if args.calibration == "flow":
-        return _fit_flow(args, data, rows, encoder, fitted_rows)
+        return _fit_flow(calibrator, args, data, rows, encoder, fitted_rows)
     calibrator.fit_chunks(row_blocks(data, rows), encoder=encoder)  # records the encoder (None: raw embeddings)
     calibrator.save(args.out)
     took = f"on {fitted_rows} x {data.shape[1]} in {time.perf_counter() - started:.1f}s; wrote {args.out}"
@@ -235,14 +243,18 @@ def run(args) -> int:
     return 0
 
 
-def _fit_flow(args, data, rows, encoder, fitted_rows: int) -> int:
-    """Train the flow with checkpoints (a rerun resumes), save it, and print what was kept."""
+def _flow_calibrator(args):
+    """The `FlowCalibrator` of the flow options (the defaults for those not given)."""
     from flowcore.calibration.calibrator import FlowCalibrator
 
-    config = args.config or defaults.CONFIG
-    calibrator = FlowCalibrator(config=config, recipe=args.recipe or defaults.RECIPE, epochs=args.epochs,
-                                batch_size=args.train_batch_size, lr=args.lr, seed=args.seed, device=args.device,
-                                patience=args.patience)
+    return FlowCalibrator(config=args.config or defaults.CONFIG, recipe=args.recipe or defaults.RECIPE,
+                          epochs=args.epochs, batch_size=args.train_batch_size, lr=args.lr, seed=args.seed,
+                          device=args.device, patience=args.patience, coupling=args.coupling or defaults.COUPLING,
+                          permutation=args.permutation or defaults.PERMUTATION)
+
+
+def _fit_flow(calibrator, args, data, rows, encoder, fitted_rows: int) -> int:
+    """Train the flow with checkpoints (a rerun resumes), save it, and print what was kept."""
     checkpoint = args.out.with_name(args.out.name + ".checkpoint")
     if args.restart:
         checkpoint.unlink(missing_ok=True)
@@ -250,6 +262,9 @@ def _fit_flow(args, data, rows, encoder, fitted_rows: int) -> int:
                    checkpoint_every=args.checkpoint_every or defaults.CHECKPOINT_EVERY, rows=rows, threads=args.threads)
     calibrator.save(args.out)
     checkpoint.unlink(missing_ok=True)
+    variant = ", ".join(f"{getattr(calibrator, name)} {name}" for name in ("coupling", "permutation")
+                        if getattr(calibrator, name) != getattr(defaults, name.upper()))
+    config = f"{calibrator.config} ({variant})" if variant else calibrator.config
     print(f"fitted {config} on {fitted_rows} x {data.shape[1]} ({calibrator.recipe.name} recipe): "
           f"{calibrator.outcome}; wrote {args.out}")
     return 0

@@ -36,6 +36,18 @@ def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
     np.testing.assert_array_equal(calibrator.transform(np.load(embeddings)), expected.transform(np.load(embeddings)))
 
 
+def test_fit_takes_the_bert_flow_code_coupling_and_permutation(embeddings, tmp_path, capsys):
+    out = tmp_path / "model.flow"
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--calibration", "flow", "--config",
+                 "l2_d2_w32", "--coupling", "additive", "--permutation", "reverse", "--recipe", "paper"]) == 0
+    assert capsys.readouterr().out.startswith("fitted l2_d2_w32 (additive coupling, reverse permutation) on 300 x 16")
+    calibrator = flowcore.load(out)
+    assert (calibrator.coupling, calibrator.permutation) == ("additive", "reverse")
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--calibration", "flow",
+                 "--permutation", "reverse"]) == 2
+    assert "the 'whitened' recipe starts the flow at whitening" in capsys.readouterr().err
+
+
 def test_small_corpus_warning_counts_distinct_rows(tmp_path, capsys):
     rng = np.random.default_rng(1)
     path = tmp_path / "repeated.npy"
@@ -263,6 +275,7 @@ def test_options_of_another_method_are_one_line_errors(embeddings, tmp_path, cap
         (["--calibration", "whitening", "--epochs", "2"], "--epochs applies to --calibration flow only, not whitening"),
         (["--calibration", "center", "--config", "l2_d2_w32"],
          "--config applies to --calibration flow only, not center"),
+        (["--coupling", "additive"], "--coupling applies to --calibration flow only, not auto"),
         (["--calibration", "whitening", "--whitening-power", "2"], "whitening power must be a number from 0"),
         (["--calibration", "whitening", "--whitening-dim", "17"], "whitening dim 17 exceeds the embedding width 16"),
     ]:
