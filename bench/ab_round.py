@@ -2,9 +2,10 @@
 Python, alternating, so that both sides see the same machine load. Prints one JSON line of seconds.
 
 Workloads (the goals of bench/ that a change of the library's Python code can move): the
-paper-setting fit (d = 384, batch 32, Adam, one epoch over 8,000 rows, 2 threads), inference of
-65,536 rows of d = 768 (min of 3), `calibrate_file` on 24,000 stored vectors of d = 384 into .npy
-(min of 3) and on 384 sentences with the default encoder (min of 2, loading included).
+paper-setting fit (d = 384, batch 32, Adam, one epoch over 8,000 rows, 2 threads), the same fit on
+4,000 rows with one busy core, inference of 65,536 rows of d = 768 (min of 3), a training step at
+batch 8,192 and d = 768 (min of 3, after one), `calibrate_file` on 24,000 stored vectors of d = 384
+into .npy (min of 3) and on 384 sentences with the default encoder (min of 2, loading included).
 
     for round in 1 2 3 4; do
         for tree in ../after ../before; do (cd $tree && .venv/bin/python ../after/bench/ab_round.py); done
@@ -23,6 +24,7 @@ import time
 
 import numpy as np
 import torch
+from support import busy_core
 
 torch.optim.Adam([torch.zeros(1, requires_grad=True)], fused=True)  # torch's one-time import, outside timings
 
@@ -59,8 +61,9 @@ def timed(runs: int, work) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="fit,inference,npy,text", help="workloads, comma-separated")
-    parser.add_argument("--repeats", type=int, help="runs per workload (default: 1 fit, 3 inference, 3 npy, 2 text)")
+    parser.add_argument("--only", default="fit,busy,inference,train,npy,text", help="workloads, comma-separated")
+    parser.add_argument("--repeats", type=int,
+                        help="runs per workload (default: 1 fit, 1 busy, 3 inference, 3 train, 3 npy, 2 text)")
     parser.add_argument("--npy-rows", type=int, default=24000, help="rows of the .npy job")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -79,12 +82,32 @@ def main() -> None:
         X = torch.from_numpy(corpus(8000, 384))
         record("fit d384 8000 rows", 1, lambda _: flowcore.fit(glow, X, batch_size=32, lr=1e-3, seed=0,
                                                                **quiet(flowcore.fit)))
+    if "busy" in only:
+        torch.manual_seed(0)
+        glow = flowcore.Glow.from_config("l2_d3_w32", 384)
+        X = torch.from_numpy(corpus(4000, 384))
+        with busy_core():
+            record("fit d384 4000 rows one busy core", 1, lambda _: flowcore.fit(
+                glow, X, batch_size=32, lr=1e-3, seed=0, **quiet(flowcore.fit)))
     if "inference" in only:
         flow = flowcore.Glow.from_config("l2_d3_w32", 768).eval()
         Y = torch.from_numpy(corpus(65536, 768))
         with torch.no_grad():
             flow(Y[:256])
             record("inference 65536x768", 3, lambda _: flow(Y))
+    if "train" in only:
+        torch.manual_seed(0)
+        glow = flowcore.Glow.from_config("l2_d3_w32", 768)
+        Y = torch.from_numpy(corpus(8192, 768))
+        optimizer = torch.optim.Adam(glow.parameters(), lr=1e-5, fused=True)
+
+        def train_step(_) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            glow.bits_per_dim(Y).backward()
+            optimizer.step()
+
+        train_step(0)  # ActNorm's initialisation and a first step, untimed
+        record("train step 8192x768", 3, train_step)
     options = quiet(calibrate_file)
     with tempfile.TemporaryDirectory() as folder:
         if "npy" in only:

@@ -17,8 +17,7 @@ Phases, the summary (DIR/gpu_summary.json) rewritten after each one and printed 
    step fwd+bwd in bf16 and fp32/TF32 (Triton, flowcore's PyTorch backend, eager, torch.compile
    with static shapes, the step's cuBLAS GEMMs alone), the four elementwise groups against the
    copy bandwidth, calibrating 10 M x 768 vectors from host memory against the host-to-device
-   bandwidth, the encoder against sentence-transformers, and the Triton GEMMs of folded_linear
-   against cuBLAS.
+   bandwidth, and the encoder against sentence-transformers.
 Files written (at most 8): gpu_summary.json, gpu-tests.jsonl, gpu-tests.log, sm90-variants.json,
 bench-encoder.json, bench-encoder.log. Exit status 0 when every CUDA test passed.
 
@@ -219,23 +218,6 @@ def bench_elementwise(check: Check) -> dict:
     return table
 
 
-def bench_gemm(check: Check) -> dict:
-    """folded_linear forward+backward, Triton GEMMs against cuBLAS, in bf16 and TF32."""
-    import torch
-    from gpu_workloads import folded_linear_forward_backward, time_interleaved
-
-    torch.set_float32_matmul_precision("high")
-    table = {}
-    for dtype_name in ("bfloat16", "float32"):
-        workload = folded_linear_forward_backward(BATCH, DIM, getattr(torch, dtype_name), device=DEVICE)
-        times = time_interleaved(workload["calls"], rounds=5, inner=3)
-        row = _ratios(times)
-        for label, t in times.items():
-            row[label]["tflops"] = round(workload["flops"] / t["median_s"] / 1e12, 1)
-        table[dtype_name] = row
-    return table
-
-
 def bench_calibration(check: Check) -> dict:
     """10 M x 768 float32 vectors in host memory through a fitted calibrator on the GPU, in one
     call: checked against the CPU on a spread of rows, timed against the host-to-device bandwidth."""
@@ -318,8 +300,6 @@ def main(argv: list[str] | None = None) -> int:
         check.phase("elementwise", bench_elementwise, check)
     if check.left() > 40:
         check.phase("calibration", bench_calibration, check)
-    if check.left() > 30:
-        check.phase("gemm", bench_gemm, check)
     if check.left() > 25:
         check.phase("encoder", bench_encoder, check, check.left() - 5)
     check.summary["seconds_left"] = round(check.left(), 1)

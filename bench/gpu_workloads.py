@@ -2,10 +2,10 @@
 `bench/test_bench_kernels_gpu.py`: each builds, for one (batch, d, dtype), a callable per
 implementation and the bytes and flops one call needs at minimum.
 
-Implementations: `triton` (flowcore's Triton backend: for the step, the fused training step
-`_TritonAffineStep`), `torch` (flowcore's PyTorch backend: for the step, the CPU Function
-`_AffineStep` with its hand-written backward, path "folded"), `eager` (the composed PyTorch ops
-under autograd: `*_ref`), `compile` (torch.compile of `eager`, static shapes). `cublas` (step
+Implementations: `triton` (flowcore's Triton plan: for the step, the fused training step
+`_TritonStep`), `torch` (flowcore's PyTorch plan: for the step, the CPU Function `_AffineStep`
+with its hand-written backward, path "folded"), `eager` (the composed PyTorch ops under autograd:
+the `*_ref` twins), `compile` (torch.compile of `eager`, static shapes). `cublas` (step
 only) runs just the step's GEMMs, a floor for any implementation that keeps them on cuBLAS.
 Bytes count each input read once and each output written once, for the op itself: gradients of
 the outputs are given (`autograd.grad` with preallocated cotangents), so no loss or cast is
@@ -27,16 +27,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from flowcore.backend import use_backend
-from flowcore.kernels import (
-    actnorm,
-    actnorm_ref,
-    affine_coupling,
-    affine_coupling_ref,
-    folded_linear,
-    folded_linear_ref,
-)
-from flowcore.kernels.step import folded_step
+from flowcore.kernels import Plan, actnorm_ref, couple_ref
 
 WIDTH = 32  # the conditioner's hidden width in the paper's l2_d3_w32 Glow
 
@@ -88,16 +79,8 @@ def bytes_moved(call: Callable) -> int:
     return counter.bytes
 
 
-def _backend(name: str, fn: Callable) -> Callable:
-    def call():
-        with use_backend(name):
-            return fn()
-    return call
-
-
 def _compiled(fn: Callable) -> Callable:
-    compiled = torch.compile(fn, dynamic=False)
-    return _backend("torch", compiled)
+    return torch.compile(fn, dynamic=False)
 
 
 def _conditioner(split: int, d2: int, dtype, device) -> nn.Module:
@@ -122,8 +105,10 @@ def flow_step_train(batch: int, d: int, dtype, device: str = "cuda") -> dict:
     inputs = [x, weight, bias, *net.parameters()]
 
     def step(path):
+        plan = Plan(path)
+
         def run():
-            z, logdet = folded_step(x, weight, bias, split, net, path=path)
+            z, logdet = plan.folded_step(x, weight, bias, split, net)
             return torch.autograd.grad((z, logdet), inputs, (dz, dlogdet.to(logdet.dtype)))
         return run
 
@@ -135,9 +120,9 @@ def flow_step_train(batch: int, d: int, dtype, device: str = "cuda") -> dict:
     s = torch.finfo(dtype).bits // 8
     flops = 3 * 2 * batch * d * d + 3 * 2 * batch * (split * WIDTH + WIDTH * WIDTH + WIDTH * 2 * (d - split))
     return {
-        "calls": {"triton": _backend("triton", step("triton")),
-                  "torch": _backend("torch", step("folded")),
-                  "eager": _backend("torch", step("reference")),
+        "calls": {"triton": step("triton"),
+                  "torch": step("folded"),
+                  "eager": step("reference"),
                   "compile": _compiled(step("reference")),
                   "cublas": gemms},
         # x and dz read, z and dx written once; h and dh (2 d2 wide) written and read once each
@@ -150,7 +135,8 @@ def actnorm_forward(batch: int, d: int, dtype, device: str = "cuda") -> dict:
     x = torch.randn(batch, d, device=device, dtype=dtype)
     loc, logs = torch.randn(d, device=device, dtype=dtype), 0.1 * torch.randn(d, device=device, dtype=dtype)
     s = x.element_size()
-    return {"calls": {"triton": _backend("triton", lambda: actnorm(x, loc, logs)),
+    triton = Plan("triton")
+    return {"calls": {"triton": lambda: triton.actnorm(x, loc, logs),
                       "eager": lambda: actnorm_ref(x, loc, logs),
                       "compile": _compiled(lambda: actnorm_ref(x, loc, logs))},
             "bytes": 2 * batch * d * s}
@@ -165,7 +151,7 @@ def actnorm_forward_backward(batch: int, d: int, dtype, device: str = "cuda") ->
     def run(op):
         return lambda: torch.autograd.grad(op(x, loc, logs), (x, loc, logs), upstream)
 
-    return {"calls": {"triton": _backend("triton", run(actnorm)), "eager": run(actnorm_ref),
+    return {"calls": {"triton": run(Plan("triton").actnorm), "eager": run(actnorm_ref),
                       "compile": _compiled(run(actnorm_ref))},
             "bytes": 5 * batch * d * x.element_size()}  # x in, y out; g and x in, dx out
 
@@ -174,9 +160,10 @@ def affine_coupling_forward(batch: int, d: int, dtype, device: str = "cuda") -> 
     x2 = torch.randn(batch, d // 2, device=device, dtype=dtype)
     h = torch.randn(batch, d, device=device, dtype=dtype)
     s = x2.element_size()
-    return {"calls": {"triton": _backend("triton", lambda: affine_coupling(x2, h)),
-                      "eager": lambda: affine_coupling_ref(x2, h),
-                      "compile": _compiled(lambda: affine_coupling_ref(x2, h))},
+    triton = Plan("triton")
+    return {"calls": {"triton": lambda: triton.couple(x2, h),
+                      "eager": lambda: couple_ref(x2, h),
+                      "compile": _compiled(lambda: couple_ref(x2, h))},
             "bytes": 4 * x2.numel() * s + 4 * batch}  # x2, h (2x) in, z2 out; float32 log-dets
 
 
@@ -190,24 +177,9 @@ def affine_coupling_forward_backward(batch: int, d: int, dtype, device: str = "c
 
     s = x2.element_size()
     # forward: x2, h (2x) in, z2 out; backward: g, x2, h (2x) in, dx2, dh (2x) out
-    return {"calls": {"triton": _backend("triton", run(affine_coupling)), "eager": run(affine_coupling_ref),
-                      "compile": _compiled(run(affine_coupling_ref))},
+    return {"calls": {"triton": run(Plan("triton").couple), "eager": run(couple_ref),
+                      "compile": _compiled(run(couple_ref))},
             "bytes": 11 * x2.numel() * s + 8 * batch}
-
-
-def folded_linear_forward_backward(batch: int, d: int, dtype, device: str = "cuda") -> dict:
-    """z = x @ W.T + b and its three gradients: the Triton GEMMs against cuBLAS (`eager`), which
-    tells whether flowcore should keep its own GEMMs where no epilogue is fused."""
-    x = torch.randn(batch, d, device=device, dtype=dtype, requires_grad=True)
-    weight = (torch.randn(d, d, device=device) / d**0.5).to(dtype).requires_grad_()
-    bias = torch.randn(d, device=device, dtype=dtype, requires_grad=True)
-    upstream = torch.randn(batch, d, device=device, dtype=dtype)
-
-    def run(op):
-        return lambda: torch.autograd.grad(op(x, weight, bias), (x, weight, bias), upstream)
-
-    return {"calls": {"triton": _backend("triton", run(folded_linear)), "eager": run(folded_linear_ref)},
-            "bytes": 6 * batch * d * x.element_size(), "flops": 3 * 2 * batch * d * d}
 
 
 # name -> workload builder(batch, d, dtype, device="cuda")

@@ -1,5 +1,7 @@
 """The peers the benchmarks compare against, built the way their own users build them."""
+import copy
 import math
+import time
 
 import normflows as nf
 import torch
@@ -53,13 +55,26 @@ class NormflowsGlow(torch.nn.Module):
         return -log_prob.mean() / (self.dim * math.log(2.0))
 
 
+def compiled(model: torch.nn.Module, method: str) -> tuple:
+    """(a copy of `model` whose `method` runs under `torch.compile`, that copy): what a normflows user
+    tries first for speed, the default inductor backend with static shapes (one batch size is timed).
+    The copy keeps the original's state; the first call at a shape compiles (`first_call_seconds`)."""
+    twin = copy.deepcopy(model)
+    return torch.compile(getattr(twin, method), dynamic=False), twin
+
+
+def first_call_seconds(call) -> float:
+    """Seconds of the first call of a compiled function: the compilation and one run."""
+    began = time.perf_counter()
+    call()
+    return time.perf_counter() - began
+
+
 def fit_normflows(model: NormflowsGlow, X: torch.Tensor, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
                   init_rows: int = 1024, step_times: list | None = None) -> float:
     """The paper-setting loop a normflows user writes: ActNorm's data-dependent start on the first
     `init_rows` shuffled rows, then one epoch of Adam (torch's default implementation) on shuffled
     batches. Returns the epoch's mean loss; `step_times` collects each step's seconds."""
-    import time
-
     order = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         model.latent(X[order[:max(batch_size, init_rows)]])

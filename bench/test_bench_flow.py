@@ -1,10 +1,13 @@
 """CPU flow suite at d = 768, `l2_d3_w32`: inference (x -> z, logdet) at batch 8192 and 65 536
-against normflows (LU weight cache on, as its users run it in eval, and at batch 8192 also off)
-and nflows (cache on, at batch 8192), the fp32 GEMM roofline measured in the same run, and one batch-8192
-training step.
+against normflows (LU weight cache on, as its users run it in eval, and at batch 8192 also off),
+normflows under `torch.compile` (cache on; what its users try first for speed) and nflows (cache
+on, at batch 8192), the fp32 GEMM roofline measured in the same run, and one batch-8192 training
+step against normflows eager and compiled. A compiled peer's first call (compilation and one run)
+is reported apart, as "compile s"; its rounds are timed after it.
 
 Goals: inference >= 1.5x normflows with its cache and >= 80 % of the roofline (one d x d GEMM
-per step) at both batches; training step >= 2x normflows. Peers are interleaved round by round.
+per step) at both batches; training step >= 2x normflows; inference and training step at least
+as fast as compiled normflows. Peers are interleaved round by round.
 
     pytest bench/test_bench_flow.py
 """
@@ -13,7 +16,7 @@ import time
 
 import pytest
 import torch
-from peers import NflowsGlow, NormflowsGlow
+from peers import NflowsGlow, NormflowsGlow, compiled, first_call_seconds
 
 import flowcore
 
@@ -70,7 +73,7 @@ def _seconds(run) -> float:
 
 
 @pytest.mark.parametrize("batch", BATCHES)
-def test_inference(record, goal, models, batch):
+def test_inference(record, goal, measure, models, batch):
     x = corpus(batch)
     glow, normflows, nflows = models["flowcore"], models["normflows"], models["nflows"]
     warm_up = {
@@ -84,19 +87,30 @@ def test_inference(record, goal, models, batch):
     if batch not in NFLOWS_BATCHES:
         del warm_up["nflows (LU cache)"]
     runs = {label: (lambda flow=flow: flow(x)) for label, flow in warm_up.items()}
+    compiled_peer, _ = compiled(normflows.cache(True), "latent")
+
+    def run_compiled():
+        with torch.inference_mode(False), torch.no_grad():  # compiled normflows fails under inference_mode
+            return compiled_peer(x)
+
+    runs["normflows compiled (LU cache)"] = run_compiled
     times = {label: [] for label in runs}
     roofline = []
     with torch.inference_mode():
         for flow in warm_up.values():
             flow(x[:WARM_UP_ROWS])
+        compile_seconds = first_call_seconds(run_compiled)  # static shapes: compiled for this batch
         for _ in range(ROUNDS[batch]):
             roofline.append(gemm_roofline_seconds(batch, x))
             for label, run in runs.items():
                 times[label].append(_seconds(run))
         z, logdet = glow(x[:64])
         z_peer, logdet_peer = normflows.latent(x[:64])
+        z_compiled = run_compiled()[0][:64]
     assert z.shape == z_peer.shape and torch.isfinite(logdet).all() and torch.isfinite(logdet_peer).all()
+    torch.testing.assert_close(z_compiled, z_peer, rtol=1e-4, atol=1e-4)
     group = f"flow-inference-cpu-batch{batch}"
+    measure(group, "normflows compiled (LU cache): compile and first call", compile_seconds, "s")
     ceiling = min(roofline)
     for label, seconds in times.items():
         record(group, label, median=statistics.median(seconds), **{f"{label} min ms": round(min(seconds) * 1e3, 1)})
@@ -106,35 +120,48 @@ def test_inference(record, goal, models, batch):
          how=f"medians of {ROUNDS[batch]} interleaved rounds, {cached * 1e3:.0f} / {ours * 1e3:.0f} ms")
     goal(f"inference batch {batch}: fraction of the GEMM roofline", ceiling / min(times["flowcore"]), 0.8,
          how=f"best GEMM-only time {ceiling * 1e3:.0f} ms / best flowcore {min(times['flowcore']) * 1e3:.0f} ms")
+    peer = statistics.median(times["normflows compiled (LU cache)"])
+    goal(f"inference batch {batch}: normflows compiled (LU cache) / flowcore", peer / ours, 1.0,
+         how=f"medians, {peer * 1e3:.0f} / {ours * 1e3:.0f} ms; compiled once beforehand in {compile_seconds:.0f} s")
 
 
-def train_step(model, optimizer, data):
+def train_step(loss_of, optimizer, data):
     optimizer.zero_grad(set_to_none=True)
-    loss = model.bits_per_dim(data)
+    loss = loss_of(data)
     loss.backward()
     optimizer.step()
     return loss
 
 
-def test_train_step(record, goal, models):
+def test_train_step(record, goal, measure, models):
     data = corpus(8192)
     glow, normflows = models["flowcore"], models["normflows"]
     glow.train()
     normflows.train().cache(False)
+    compiled_loss, twin = compiled(normflows, "bits_per_dim")
     optimizers = {"flowcore": torch.optim.Adam(glow.parameters(), lr=1e-5, fused=True),
-                  "normflows": torch.optim.Adam(normflows.parameters(), lr=1e-5)}
-    times = {"flowcore": [], "normflows": []}
+                  "normflows": torch.optim.Adam(normflows.parameters(), lr=1e-5),
+                  "normflows compiled": torch.optim.Adam(twin.parameters(), lr=1e-5)}
+    steps = {"flowcore": glow.bits_per_dim, "normflows": normflows.bits_per_dim, "normflows compiled": compiled_loss}
+    times = {label: [] for label in steps}
     try:
+        compile_seconds = first_call_seconds(lambda: train_step(compiled_loss, optimizers["normflows compiled"], data))
         for round_ in range(4):
-            for label, model in (("flowcore", glow), ("normflows", normflows)):
-                seconds = _seconds(lambda: train_step(model, optimizers[label], data))
+            for label, loss in steps.items():
+                seconds = _seconds(lambda: train_step(loss, optimizers[label], data))
                 if round_:  # the first round is the warm-up
                     times[label].append(seconds)
     finally:
         glow.eval()
         normflows.eval()
+    group = "flow-train-step-cpu-batch8192"
     for label, seconds in times.items():
-        record("flow-train-step-cpu-batch8192", label, median=statistics.median(seconds),
-               **{f"{label} min ms": round(min(seconds) * 1e3, 1)})
-    ratio = statistics.median(times["normflows"]) / statistics.median(times["flowcore"])
+        record(group, label, median=statistics.median(seconds), **{f"{label} min ms": round(min(seconds) * 1e3, 1)})
+    measure(group, "normflows compiled: compile and first step", compile_seconds, "s")
+    ours = statistics.median(times["flowcore"])
+    ratio = statistics.median(times["normflows"]) / ours
     goal("train step batch 8192: normflows / flowcore", ratio, 2.0, how="medians of 3 interleaved rounds")
+    peer = statistics.median(times["normflows compiled"])
+    goal("train step batch 8192: normflows compiled / flowcore", peer / ours, 1.0,
+         how=f"medians of 3 interleaved rounds, {peer * 1e3:.0f} / {ours * 1e3:.0f} ms; compiled once beforehand "
+         f"in {compile_seconds:.0f} s")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 __all__ = [
     "ANALYZE_CALIBRATIONS", "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE",
-    "BATCH_SIZE", "CALIBRATION", "CHECKPOINT_EVERY", "CHECK_BLOCK_ROWS", "CONFIG", "CPU_BLOCK_BYTES",
-    "EMBEDDING_CHUNK_BYTES", "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING",
-    "RANDOM_PAIRS", "RECIPE", "STAT_BLOCK_ROWS", "STS_CALIBRATIONS", "STS_POOLINGS", "TEXT_CHUNK_ROWS",
-    "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
+    "BATCH_SIZE", "CALIBRATION", "CHECKPOINT_EVERY", "CHECK_BLOCK_ROWS", "CONFIG", "COUPLING", "CPU_BLOCK_BYTES",
+    "DEPTH", "EMBEDDING_CHUNK_BYTES", "LEVELS", "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME",
+    "PERMUTATION", "POOLING", "RANDOM_PAIRS", "RECIPE", "STAT_BLOCK_ROWS", "STS_CALIBRATIONS", "STS_POOLINGS",
+    "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER", "WIDTH",
 ]
 
 # --- the encoder
@@ -31,8 +31,18 @@ MAX_TOKENS = 8192
 """Padded tokens per encoder batch: bounds memory for long texts."""
 
 # --- the flow
-CONFIG = "l2_d3_w32"
-"""The Glow configuration: 2 levels of 3 steps, conditioners 32 units wide."""
+LEVELS = 2
+"""Glow levels: after each but the last, half the features leave as latent."""
+DEPTH = 3
+"""Glow steps per level."""
+WIDTH = 32
+"""Hidden units of each coupling's conditioner."""
+CONFIG = f"l{LEVELS}_d{DEPTH}_w{WIDTH}"
+"""The Glow configuration by name (`flowcore.CONFIGS`): the three values above."""
+COUPLING = "affine"
+"""The coupling of each Glow step (`flowcore.flows.configs.COUPLINGS`)."""
+PERMUTATION = "lu"
+"""The invertible 1x1 of each Glow step: learned, LU-parametrised (`flowcore.flows.configs.PERMUTATIONS`)."""
 RECIPE = "whitened"
 """The fit recipe (`flowcore.calibration.recipes`)."""
 CHECKPOINT_EVERY = 1000

@@ -1,7 +1,7 @@
 """Which implementation runs the flow ops: fused Triton kernels or plain PyTorch.
 
 Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then the
-`FLOWCORE_BACKEND` environment variable (read each time an op runs), then `auto`.
+`FLOWCORE_BACKEND` environment variable (read whenever a plan is made: once per flow call), then `auto`.
 
 `auto` runs Triton on CUDA tensors when Triton is installed, PyTorch otherwise; `triton` on CPU tensors
 needs the interpreter (`TRITON_INTERPRET=1`), else a `BackendUnavailableError` says why.
@@ -9,11 +9,14 @@ needs the interpreter (`TRITON_INTERPRET=1`), else a `BackendUnavailableError` s
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
 from typing import Iterator
 
 import torch
+
+from ._utils import TRITON_OPS, BackendUnavailableError
 
 BACKENDS = ("auto", "triton", "torch")
 ENV_VAR = "FLOWCORE_BACKEND"
@@ -21,10 +24,6 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 """Whether Triton is installed (its kernels are imported only when a Triton op first runs)."""
 
 _override: str | None = None
-
-
-class BackendUnavailableError(RuntimeError):
-    """The requested backend cannot run here."""
 
 
 def _check_name(name: str) -> str:
@@ -63,7 +62,7 @@ def interpreter_enabled() -> bool:
 
 
 def resolve(tensor: torch.Tensor) -> str:
-    """The backend that will actually run an op on `tensor`: `triton` or `torch`."""
+    """The backend that will actually run the ops on `tensor`: `triton` or `torch`."""
     name = get_backend()
     if name == "torch":
         return "torch"
@@ -84,8 +83,9 @@ def resolve(tensor: torch.Tensor) -> str:
     return "triton"
 
 
-def triton_ops():
-    """The Triton kernels (`flowcore.kernels.triton`), imported when a Triton op first runs."""
-    from . import triton
-
-    return triton
+def triton_ops() -> dict:
+    """The Triton ops by name (`_utils.TRITON_OPS`), which `kernels/triton/` registers when imported,
+    here by its name when a Triton op first runs."""
+    if not TRITON_OPS:
+        importlib.import_module(f"{__package__}.triton")
+    return TRITON_OPS

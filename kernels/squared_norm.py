@@ -1,13 +1,13 @@
 """Each row's sum of squares (the Gaussian prior's term), in float32 for 16-bit z, float64 for float64.
 
-`_SquaredNorm`'s forward makes no (batch x d) temporary and its backward one pass, 2 z * grad.
+`squared_norm`'s forward makes no (batch x d) temporary and its backward is one pass, 2 z * grad; a
+plan's reference path (torch.func transforms, autocast, compile) takes the composed `squared_norm_ref`.
 """
 from __future__ import annotations
 
 import torch
 
 from ._utils import accumulation_dtype
-from .compat import composed_autograd_only
 
 
 def squared_norm_ref(z: torch.Tensor) -> torch.Tensor:
@@ -16,14 +16,11 @@ def squared_norm_ref(z: torch.Tensor) -> torch.Tensor:
 
 
 def squared_norm(z: torch.Tensor) -> torch.Tensor:
-    if composed_autograd_only(z):
-        return squared_norm_ref(z)
+    """Row sums of squares with a one-pass backward."""
     return _SquaredNorm.apply(z)
 
 
 class _SquaredNorm(torch.autograd.Function):
-    """Row sums of squares with a one-pass backward (see the module docstring)."""
-
     @staticmethod
     def forward(ctx, z):
         ctx.save_for_backward(z)

@@ -78,6 +78,16 @@ def _blocks(matrix: torch.Tensor):
     return ((matrix[:h, :h], matrix[:h, h:]), (matrix[h:, :h], matrix[h:, h:]))
 
 
+def lu_solve(z: torch.Tensor, lu: torch.Tensor, diagonal: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """x with z = x @ (P L U).T: two triangular solves, never an explicit inverse (L and U packed in `lu`
+    as in `factored_linear_ref`)."""
+    lower, upper = lu_factors(lu, lu, diagonal)
+    y = z[:, torch.argsort(perm)]
+    # x (L U)^T = y  <=>  (x U^T) L^T = y: solve against L^T (upper, unit), then U^T (lower).
+    y = torch.linalg.solve_triangular(lower.T, y, upper=True, left=False, unitriangular=True)
+    return torch.linalg.solve_triangular(upper.T, y, upper=False, left=False)
+
+
 def factored_linear_ref(x, loc, logs, lu, diagonal, perm):
     """((x + loc) * exp(logs)) @ (P L U).T, composed under autograd; L and U packed in `lu` (its own
     diagonal unused), U's diagonal `diagonal`, W[i] = (L U)[perm[i]]."""

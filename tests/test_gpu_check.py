@@ -53,7 +53,7 @@ def test_the_benchmark_phases_run_at_a_small_size_on_the_cpu(tmp_path, monkeypat
         return result
 
     monkeypatch.setattr(gpu_workloads, "time_interleaved", cpu_timer)
-    monkeypatch.setattr(gpu_workloads, "_compiled", lambda fn: gpu_workloads._backend("torch", fn))
+    monkeypatch.setattr(gpu_workloads, "_compiled", lambda fn: fn)
     monkeypatch.setattr(gpu_check, "BATCH", 64)
     monkeypatch.setattr(gpu_check, "DIM", 48)
     monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
@@ -62,15 +62,13 @@ def test_the_benchmark_phases_run_at_a_small_size_on_the_cpu(tmp_path, monkeypat
     check.summary["ceilings"] = {"copy_gbps": 10.0, "h2d_gbps": 5.0}
     for name, phase, args in (("step_float32", gpu_check.bench_step, (check, "float32")),
                               ("elementwise", gpu_check.bench_elementwise, (check,)),
-                              ("calibration", gpu_check.bench_calibration, (check,)),
-                              ("gemm", gpu_check.bench_gemm, (check,))):
+                              ("calibration", gpu_check.bench_calibration, (check,))):
         check.phase(name, phase, *args)
         assert check.summary["phases"][name]["status"] == "ok", check.summary["phases"][name]
     step = check.summary["step_float32"]
     assert {"triton", "torch", "eager", "compile", "cublas"} <= step.keys()
     assert step["eager"]["bytes_moved"] > step["triton"]["bytes_moved"] > 0
     assert len(check.summary["elementwise"]) == 4
-    assert check.summary["gemm"]["float32"]["eager"]["eager_over_triton"] > 0
     assert check.summary["calibration"]["max_relative_error_vs_cpu"] == 0.0
     goals = check.summary["goals"]
     assert sum(name.startswith("step fwd+bwd float32") for name in goals) == 2

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 BUILDERS = {"flow step forward+backward": gpu_workloads.flow_step_train,
-            "folded linear forward+backward": gpu_workloads.folded_linear_forward_backward,
             **gpu_workloads.ELEMENTWISE}
 
 

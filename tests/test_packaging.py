@@ -9,7 +9,7 @@ TOP_LEVEL_KERNELS = (
     "import importlib.util, os, flowcore.kernels as k, transformers.models.bert.modeling_bert;"
     "spec = importlib.util.find_spec('kernels');"
     "print(spec is None or not os.path.abspath(spec.origin).startswith(os.path.join({repo!r}, 'kernels')),"
-    " callable(k.affine_coupling), k.__name__)"
+    " callable(k.plan), k.__name__)"
 )
 
 

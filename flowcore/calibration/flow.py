@@ -18,6 +18,7 @@ from flowcore.calibration.moments import row_blocks
 from flowcore.calibration.recipes import DEFAULT_RECIPE, RECIPES, FlowRecipe, recipe_named
 from flowcore.calibration.standardize import Standardizer
 from flowcore.calibration.whitening import Whitening
+from flowcore.flows.configs import COUPLINGS, PERMUTATIONS
 from flowcore.flows.glow import CONFIGS, Glow
 from flowcore.flows.train import fit, row_index, training_matrix
 from flowcore.runtime import training_threads
@@ -48,6 +49,9 @@ class FlowCalibrator(Calibrator):
         holdout: the share of X held out to choose the weights kept; None: the recipe's.
         patience: stop after this many held-out evaluations in a row without a better score; None: the recipe's.
         evaluations_per_epoch: held-out evaluations per epoch; None: the recipe's.
+        coupling: each step's coupling, "affine" (the default) or "additive", as in the BERT-flow code.
+        permutation: each step's invertible 1x1, "lu" (learned, the default) or "reverse" (fixed), as in the
+            BERT-flow code; "reverse" has no 1x1 to start at whitening from, so the "whitened" recipe refuses it.
 
     Attributes:
         recipe: the `FlowRecipe` followed (saved in the flow file).
@@ -71,15 +75,23 @@ class FlowCalibrator(Calibrator):
     def __init__(self, config: str = defaults.CONFIG, recipe: str = DEFAULT_RECIPE, epochs: int | None = None,
                  batch_size: int | None = None, lr: float | None = None, seed: int = 0, device=None,
                  standardize: bool | None = None, holdout: float | None = None, patience: int | None = None,
-                 evaluations_per_epoch: int | None = None):
+                 evaluations_per_epoch: int | None = None, coupling: str = defaults.COUPLING,
+                 permutation: str = defaults.PERMUTATION):
         super().__init__()
         if config not in CONFIGS:
             raise ValueError(f"unknown flow config {config!r}; choose one of {', '.join(CONFIGS)}")
-        self.config = config
+        for name, value, kinds in (("coupling", coupling, COUPLINGS), ("permutation", permutation, PERMUTATIONS)):
+            if value not in kinds:
+                raise ValueError(f"unknown flow {name} {value!r}; choose one of {', '.join(kinds)}")
+        self.config, self.coupling, self.permutation = config, coupling, permutation
         input = None if standardize is None else ("standardize" if standardize else "raw")
         self.recipe: FlowRecipe = recipe_named(recipe, input=input, epochs=epochs, batch_size=batch_size, lr=lr,
                                                holdout=holdout, patience=patience,
                                                evaluations_per_epoch=evaluations_per_epoch)
+        if permutation == "reverse" and self.recipe.input == "whiten":
+            raise ValueError(f"the {self.recipe.name!r} recipe starts the flow at whitening through its LU 1x1 "
+                             "convolutions, which permutation 'reverse' does not have; use recipe 'standardized' "
+                             "or 'paper' with it")
         self.seed = seed
         self.device = torch.device(device) if device is not None else None
         self.flow: Glow | None = None
@@ -150,7 +162,7 @@ class FlowCalibrator(Calibrator):
             prepare, width = standardizer.flow_input, standardizer.flow_dim
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            flow = Glow.from_config(self.config, width)
+            flow = Glow.from_config(self.config, width, coupling=self.coupling, permutation=self.permutation)
             if recipe.input == "whiten":
                 flow.start_linear(*_whitening_start(data, selected, prepare))
         flow.to(self.device)  # (None keeps it on the CPU)
@@ -192,8 +204,10 @@ class FlowCalibrator(Calibrator):
         """`Calibrator.report`, with the training record: losses, held-out scores, the epoch kept, early stop."""
         self._fitted()
         record = {name: getattr(self, name) for name in _RECORD}
+        variant = "".join(f"{getattr(self, name)} {name}, " for name in ("coupling", "permutation")
+                          if getattr(self, name) != getattr(defaults, name.upper()))
         return {**super().report(), **record,
-                "summary": f"flow {self.config} ({self.recipe.name} recipe): {self._kept()}"}
+                "summary": f"flow {self.config} ({variant}{self.recipe.name} recipe): {self._kept()}"}
 
     @property
     def outcome(self) -> str:
@@ -223,7 +237,8 @@ class FlowCalibrator(Calibrator):
         standardize = None if named is not None and recipe.input == named.input else recipe.input != "raw"
         return {"config": self.config, "recipe": recipe.name, "epochs": recipe.epochs, "batch_size": recipe.batch_size,
                 "lr": recipe.lr, "seed": self.seed, "standardize": standardize, "holdout": recipe.holdout,
-                "evaluations_per_epoch": recipe.evaluations_per_epoch, "patience": recipe.patience}
+                "evaluations_per_epoch": recipe.evaluations_per_epoch, "patience": recipe.patience,
+                "coupling": self.coupling, "permutation": self.permutation}
 
     def _on_varying(self, y: torch.Tensor, function) -> torch.Tensor:
         """y with `function` applied to the coordinates that go through the flow."""
@@ -323,6 +338,7 @@ class FlowCalibrator(Calibrator):
             flow = Glow(**info["glow"])
         _load_state(flow, parts["flow"], "flow.", assign=True)
         calibrator.flow = flow.to(device).eval()  # (device None keeps it on the CPU)
+        calibrator.coupling, calibrator.permutation = flow.config["coupling"], flow.config["permutation"]
         if calibrator.standardize:
             standardizer = Standardizer(parts["input"]["mean"].shape[0])
             _load_state(standardizer, parts["input"], "input.")

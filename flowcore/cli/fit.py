@@ -30,11 +30,12 @@ from flowcore.cli.arguments import (
     recipe_values,
     show_progress,
 )
-from flowcore.flows.configs import CONFIGS
+from flowcore.flows.configs import CONFIGS, COUPLINGS, PERMUTATIONS
 
 _SETTING_FLAGS = {"power": "--whitening-power", "keep": "--whitening-dim", "k": "--abtt-k", "config": "--config",
                   "recipe": "--recipe", "epochs": "--epochs", "batch_size": "--train-batch-size", "lr": "--lr",
-                  "patience": "--patience"}
+                  "patience": "--patience", "coupling": "--coupling",
+                  "permutation": "--permutation"}
 """{a method's setting (`flowcore.calibration.setting_names`): its flag}; a flag whose setting the chosen method
 lacks is refused."""
 _FIT_FLAGS = {"checkpoint_every": "--checkpoint-every", "threads": "--threads"}
@@ -67,6 +68,12 @@ def register(subparsers) -> None:
     flow = parser.add_argument_group("the flow (--calibration flow)")
     flow.add_argument("--config", default=None, choices=sorted(CONFIGS),
                       help=f"Glow levels/depth/width (default: {defaults.CONFIG})")
+    flow.add_argument("--coupling", default=None, choices=COUPLINGS,
+                      help=f"each step's coupling, as in the BERT-flow code (default: {defaults.COUPLING}): 'affine' "
+                      "(scale and shift) or 'additive' (shift only)")
+    flow.add_argument("--permutation", default=None, choices=PERMUTATIONS,
+                      help=f"each step's invertible 1x1, as in the BERT-flow code (default: {defaults.PERMUTATION}): "
+                      "'lu' (learned) or 'reverse' (fixed; with --recipe standardized or paper)")
     flow.add_argument("--recipe", default=None, choices=RECIPES,
                       help=f"fit recipe (default: {defaults.RECIPE}): 'whitened' (start at whitening, train on 90 %% "
                       "of the rows, keep the best held-out weights, the start included, and stop after --patience "

@@ -10,18 +10,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flowcore import kernels
+from flowcore import defaults, kernels
+from flowcore.flows.configs import COUPLINGS
 
 __all__ = ["COUPLINGS", "Coupling"]
-
-COUPLINGS = ("affine", "additive")
 
 
 class Coupling(nn.Module):
     """A coupling layer of `kind` "affine" or "additive" on `dim` features; `split` = dim // 2
     features condition the rest through `net`, an MLP of `width` hidden units."""
 
-    def __init__(self, dim: int, width: int = 32, kind: str = "affine"):
+    def __init__(self, dim: int, width: int = defaults.WIDTH, kind: str = defaults.COUPLING):
         super().__init__()
         if kind not in COUPLINGS:
             raise ValueError(f"unknown coupling {kind!r}; choose one of {', '.join(COUPLINGS)}")
@@ -55,19 +54,12 @@ class Coupling(nn.Module):
         self.net[-1].bias[1::2] = torch.logit(torch.tensor(scale, dtype=torch.float64)).item() - kernels.SCALE_OFFSET
 
     def forward(self, x: torch.Tensor):
-        """(z, logdet per row): the conditioner on x1, then the coupling op of `kernels`."""
-        return self._couple(x, kernels.affine_coupling, kernels.additive_coupling)
+        """(z, logdet per row), composed in PyTorch (a `Glow` runs its steps through `kernels.plan`)."""
+        x1, x2 = x.split([self.split, x.shape[1] - self.split], dim=1)
+        z2, logdet = kernels.couple_ref(x2, self.net(x1), self.kind)
+        return torch.cat([x1, z2], dim=1), logdet
 
     def inverse(self, z: torch.Tensor):
-        x, logdet = self._couple(z, kernels.affine_coupling_inverse, kernels.additive_coupling_inverse)
-        return x, -logdet
-
-    def _couple(self, x: torch.Tensor, affine, additive):
-        """x1 unchanged and x2 through `affine` or `additive` (the op or its inverse), conditioned on x1."""
-        x1, x2 = x.split([self.split, x.shape[1] - self.split], dim=1)
-        h = self.net(x1)
-        if self.kind == "affine":
-            y2, logdet = affine(x2, h)
-        else:
-            y2, logdet = additive(x2, h), x.new_zeros(x.shape[0])
-        return torch.cat([x1, y2], dim=1), logdet
+        z1, z2 = z.split([self.split, z.shape[1] - self.split], dim=1)
+        x2, logdet = kernels.uncouple_ref(z2, self.net(z1), self.kind)
+        return torch.cat([z1, x2], dim=1), -logdet

@@ -7,12 +7,11 @@ import math
 import torch
 from torch import nn
 
-from flowcore import defaults
+from flowcore import defaults, kernels
 from flowcore.flows.configs import CONFIGS
 from flowcore.flows.step import FlowStep
-from flowcore.kernels import accumulation_dtype, squared_norm, step_path
+from flowcore.kernels import accumulation_dtype
 from flowcore.kernels.compat import functorch_transforms_active, has_forward_hooks
-from flowcore.kernels.dispatch import resolve
 from flowcore.runtime import inference_workers, pinned_threads, side_by_side
 
 __all__ = ["CONFIGS", "LINEAR_START_SCALE", "Glow"]
@@ -37,8 +36,9 @@ class Glow(nn.Module):
         >>> loss = glow.bits_per_dim(x)                     # the training objective
     """
 
-    def __init__(self, dim: int, levels: int = 2, depth: int = 3, width: int = 32,
-                 coupling: str = "affine", permutation: str = "lu"):
+    def __init__(self, dim: int, levels: int = defaults.LEVELS, depth: int = defaults.DEPTH,
+                 width: int = defaults.WIDTH, coupling: str = defaults.COUPLING,
+                 permutation: str = defaults.PERMUTATION):
         super().__init__()
         for name, value in (("dim", dim), ("levels", levels), ("depth", depth), ("width", width)):
             if not isinstance(value, int) or value < 1:
@@ -100,11 +100,17 @@ class Glow(nn.Module):
         if x.dim() != 2 or x.shape[1] != self.dim:
             raise ValueError(f"Glow({self.dim}) {what} expects shape (batch, {self.dim}), got {tuple(x.shape)}")
 
+    def _plan(self, x: torch.Tensor) -> kernels.Plan:
+        """How this call runs (`kernels.plan`), chosen once: every step of the call takes it."""
+        conditioners = [step.coupling.net for steps in self.levels for step in steps]
+        return kernels.plan(x, self.dim, conditioners, self.training and torch.is_grad_enabled())
+
     def forward(self, x: torch.Tensor):
         self._check(x, "forward")
+        plan = self._plan(x)
         if self._blocked_inference(x):
-            return self._forward_in_blocks(x)
-        parts, logdet = self._latent_parts(x)
+            return self._forward_in_blocks(x, plan)
+        parts, logdet = self._latent_parts(x, plan)
         return torch.cat(parts, dim=1), logdet
 
     def _blocked_inference(self, x: torch.Tensor) -> bool:
@@ -114,7 +120,7 @@ class Glow(nn.Module):
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
 
-    def _forward_in_blocks(self, x: torch.Tensor):
+    def _forward_in_blocks(self, x: torch.Tensor, plan: kernels.Plan):
         """(z, logdet) of CPU inference, block by block; with n torch threads, n blocks run side by
         side on one thread each, so the output is that of a one-thread run whatever n or the load."""
         z = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -126,27 +132,23 @@ class Glow(nn.Module):
         def run(start: int) -> None:
             with torch.inference_mode(inference), torch.no_grad():  # grad modes are per thread
                 rows = slice(start, start + step)
-                parts, logdet[rows] = self._latent_parts(x[rows])
+                parts, logdet[rows] = self._latent_parts(x[rows], plan)
                 torch.cat(parts, dim=1, out=z[rows])
 
         workers = inference_workers(len(starts))
-        if has_forward_hooks(self) or torch.is_autocast_enabled("cpu") or resolve(x) != "torch":
+        if has_forward_hooks(self) or torch.is_autocast_enabled("cpu") or plan.backend != "torch":
             workers = 1
         with pinned_threads(1 if workers > 1 else None):
             side_by_side(workers, run, starts)
         return z, logdet
 
-    def _latent_parts(self, x: torch.Tensor):
-        """z's column blocks (last level's output, then earlier latents, latest first) and the log-det;
-        every default step runs on the one path `kernels.step_path` chooses here."""
+    def _latent_parts(self, x: torch.Tensor, plan: kernels.Plan):
+        """z's column blocks (last level's output, then earlier latents, latest first) and the log-det,
+        every step on `plan`."""
         h, logdet, leaving = x, x.new_zeros(x.shape[0], dtype=accumulation_dtype(x)), []
-        path = None
-        if self.levels[0][0].fused:
-            conditioners = [step.coupling.net for steps in self.levels for step in steps]
-            path = step_path(x, self.dim, conditioners, self.training and torch.is_grad_enabled())
         for index, steps in enumerate(self.levels):
             for step in steps:
-                h, step_logdet = step(h, path)
+                h, step_logdet = plan.step(h, step.params(h))
                 logdet = logdet + step_logdet
             if index + 1 < len(self.levels):
                 keep = self.level_dims[index + 1]
@@ -157,24 +159,29 @@ class Glow(nn.Module):
     def inverse(self, z: torch.Tensor, return_logdet: bool = False):
         """x from z; with `return_logdet`, also log|det dx/dz| per row (the negative of forward's)."""
         self._check(z, "inverse")
+        plan = self._plan(z)
         h, logdet = z[:, : self.level_dims[-1]], z.new_zeros(z.shape[0], dtype=accumulation_dtype(z))
         for index in reversed(range(len(self.levels))):
             if index + 1 < len(self.levels):
                 h = torch.cat([h, z[:, self.level_dims[index + 1] : self.level_dims[index]]], dim=1)
             for step in reversed(self.levels[index]):
-                h, step_logdet = step.inverse(h)
+                h, step_logdet = plan.inverse(h, step.params())
                 logdet = logdet + step_logdet
         return (h, logdet) if return_logdet else h
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         """log N(z; 0, I) + logdet per row, the log-likelihood of each row of `x`."""
         self._check(x, "log_prob")
-        if self._blocked_inference(x) or has_forward_hooks(self, recurse=False):
+        plan = self._plan(x)
+        if has_forward_hooks(self, recurse=False):  # the hooks see a forward call (which plans its own)
             z, logdet = self(x)
             parts = [z]
+        elif self._blocked_inference(x):
+            z, logdet = self._forward_in_blocks(x, plan)
+            parts = [z]
         else:
-            parts, logdet = self._latent_parts(x)
-        norm = sum(squared_norm(part) for part in parts)
+            parts, logdet = self._latent_parts(x, plan)
+        norm = sum(plan.squared_norm(part) for part in parts)
         return -0.5 * norm - 0.5 * self.dim * math.log(2 * math.pi) + logdet
 
     def bits_per_dim(self, x: torch.Tensor) -> torch.Tensor:

@@ -48,12 +48,7 @@ class LULinear(nn.Module):
 
     def inverse(self, z: torch.Tensor):
         """x with z = x @ W.T: two triangular solves, never an explicit inverse."""
-        lower, upper = self.factors()
-        y = z[:, torch.argsort(self.perm)]
-        # x (L U)^T = y  <=>  (x U^T) L^T = y: solve against L^T (upper, unit), then U^T (lower).
-        y = torch.linalg.solve_triangular(lower.T, y, upper=True, left=False, unitriangular=True)
-        x = torch.linalg.solve_triangular(upper.T, y, upper=False, left=False)
-        return x, (-self.logdet()).expand(z.shape[0])
+        return kernels.lu_solve(z, self.lu, self.diagonal(), self.perm), (-self.logdet()).expand(z.shape[0])
 
 
 class ReversePermutation(nn.Module):

@@ -1,30 +1,32 @@
 """One Glow step, data -> latent: ActNorm -> invertible linear -> coupling.
 
-The default step (LU mixing, affine coupling) runs in one call, `kernels.affine_step`; the variants compose
-the layers, with ActNorm folded into an LU weight. In inference the folded weight is cached until a parameter's
-version changes; writes through `.data` bypass versions, so call `train()` or `eval()` after them.
+The step holds parameters; a `Glow` runs it through the plan it asked `kernels.plan` for, given
+`params(x)`. With the LU 1x1, ActNorm folds into its weight; in inference the folded weight is cached
+until a parameter's version changes (writes through `.data` bypass versions, so call `train()` or
+`eval()` after them).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from flowcore import kernels
+from flowcore import defaults, kernels
 from flowcore.flows.actnorm import ActNorm
+from flowcore.flows.configs import PERMUTATIONS
 from flowcore.flows.coupling import Coupling
 from flowcore.flows.invertible_linear import LULinear, ReversePermutation
 from flowcore.kernels.compat import version_key
 
 __all__ = ["PERMUTATIONS", "FlowStep"]
 
-PERMUTATIONS = ("lu", "reverse")
-
 
 class FlowStep(nn.Module):
     """ActNorm -> invertible linear ("lu" or "reverse") -> coupling ("affine" or "additive") on `dim`
-    features: `z, logdet = step(x)`, data -> latent; `x, logdet = step.inverse(z)`."""
+    features: `z, logdet = step(x)`, data -> latent; `x, logdet = step.inverse(z)`, both composed in
+    PyTorch (`kernels.step_ref`)."""
 
-    def __init__(self, dim: int, width: int = 32, coupling: str = "affine", permutation: str = "lu"):
+    def __init__(self, dim: int, width: int = defaults.WIDTH, coupling: str = defaults.COUPLING,
+                 permutation: str = defaults.PERMUTATION):
         super().__init__()
         if permutation not in PERMUTATIONS:
             raise ValueError(f"unknown permutation {permutation!r}; choose one of {', '.join(PERMUTATIONS)}")
@@ -59,35 +61,25 @@ class FlowStep(nn.Module):
         mixing.lu.copy_(torch.tril(lower, -1) + torch.triu(upper, 1))  # L's and U's strict triangles
         mixing.log_s.copy_(torch.log(diagonal.abs()))
 
-    @property
-    def fused(self) -> bool:
-        """The default step (LU mixing, affine coupling), run in one call by `kernels.affine_step`."""
-        return isinstance(self.mixing, LULinear) and self.coupling.kind == "affine"
+    def params(self, x: torch.Tensor | None = None) -> kernels.StepParameters:
+        """The step's tensors as a plan takes them (`kernels.StepParameters`); given the step's input `x`,
+        ActNorm is first initialised from it (on the first call in training mode)."""
+        if x is not None:
+            self.actnorm.maybe_initialize(x)
+        actnorm, mixing, coupling = self.actnorm, self.mixing, self.coupling
+        if not isinstance(mixing, LULinear):
+            return kernels.StepParameters(actnorm.loc, actnorm.logs, None, None, None, None, coupling.split,
+                                          coupling.net, coupling.kind)
+        return kernels.StepParameters(actnorm.loc, actnorm.logs, mixing.lu, mixing.log_s, mixing.sign, mixing.perm,
+                                      coupling.split, coupling.net, coupling.kind, self._fold)
 
-    def forward(self, x: torch.Tensor, path: str | None = None):
-        """(z, logdet per row); `path`: the `kernels.PATHS` entry its `Glow` chose, None to choose here."""
-        if not isinstance(self.mixing, LULinear):
-            y, logdet = self.actnorm(x)
-            y, mixing_logdet = self.mixing(y)
-            z, coupling_logdet = self.coupling(y)
-            return z, coupling_logdet + (logdet + mixing_logdet)
-        self.actnorm.maybe_initialize(x)
-        if not self.fused:
-            weight, bias, logdet = self._fold()
-            z, coupling_logdet = self.coupling(kernels.folded_linear(x, weight, bias))
-            return z, coupling_logdet + logdet
-        if path is None:
-            path = kernels.step_path(x, x.shape[1], [self.coupling.net], self.training and torch.is_grad_enabled())
-        mixing = self.mixing
-        return kernels.affine_step(x, self.actnorm.loc, self.actnorm.logs, mixing.lu, mixing.log_s, mixing.sign,
-                                   mixing.perm, self.coupling.split, self.coupling.net, path=path,
-                                   folded=self._fold() if path in ("folded", "triton") else None)
+    def forward(self, x: torch.Tensor):
+        """(z, logdet per row)."""
+        return kernels.step_ref(x, self.params(x))
 
     def inverse(self, z: torch.Tensor):
-        y, logdet = self.coupling.inverse(z)
-        y, mixing_logdet = self.mixing.inverse(y)
-        x, actnorm_logdet = self.actnorm.inverse(y)
-        return x, logdet + mixing_logdet + actnorm_logdet
+        """(x, log-det of the inverse map per row)."""
+        return kernels.inverse_step_ref(z, self.params())
 
     def _fold(self):
         """`kernels.fold` of ActNorm and the LU linear: cached in inference, differentiable otherwise."""

@@ -15,13 +15,10 @@ import triton
 import triton.language as tl
 from torch.library import triton_op
 
+from .._utils import BackendUnavailableError
 from ..compat import plain_eager
-from ..dispatch import BackendUnavailableError
 
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
-INTERPRETER_DOT_UPCAST = tl.constexpr(INTERPRETED)
-"""The interpreter's bfloat16 `tl.dot` returns garbage, so there 16-bit dot operands are widened to
-float32 (`dot_operand`): the same products and accumulation as a 16-bit MMA."""
 
 
 def registered_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
@@ -93,7 +90,7 @@ def row_splits(row_blocks: int, other_programs: int, device: torch.device) -> in
 
 
 # --- tile tables: (BLOCK_B, BLOCK_D) for elementwise kernels, (BLOCK_B, BLOCK_N, BLOCK_K,
-# launch options) for GEMMs. In the interpreter: few, large programs (it pays per program). The
+# launch options) for the step's GEMMs. In the interpreter: few, large programs (it pays per program). The
 # GPU GEMM tables cover float32 (TF32) and 16-bit only: other GEMMs run on cuBLAS (`triton_gemm`).
 
 
@@ -125,30 +122,8 @@ def interpreter_gemm_tiles(B: int, D: int) -> tuple[int, int, int, dict]:
     return block_b, block_d, block_d, {}
 
 
-def gemm_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
-    """Tiles of the folded-linear forward GEMM."""
-    if INTERPRETED:
-        return interpreter_gemm_tiles(B, D)
-    return 128, 128, 32, {"num_warps": 8, "num_stages": 3}
-
-
-def dx_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
-    """Tiles of the folded-linear dx GEMM (BLOCK_N is the reduction chunk, kept short to fit shared memory)."""
-    if INTERPRETED:
-        return interpreter_gemm_tiles(B, D)
-    block_n = 32 if dtype == torch.float32 else 64
-    return 128, block_n, 128, {"num_warps": 8, "num_stages": 3}
-
-
-def dw_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
-    """Tiles of the split-batch dW GEMM."""
-    if INTERPRETED:
-        return interpreter_gemm_tiles(B, D)
-    return 64, 64, 64, {"num_warps": 4, "num_stages": 3}
-
-
 def fused_step_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
-    """Tiles of the fused step's GEMMs (narrower column blocks: the coupling epilogue)."""
+    """Tiles of the step's GEMMs (narrow column blocks: the coupling epilogue)."""
     if INTERPRETED:
         return interpreter_gemm_tiles(B, D)
     return 128, 64, 32 if dtype == torch.float32 else 64, {"num_warps": 8, "num_stages": 3}
@@ -186,33 +161,3 @@ def affine_couple(inp, shift, logit, INVERSE: tl.constexpr):
     else:
         out = (inp + shift) / reciprocal_scale
     return out, tl.minimum(logit, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(logit)))  # finite for any logit
-
-
-@triton.jit
-def dot_operand(t, dtype: tl.constexpr):
-    """`t` rounded to `dtype`, a GEMM's operand type (widened again in the interpreter: `INTERPRETER_DOT_UPCAST`)."""
-    t = t.to(dtype)
-    if INTERPRETER_DOT_UPCAST:
-        if dtype.is_fp16() or dtype.is_bf16():
-            t = t.to(tl.float32)
-    return t
-
-
-@triton.jit
-def linear_tile(
-    x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias,
-    compute: tl.constexpr, TF32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """x[rows] @ W[ns].T + bias[ns] as a (BLOCK_B, BLOCK_N) tile in `compute` precision; the caller masks
-    rows past B and columns past N."""
-    operand: tl.constexpr = x_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rows[:, None] * stride_xb + ks[None, :] * stride_xk,
-                    mask=(rows[:, None] < B) & (ks[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + ns[None, :] * stride_wn + ks[:, None] * stride_wk,
-                    mask=(ns[None, :] < N) & (ks[:, None] < K), other=0.0)
-        acc = tl.dot(dot_operand(x, operand), dot_operand(w, operand), acc,
-                     input_precision="tf32" if TF32 else "ieee", out_dtype=compute)
-    return acc + tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]

@@ -1,5 +1,5 @@
-"""The Triton ActNorm kernels (the math: `flowcore.kernels.actnorm`): launchers and the autograd
-Function, forward and inverse.
+"""The Triton ActNorm kernels (the math: `reference.actnorm_ref`): launchers, the autograd Function
+and the entry point `actnorm`, forward and inverse.
 
 The backward's batch reductions are per-program partial sums, summed in a fixed order (deterministic).
 """
@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from .._utils import accumulation_dtype, is_fp64
+from .._utils import accumulation_dtype, is_fp64, register_triton_op, require_matrix, require_vector
 from . import _utils
 from ._utils import row_block
 
@@ -123,7 +123,12 @@ class _ActNorm(torch.autograd.Function):
         return dinp, dloc, dlogs, None
 
 
+@register_triton_op("actnorm")
 def actnorm(inp, loc, logs, inverse: bool):
     """ActNorm (or its inverse) on the Triton kernels, arguments checked."""
-    _utils.require_launchable(inp, "actnorm_inverse" if inverse else "actnorm")
+    op = "actnorm_inverse" if inverse else "actnorm"
+    require_matrix(f"{op} input", inp)
+    require_vector(f"{op} loc", loc, inp.shape[1])
+    require_vector(f"{op} logs", logs, inp.shape[1])
+    _utils.require_launchable(inp, op)
     return _ActNorm.apply(inp, loc, logs, inverse)

@@ -1,5 +1,5 @@
-"""The Triton coupling kernels (the math: `flowcore.kernels.coupling`): launchers and autograd
-Functions, and the in-place forward and from-output backward the fused step uses.
+"""The Triton affine coupling kernels (the math: `reference.couple_ref`): launchers, the autograd
+Function, the entry point `couple`, and the in-place forward and from-output backward the step uses.
 
 Row log-dets are summed in registers across the row (deterministic); the backward recomputes the
 scale from h and writes d(input) and the interleaved dh in one elementwise pass.
@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from .._utils import accumulation_dtype, is_fp64
-from ..coupling import SCALE_OFFSET
+from .._utils import accumulation_dtype, is_fp64, register_triton_op, require_matrix
+from ..reference import SCALE_OFFSET, couple_ref, uncouple_ref
 from . import _utils
 from ._utils import affine_couple, load_shift_logit, row_block
 
@@ -81,21 +81,6 @@ def _affine_bwd_kernel(
     tl.store(dh_ptr + rows[:, None] * (2 * D2) + cols2[None, :], dh.to(dh_ptr.dtype.element_ty), mask=mask2)
 
 
-@triton.jit
-def _additive_kernel(
-    inp_ptr, h_ptr, out_ptr, B, D2, stride_ib, stride_id, stride_hb, stride_hd,
-    SUBTRACT: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    rows = row_block(tl.program_id(0), BLOCK_B)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < B) & (cols[None, :] < D2)
-    inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
-    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :] * stride_hd, mask=mask, other=0.0).to(compute)
-    out = inp - h if SUBTRACT else inp + h
-    tl.store(out_ptr + rows[:, None] * D2 + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 def _launch_affine_fwd(inp, h, out, inverse: bool) -> torch.Tensor:
     B, D2 = inp.shape
     logdet = torch.empty((B,), dtype=accumulation_dtype(inp), device=inp.device)
@@ -150,18 +135,6 @@ def _affine_bwd_from_output(grad: torch.Tensor, grad_logdet: torch.Tensor, out: 
     return _launch_affine_bwd(grad, grad_logdet, out, h, dinp, inverse=False, from_output=True)
 
 
-@_utils.registered_op("flowcore::additive_coupling_fwd", mutates_args=())
-def _additive_fwd(inp: torch.Tensor, h: torch.Tensor, subtract: bool) -> torch.Tensor:
-    B, D2 = inp.shape
-    out = torch.empty((B, D2), dtype=inp.dtype, device=inp.device)
-    block_b, block_d = _utils.coupling_tiles(D2)
-    wrap_triton(_additive_kernel)[(triton.cdiv(B, block_b), triton.cdiv(D2, block_d))](
-        inp, h, out, B, D2, inp.stride(0), inp.stride(1), h.stride(0), h.stride(1),
-        SUBTRACT=subtract, FP64=is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
-    )
-    return out
-
-
 class _AffineCoupling(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, h, inverse):
@@ -176,25 +149,17 @@ class _AffineCoupling(torch.autograd.Function):
         return dinp, dh, None
 
 
-class _AdditiveCoupling(torch.autograd.Function):
-    """The backward is the identity (and -identity for h when subtracting): no kernel needed."""
-
-    @staticmethod
-    def forward(ctx, inp, h, subtract):
-        ctx.subtract = subtract
-        return _additive_fwd(inp, h, subtract)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, (-grad if ctx.subtract else grad), None
-
-
-def affine_coupling(inp, h, inverse: bool):
-    """(out, forward log-det) of the affine coupling (or its inverse), arguments checked."""
-    _utils.require_launchable(inp, "affine_coupling_inverse" if inverse else "affine_coupling")
+@register_triton_op("couple")
+def couple(inp, h, coupling: str, inverse: bool):
+    """(out, log-det of the forward map per row) of the coupling `coupling` of inp with h, or of its
+    inverse; arguments checked. The additive coupling is one add (or subtract) with an identity
+    backward, which torch runs as one kernel already: its twin runs."""
+    op = f"{coupling}_coupling{'_inverse' if inverse else ''}"
+    require_matrix(f"{op} input", inp)
+    require_matrix(f"{op} conditioner output h", h, (2 if coupling == "affine" else 1) * inp.shape[1])
+    if h.shape[0] != inp.shape[0]:
+        raise ValueError(f"{op}: input has {inp.shape[0]} rows but h has {h.shape[0]}")
+    if coupling == "additive":
+        return (uncouple_ref if inverse else couple_ref)(inp, h, coupling)
+    _utils.require_launchable(inp, op)
     return _AffineCoupling.apply(inp, h, inverse)
-
-
-def additive_coupling(inp, h, subtract: bool):
-    _utils.require_launchable(inp, "additive_coupling_inverse" if subtract else "additive_coupling")
-    return _AdditiveCoupling.apply(inp, h, subtract)

@@ -63,6 +63,33 @@ def test_save_load_round_trip(calibrator, data, tmp_path):
     assert b"pickle" not in path.read_bytes()[:200]
 
 
+@pytest.mark.parametrize("coupling,permutation,recipe", [("additive", "lu", "whitened"), ("affine", "reverse", "paper"),
+                                                       ("additive", "reverse", "standardized")])
+def test_the_bert_flow_code_options_fit_save_and_load(data, tmp_path, coupling, permutation, recipe):
+    """The paper's code's coupling and permutation options: the Glow is built with them, recorded in
+    the file, and loaded back to the same model."""
+    calibrator = flowcore.FlowCalibrator(config="l2_d2_w32", recipe=recipe, epochs=1, batch_size=64, seed=1,
+                                         coupling=coupling, permutation=permutation).fit(data, show_progress_bar=False)
+    step = calibrator.flow.levels[0][0]
+    assert step.coupling.kind == coupling and type(step.mixing).__name__ == {
+        "lu": "LULinear", "reverse": "ReversePermutation"}[permutation]
+    Z = calibrator.transform(data)
+    np.testing.assert_allclose(calibrator.inverse_transform(Z), data, atol=1e-3, rtol=1e-3)
+    calibrator.save(tmp_path / "variant.flow")
+    loaded = flowcore.load(tmp_path / "variant.flow")
+    assert (loaded.coupling, loaded.permutation) == (coupling, permutation)
+    np.testing.assert_array_equal(loaded.transform(data), Z)
+
+
+def test_unknown_or_incompatible_flow_options_are_refused():
+    with pytest.raises(ValueError, match="unknown flow coupling 'spline'; choose one of affine, additive"):
+        flowcore.FlowCalibrator(coupling="spline")
+    with pytest.raises(ValueError, match="unknown flow permutation 'shuffle'; choose one of lu, reverse"):
+        flowcore.FlowCalibrator(permutation="shuffle")
+    with pytest.raises(ValueError, match="'whitened' recipe starts the flow at whitening through its LU 1x1"):
+        flowcore.FlowCalibrator(permutation="reverse")
+
+
 def test_bad_inputs_are_refused(calibrator, data):
     with pytest.raises(ValueError, match="has 9 features per row but the flow expects 10"):
         calibrator.transform(data[:, :9])

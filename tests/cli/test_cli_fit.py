@@ -37,6 +37,20 @@ def test_fit_embeddings_writes_a_flow(embeddings, tmp_path, capsys):
     np.testing.assert_array_equal(calibrator.transform(np.load(embeddings)), expected.transform(np.load(embeddings)))
 
 
+def test_fit_takes_the_bert_flow_code_coupling_and_permutation(embeddings, tmp_path, capsys):
+    out = tmp_path / "model.flow"
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--calibration", "flow", "--config",
+                 "l2_d2_w32", "--coupling", "additive", "--permutation", "reverse", "--recipe", "paper"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("flow l2_d2_w32 (additive coupling, reverse permutation, paper recipe): ")
+    assert "; fitted on 300 x 16 in " in printed
+    calibrator = flowcore.load(out)
+    assert (calibrator.coupling, calibrator.permutation) == ("additive", "reverse")
+    assert main(["fit", "--embeddings", str(embeddings), "--out", str(out), "--calibration", "flow",
+                 "--permutation", "reverse"]) == 2
+    assert "the 'whitened' recipe starts the flow at whitening" in capsys.readouterr().err
+
+
 def test_small_corpus_warning_counts_distinct_rows(tmp_path, capsys):
     rng = np.random.default_rng(1)
     path = tmp_path / "repeated.npy"
@@ -265,6 +279,7 @@ def test_options_of_another_method_are_one_line_errors(embeddings, tmp_path, cap
         (["--calibration", "whitening", "--epochs", "2"], "--epochs does not apply to --calibration whitening"),
         (["--calibration", "center", "--config", "l2_d2_w32"],
          "--config does not apply to --calibration center"),
+        (["--coupling", "additive"], "--coupling does not apply to --calibration auto"),
         (["--calibration", "whitening", "--whitening-power", "2"], "whitening power must be a number from 0"),
         (["--calibration", "whitening", "--whitening-dim", "17"],
          "whitening cannot keep 17 directions of 16-wide vectors"),

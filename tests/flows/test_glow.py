@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import flowcore
+from flowcore import kernels
 from flowcore.flows.glow import CONFIGS, Glow
 
 from helpers.contract import randomize
@@ -164,14 +165,16 @@ def test_log_prob_gradient_equals_autograd_of_the_formula():
 @pytest.mark.parametrize("rows", [20, 300], ids=["factored", "folded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 def test_fused_training_step_equals_the_composed_layers(dtype, rows):
-    """FlowStep (lu, affine) trains through the CPU step Function, its factors applied to small
-    batches and folded into one GEMM for larger ones; it equals ActNorm + LU + coupling composed
-    under autograd, in value and in every parameter's gradient."""
+    """A FlowStep (lu, affine) on the plan a Glow would ask for trains through the CPU step Function,
+    its factors applied to small batches and folded into one GEMM for larger ones; it equals ActNorm +
+    LU + coupling composed under autograd, in value and in every parameter's gradient."""
     from flowcore.flows.step import FlowStep
     torch.manual_seed(0)
     step = randomize(FlowStep(95, width=16), std=0.2).to(dtype)
     step.actnorm.initialize((torch.randn(300, 95) * 2 + 1).to(dtype))
     x = (torch.randn(rows, 95) * 2 + 1).to(dtype)
+    plan = kernels.plan(x, 95, [step.coupling.net], training=True)
+    assert plan.path == ("factored" if rows < 95 / 2 else "folded")
 
     def composed(v):
         y, actnorm_logdet = step.actnorm(v)
@@ -180,7 +183,7 @@ def test_fused_training_step_equals_the_composed_layers(dtype, rows):
         return z, coupling_logdet + mixing_logdet + actnorm_logdet
 
     results = []
-    for run in (step, composed):
+    for run in (lambda v: plan.step(v, step.params(v)), composed):
         z, logdet = run(x)
         results.append((z, logdet, torch.autograd.grad(z.square().sum() + logdet.sum(), list(step.parameters()))))
     (z, logdet, grads), (z_ref, logdet_ref, grads_ref) = results
@@ -198,17 +201,16 @@ def test_small_batch_training_applies_the_factors_and_equals_the_folded_step(dim
     """A training batch smaller than FACTORED_ROWS_PER_FEATURE x d takes the factored path; value
     and every gradient equal the folded path's, in float64."""
     from flowcore.flows.step import FlowStep
-    from flowcore.kernels import step_path
-    from flowcore.kernels.step import FACTORED_ROWS_PER_FEATURE
+    from flowcore.kernels.plan import FACTORED_ROWS_PER_FEATURE
     torch.manual_seed(dim)
     step = randomize(FlowStep(dim, width=8), std=0.3).double()
     step.actnorm.initialize(torch.randn(50, dim, dtype=torch.float64) * 2 + 1)
     x = torch.randn(max(1, dim // 4), dim, dtype=torch.float64) * 2 + 1
     assert x.shape[0] < FACTORED_ROWS_PER_FEATURE * dim
-    assert step_path(x, dim, [step.coupling.net], training=True) == "factored"
+    assert kernels.plan(x, dim, [step.coupling.net], training=True).path == "factored"
     results = []
     for path in ("factored", "folded"):
-        z, logdet = step(x, path)
+        z, logdet = kernels.Plan(path).step(x, step.params(x))
         results.append((z, logdet, torch.autograd.grad(z.square().sum() + logdet.sum(), list(step.parameters()))))
     (z, logdet, grads), (z_ref, logdet_ref, grads_ref) = results
     torch.testing.assert_close(z, z_ref, rtol=1e-10, atol=1e-10)
@@ -226,7 +228,7 @@ def test_cpu_inference_in_row_blocks_equals_the_whole_batch(monkeypatch):
         log_prob_whole = glow.log_prob(x)
     blocks = []
     latent_parts = glow._latent_parts
-    monkeypatch.setattr(glow, "_latent_parts", lambda rows: blocks.append(len(rows)) or latent_parts(rows))
+    monkeypatch.setattr(glow, "_latent_parts", lambda rows, plan: blocks.append(len(rows)) or latent_parts(rows, plan))
     monkeypatch.setattr(defaults, "CPU_BLOCK_BYTES", 128 * 16 * 8)  # 128 rows per block
     with torch.no_grad():
         z, logdet = glow(x)
@@ -269,8 +271,8 @@ def test_cpu_inference_blocks_run_side_by_side_as_one_thread_would(monkeypatch, 
         torch.set_num_threads(2)
         seen = []
         latent_parts = glow._latent_parts
-        monkeypatch.setattr(glow, "_latent_parts", lambda rows: seen.append(
-            (threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled())) or latent_parts(rows))
+        monkeypatch.setattr(glow, "_latent_parts", lambda rows, plan: seen.append(
+            (threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled())) or latent_parts(rows, plan))
         with context():
             z, logdet = glow(x)
             log_prob = glow.log_prob(x)
@@ -289,11 +291,11 @@ def test_cpu_inference_block_failure_is_raised(monkeypatch):
     calls = []
     latent_parts = glow._latent_parts
 
-    def failing(rows):
+    def failing(rows, plan):
         calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("block 3 failed")
-        return latent_parts(rows)
+        return latent_parts(rows, plan)
 
     monkeypatch.setattr(glow, "_latent_parts", failing)
     try:
@@ -305,11 +307,13 @@ def test_cpu_inference_block_failure_is_raised(monkeypatch):
 
 
 def test_cpu_inference_blocks_with_forward_hooks_stay_in_the_calling_thread(monkeypatch):
+    """A hook on a module the flow calls (a step's conditioner) runs in the caller's thread, once per block."""
     import threading
     glow = trained_like_glow(16).eval()
     before = _side_by_side(monkeypatch, 32, 16)
     threads = []
-    glow.levels[0][0].register_forward_hook(lambda module, inputs, output: threads.append(threading.get_ident()))
+    glow.levels[0][0].coupling.net.register_forward_hook(
+        lambda module, inputs, output: threads.append(threading.get_ident()))
     try:
         with torch.no_grad():
             glow(torch.randn(320, 16))

@@ -1,10 +1,8 @@
-"""Shared checks for the Triton kernel tests: run an op on backend `triton` and compare its
-outputs and every gradient with its `_ref` twin (same dtype) and with a float64 reference."""
+"""Shared checks for the Triton kernel tests: run a Triton op (an op of `Plan("triton")`) and compare
+its outputs and every gradient with its `_ref` twin (same dtype) and with a float64 reference."""
 from __future__ import annotations
 
 import torch
-
-from flowcore.backend import use_backend
 
 from helpers.launches import triton_launches
 
@@ -59,14 +57,14 @@ def assert_as_accurate_as_ref(actual, same_dtype, float64, what: str, factor: fl
 
 def check_op(op, ref, inputs: tuple, what: str, grad_seed: int = 1, backward_kernels: bool = True,
              relative: float | None = None) -> None:
-    """Outputs and gradients w.r.t. every floating input of `op` (run on backend triton) equal
-    those of `ref` in the same dtype and of `ref` in float64. `backward_kernels`: the backward
+    """Outputs and gradients w.r.t. every floating input of `op` (a Triton op) equal those of `ref`
+    in the same dtype and of `ref` in float64. `backward_kernels`: the backward
     launches Triton kernels too (the additive coupling's gradient is the identity). `relative`:
     a tolerance other than the dtype's (TF32)."""
     leaves = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
     leaves64 = tuple(t.detach().double().requires_grad_(t.is_floating_point()) for t in inputs)
     leaves_ref = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
-    with use_backend("triton"), triton_launches() as launched:
+    with triton_launches() as launched:
         outputs = as_tuple(op(*leaves))
     assert launched, f"{what}: no Triton kernel was launched"
     expected = as_tuple(ref(*leaves_ref))
@@ -81,7 +79,7 @@ def check_op(op, ref, inputs: tuple, what: str, grad_seed: int = 1, backward_ker
         wrt = [t for t in leaves_ if t.requires_grad]
         return torch.autograd.grad(outs, wrt, [c.to(device=o.device, dtype=o.dtype) for c, o in zip(cotangents, outs)])
 
-    with use_backend("triton"), triton_launches() as launched:
+    with triton_launches() as launched:
         actual_grads = grads(outputs, leaves)
     if backward_kernels:
         assert launched, f"{what}: the backward launched no Triton kernel"

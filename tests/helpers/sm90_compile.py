@@ -4,9 +4,9 @@ Triton's real compiler, on a machine without a GPU; report and check what each o
     python tests/helpers/sm90_compile.py [--jobs N] [--json FILE]
 
 How: with TRITON_INTERPRET=0 and a stand-in CUDA driver that reports an sm_90 device, the
-library's own entry points (the fused training and inference steps, folded linear, ActNorm and
-couplings, forward and backward) run on CPU tensors with the GPU tile tables and an H200's 132
-SMs. Each kernel launch goes through Triton's own argument binder, so it is specialised exactly
+library's own entry points (the Triton plan's steps of every kind in training and inference, its
+inverses and its elementwise ops, forward and backward) run on CPU tensors with the GPU tile tables
+and an H200's 132 SMs. Each kernel launch goes through Triton's own argument binder, so it is specialised exactly
 as a real launch would be (`== 1` constexprs, divisibility by 16 of sizes, strides and
 pointers), and is then compiled without launching (`warmup`). Outputs are never written, so the
 numbers flowing through are junk; only the launches matter. Cases: float32 under TF32, bfloat16
@@ -36,7 +36,7 @@ CASES = [  # (dtype, float32 matmul precision, [(rows, d), ...])
     ("bfloat16", "highest", [(4096, 768), (1003, 383)]),
     ("float16", "highest", [(1003, 383)]),
 ]
-GEMM_KERNELS = {"_linear_fwd_kernel", "_linear_bwd_dx_kernel", "_linear_bwd_dw_kernel", "_folded_gemm_kernel"}
+GEMM_KERNELS = {"_folded_gemm_kernel"}
 
 
 class _Sm90Driver:
@@ -82,44 +82,29 @@ def _run_entry_points(dtype_name: str, precision: str, shapes) -> None:
     import torch
     from torch import nn
 
-    from flowcore.backend import use_backend
-    from flowcore.kernels import (
-        actnorm,
-        actnorm_inverse,
-        additive_coupling,
-        affine_coupling,
-        affine_coupling_inverse,
-        affine_step,
-        folded_linear,
-        squared_norm,
-    )
+    from flowcore.kernels import Plan, StepParameters
 
     torch.set_float32_matmul_precision(precision)
     dtype = getattr(torch, dtype_name)
-    with use_backend("triton"):
-        for rows, d in shapes:
-            split = d // 2
-            x = torch.randn(rows, d).to(dtype).requires_grad_()
-            weight = torch.randn(d, d).to(dtype).requires_grad_()
-            bias = torch.randn(d).to(dtype).requires_grad_()
-            net = nn.Sequential(nn.Linear(split, 64), nn.ReLU(), nn.Linear(64, 2 * (d - split))).to(dtype)
-            loc, logs = torch.randn(d).to(dtype).requires_grad_(), torch.randn(d).to(dtype).requires_grad_()
-            lu, log_s = torch.randn(d, d).to(dtype).requires_grad_(), torch.randn(d).to(dtype).requires_grad_()
-            params = (loc, logs, lu, log_s, torch.ones(d, dtype=dtype), torch.randperm(d))
-            z, logdet = affine_step(x, *params, split, net, path="triton")  # the fused training step
-            torch.autograd.grad(squared_norm(z).sum() - logdet.sum(), [x, loc, lu])  # a Glow's loss
-            with torch.no_grad():
-                affine_step(x, *params, split, net, path="triton")  # the fused inference step
-            y = folded_linear(x, weight, bias)
-            torch.autograd.grad(y.float().sum(), [x, weight, bias])
-            for op in (actnorm, actnorm_inverse):
-                torch.autograd.grad(op(x, loc, logs).float().sum(), [x, loc, logs])
-            x2 = x[:, split:].detach().contiguous().requires_grad_()
-            h = torch.randn(rows, 2 * x2.shape[1]).to(dtype).requires_grad_()
-            for op in (affine_coupling, affine_coupling_inverse):
-                out, logdet = op(x2, h)
-                torch.autograd.grad(out.float().sum() + logdet.sum(), [x2, h])
-            additive_coupling(x2, h[:, : x2.shape[1]])
+    triton = Plan("triton")
+    for rows, d in shapes:
+        split = d // 2
+        x = torch.randn(rows, d).to(dtype).requires_grad_()
+        loc, logs = torch.randn(d).to(dtype).requires_grad_(), torch.randn(d).to(dtype).requires_grad_()
+        lu, log_s = torch.randn(d, d).to(dtype).requires_grad_(), torch.randn(d).to(dtype).requires_grad_()
+        lu_tensors = (lu, log_s, torch.ones(d, dtype=dtype), torch.randperm(d))
+        for coupling, width in (("affine", 2 * (d - split)), ("additive", d - split)):
+            net = nn.Sequential(nn.Linear(split, 64), nn.ReLU(), nn.Linear(64, width)).to(dtype)
+            for mixing in (lu_tensors, (None,) * 4):  # the LU 1x1, the reversal
+                p = StepParameters(loc, logs, *mixing, split, net, coupling)
+                z, logdet = triton.step(x, p)  # the training step
+                torch.autograd.grad(triton.squared_norm(z).sum() - logdet.sum(), [x, loc])  # a Glow's loss
+                with torch.no_grad():
+                    triton.step(x, p)  # the inference step
+            # the inverse launches the same kernels with either 1x1 (the LU's solves are torch's, without
+            # a 16-bit CPU kernel): the reversal's
+            back, logdet = triton.inverse(x, p)
+            torch.autograd.grad(back.float().sum() + logdet.sum(), [x, loc])
 
 
 def compile_case(case) -> list[dict]:
@@ -130,10 +115,8 @@ def compile_case(case) -> list[dict]:
     from triton.runtime.jit import JITFunction
 
     driver.set_active(_Sm90Driver())
-    import flowcore.kernels.dispatch
     import flowcore.kernels.triton._utils as kernel_utils
 
-    flowcore.kernels.dispatch.interpreter_enabled = lambda: True  # let backend "triton" take CPU tensors
     kernel_utils._sm_count = lambda index: H200_SMS
     kernel_utils.require_launchable = lambda tensor, op: None
     compiled: dict[tuple, dict] = {}

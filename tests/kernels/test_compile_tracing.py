@@ -1,10 +1,9 @@
-"""torch.compile traces the Triton backend without graph breaks, no GPU needed: with the real
-(not interpreted) kernels, a stand-in sm_90 driver and launches made no-ops, Dynamo captures a
-folded linear map, an affine coupling and an ActNorm (training: their differentiable ops) in one
-graph (`fullgraph=True`), and AOTAutograd runs its forward and backward. The host-side checks
-that choose between Triton and cuBLAS GEMMs must not break the graph. (The fused step itself
-takes the reference path under torch.compile: `kernels.step.step_path`.) Runs in a subprocess: the
-kernels must be imported with TRITON_INTERPRET=0."""
+"""torch.compile traces the Triton plan's elementwise ops without graph breaks, no GPU needed: with
+the real (not interpreted) kernels, a stand-in sm_90 driver and launches made no-ops, Dynamo
+captures a step with the reversal (ActNorm, the reversal, an affine coupling) and an inverse
+coupling (training: their differentiable ops) in one graph (`fullgraph=True`), and AOTAutograd runs
+its forward and backward. (A flow under torch.compile takes the reference path: `kernels.plan`.)
+Runs in a subprocess: the kernels must be imported with TRITON_INTERPRET=0."""
 import os
 import subprocess
 import sys
@@ -21,29 +20,25 @@ SCRIPT = textwrap.dedent(
     driver.set_active(_Sm90Driver())
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: None  # launches are no-ops
     import torch
-    import flowcore.backend
-    import flowcore.kernels.dispatch
     import flowcore.kernels.triton._utils as kernel_utils
-    flowcore.kernels.dispatch.interpreter_enabled = lambda: True
     kernel_utils._sm_count = lambda index: 132
     kernel_utils.require_launchable = lambda tensor, op: None
-    from flowcore.kernels import actnorm, affine_coupling, folded_linear
+    from flowcore.kernels import Plan, StepParameters
 
-    torch.set_float32_matmul_precision("high")  # float32 GEMMs on Triton (TF32)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+    triton = Plan("triton")
 
-    def step(x, weight, bias, loc, logs):
-        y = folded_linear(x, weight, bias)
-        z2, logdet = affine_coupling(y[:, 8:], net(y[:, :8]))
-        return actnorm(torch.cat([y[:, :8], z2], dim=1), loc, logs).sum() + logdet.sum()
+    def step(x, loc, logs, h):
+        z, logdet = triton.step(x, StepParameters(loc, logs, None, None, None, None, 8, net))
+        x2, inverse_logdet = triton.uncouple(z[:, 8:], h)
+        return z.sum() + x2.sum() + logdet.sum() + inverse_logdet.sum()
 
-    args = [torch.randn(32, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True),
-            torch.randn(16, requires_grad=True), torch.randn(16), torch.randn(16)]
-    with flowcore.backend.use_backend("triton"):
-        explained = torch._dynamo.explain(step)(*args)
-        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-        torch.compile(step, backend="aot_eager", fullgraph=True)(*args).backward()
-    assert args[1].grad.shape == (16, 16)
+    args = [torch.randn(32, 16, requires_grad=True), torch.randn(16, requires_grad=True),
+            torch.randn(16, requires_grad=True), torch.randn(32, 16)]
+    explained = torch._dynamo.explain(step)(*args)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    torch.compile(step, backend="aot_eager", fullgraph=True)(*args).backward()
+    assert args[1].grad.shape == (16,)
     print("traced")
     """
 )

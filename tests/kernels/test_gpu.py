@@ -1,5 +1,5 @@
 """The Triton kernels compiled for a CUDA GPU: fp32 (exact and TF32) / bf16 / fp16 against
-`_ref` and float64, the fused training step, a float32 Glow trained under TF32, offsets past
+`_ref` and float64, the step with either coupling, a float32 Glow trained under TF32, offsets past
 2**31 elements, deterministic reductions, a Glow on both backends, and torch.compile of the
 registered ops.
 
@@ -14,33 +14,14 @@ import torch
 
 import flowcore
 from flowcore.backend import use_backend
-from flowcore.kernels import (
-    actnorm,
-    actnorm_inverse,
-    actnorm_inverse_ref,
-    actnorm_ref,
-    additive_coupling,
-    additive_coupling_ref,
-    affine_coupling,
-    affine_coupling_inverse,
-    affine_coupling_inverse_ref,
-    affine_coupling_ref,
-    folded_linear,
-    folded_linear_ref,
-)
-from flowcore.kernels.step import folded_step, folded_step_ref
+from flowcore.kernels import Plan, actnorm_inverse_ref, actnorm_ref, couple_ref, folded_step_ref, uncouple_ref
 from flowcore.kernels.triton._utils import INTERPRETED
 
-from helpers.kernel_checks import TF32_TOLERANCE, assert_close_scaled, check_op
+from helpers.kernel_checks import TF32_TOLERANCE, TOLERANCE, assert_close_scaled, check_op
 from helpers.launches import triton_launches
 
+TRITON = Plan("triton")
 
-def folded_affine_step(x, weight, bias, split, conditioner):
-    """The fused Triton step from its folded weight."""
-    return folded_step(x, weight, bias, split, conditioner, path="triton")
-
-
-folded_affine_step_ref = folded_step_ref
 
 pytestmark = [
     pytest.mark.gpu,
@@ -88,39 +69,32 @@ def _cuda(*shape, dtype, scale=1.0, shift=0.0):
 def test_actnorm_on_gpu(rows, d, dtype):
     inputs = (_cuda(rows, d, dtype=dtype, scale=2.0, shift=1.0), _cuda(d, dtype=dtype),
               _cuda(d, dtype=dtype, scale=0.3))
-    check_op(actnorm, actnorm_ref, inputs, f"actnorm {dtype} {rows}x{d}")
-    check_op(actnorm_inverse, actnorm_inverse_ref, inputs, f"actnorm_inverse {dtype} {rows}x{d}")
+    check_op(TRITON.actnorm, actnorm_ref, inputs, f"actnorm {dtype} {rows}x{d}")
+    check_op(TRITON.actnorm_inverse, actnorm_inverse_ref, inputs, f"actnorm_inverse {dtype} {rows}x{d}")
 
 
-@pytest.mark.parametrize("rows,d,dtype", CASES, ids=CASE_IDS)
-def test_folded_linear_on_gpu(rows, d, dtype, tf32):
-    x = _cuda(rows, d, dtype=dtype, shift=0.5)
-    weight = (torch.linalg.qr(torch.randn(d, d, device="cuda"))[0] + 0.1 * torch.randn(d, d, device="cuda")).to(dtype)
-    bias = _cuda(d, dtype=dtype)
-    check_op(folded_linear, folded_linear_ref, (x, weight, bias), f"folded_linear {dtype} {rows}x{d}",
-             relative=tf32 if dtype == torch.float32 else None)
-
-
-def test_float32_gemms_without_tf32_run_on_cublas():
+def test_float32_step_gemms_without_tf32_run_on_cublas():
     x, weight, bias = (_cuda(*shape, dtype=torch.float32) for shape in ((64, 96), (96, 96), (96,)))
-    with use_backend("triton"), triton_launches() as launched:
-        z = folded_linear(x, weight, bias)
-    assert not launched
-    torch.testing.assert_close(z, folded_linear_ref(x, weight, bias), rtol=0, atol=0)
+    net = _step_conditioner(48, 96, torch.float32)
+    with torch.no_grad(), triton_launches() as launched:
+        z, _ = TRITON.folded_step(x, weight, bias, 48, net)
+    assert "_folded_gemm_kernel" not in launched
+    torch.testing.assert_close(z[:, :48], torch.addmm(bias, x, weight.T)[:, :48], rtol=0, atol=0)
 
 
-def _step_conditioner(split, d2, dtype):
-    net = torch.nn.Sequential(torch.nn.Linear(split, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2 * d2))
+def _step_conditioner(split, out, dtype):
+    net = torch.nn.Sequential(torch.nn.Linear(split, 32), torch.nn.ReLU(), torch.nn.Linear(32, out))
     return net.to(device="cuda", dtype=dtype)
 
 
+@pytest.mark.parametrize("coupling", ["affine", "additive"])
 @pytest.mark.parametrize("rows,d,dtype", CASES, ids=CASE_IDS)
-def test_fused_training_step_on_gpu(rows, d, dtype, tf32):
-    """`_TritonAffineStep` (fused GEMMs, one elementwise backward, cuBLAS weight GEMMs): z, the
+def test_fused_training_step_on_gpu(rows, d, dtype, coupling, tf32):
+    """`_TritonStep` (fused GEMMs, the coupling's elementwise backward, cuBLAS weight GEMMs): z, the
     log-det and every input's gradient against the composed twin and float64."""
     split = d // 2
     torch.manual_seed(0)
-    net = _step_conditioner(split, d - split, torch.float64)
+    net = _step_conditioner(split, (2 if coupling == "affine" else 1) * (d - split), torch.float64)
     x = _cuda(rows, d, dtype=torch.float64, shift=0.3)
     weight = torch.linalg.qr(torch.randn(d, d, device="cuda", dtype=torch.float64))[0] * 1.1
     bias = 0.1 * torch.randn(d, device="cuda", dtype=torch.float64)
@@ -130,16 +104,19 @@ def test_fused_training_step_on_gpu(rows, d, dtype, tf32):
     def run(op, precision):
         module = copy.deepcopy(net).to(precision)
         leaves = [t.to(precision).requires_grad_() for t in (x, weight, bias)]
-        z, logdet = op(*leaves, split, module)
-        grads = torch.autograd.grad((z, logdet), [*leaves, *module.parameters()],
-                                    (cotangents[0].to(z.dtype), cotangents[1].to(logdet.dtype)))
+        z, logdet = op(*leaves, split, module, coupling)
+        outs, grads_out = [z], [cotangents[0].to(z.dtype)]
+        if logdet.requires_grad:  # an additive step's log-det is a constant 0
+            outs.append(logdet)
+            grads_out.append(cotangents[1].to(logdet.dtype))
+        grads = torch.autograd.grad(outs, [*leaves, *module.parameters()], grads_out)
         return (z, logdet, *grads)
 
-    with use_backend("triton"), triton_launches() as launched:
-        fused = run(folded_affine_step, dtype)
-    assert launched["_affine_bwd_kernel"] == 1
-    reference, exact = run(folded_affine_step_ref, dtype), run(folded_affine_step_ref, torch.float64)
-    relative = tf32 if dtype == torch.float32 else None
+    with triton_launches() as launched:
+        fused = run(TRITON.folded_step, dtype)
+    assert launched["_affine_bwd_kernel"] == (coupling == "affine")
+    reference, exact = run(folded_step_ref, dtype), run(folded_step_ref, torch.float64)
+    relative = tf32 if dtype == torch.float32 else TOLERANCE[dtype]  # the log-dets are float32 whatever the dtype
     for index, (a, b, c) in enumerate(zip(fused, reference, exact)):
         assert_close_scaled(a, b, c, f"fused training step {dtype} {rows}x{d} output {index}", relative)
 
@@ -170,9 +147,9 @@ def test_offsets_past_two_to_the_31_elements_on_gpu():
     h = storage[d:].as_strided((3, 2 * d), (stride, 1))
     h.copy_(torch.randn(3, 2 * d, device="cuda"))
     loc, logs = _cuda(d, dtype=torch.float32), _cuda(d, dtype=torch.float32, scale=0.3)
-    with use_backend("triton"), torch.no_grad():
-        pairs = [(actnorm(x, loc, logs), actnorm_ref(x, loc, logs)),
-                 (affine_coupling(x[:, : d // 2], h[:, :d])[0], affine_coupling_ref(x[:, : d // 2], h[:, :d])[0])]
+    with torch.no_grad():
+        pairs = [(TRITON.actnorm(x, loc, logs), actnorm_ref(x, loc, logs)),
+                 (TRITON.couple(x[:, : d // 2], h[:, :d])[0], couple_ref(x[:, : d // 2], h[:, :d])[0])]
     del storage
     for out, ref in pairs:
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -181,10 +158,8 @@ def test_offsets_past_two_to_the_31_elements_on_gpu():
 @pytest.mark.parametrize("rows,d2,dtype", CASES, ids=CASE_IDS)
 def test_coupling_on_gpu(rows, d2, dtype):
     x2, h = _cuda(rows, d2, dtype=dtype), _cuda(rows, 2 * d2, dtype=dtype, scale=1.5)
-    check_op(affine_coupling, affine_coupling_ref, (x2, h), f"affine {dtype} {rows}x{d2}")
-    check_op(affine_coupling_inverse, affine_coupling_inverse_ref, (x2, h), f"affine inverse {dtype} {rows}x{d2}")
-    check_op(additive_coupling, additive_coupling_ref, (x2, h[:, 1::2]), f"additive {dtype} {rows}x{d2}",
-             backward_kernels=False)
+    check_op(TRITON.couple, couple_ref, (x2, h), f"affine {dtype} {rows}x{d2}")
+    check_op(TRITON.uncouple, uncouple_ref, (x2, h), f"affine inverse {dtype} {rows}x{d2}")
 
 
 @pytest.mark.parametrize("rows,d,dtype", CASES, ids=CASE_IDS)
@@ -200,24 +175,31 @@ def test_fused_inference_step_on_gpu(rows, d, dtype, tf32):
         with torch.no_grad():
             return op(x.to(precision), weight.to(precision), bias.to(precision), split, conditioner)
 
-    with use_backend("triton"):
-        z, logdet = run(folded_affine_step, dtype)
-    z_ref, logdet_ref = run(folded_affine_step_ref, dtype)
-    z64, logdet64 = run(folded_affine_step_ref, torch.float64)
-    relative = tf32 if dtype == torch.float32 else None
+    z, logdet = run(TRITON.folded_step, dtype)
+    z_ref, logdet_ref = run(folded_step_ref, dtype)
+    z64, logdet64 = run(folded_step_ref, torch.float64)
+    relative = tf32 if dtype == torch.float32 else TOLERANCE[dtype]  # the log-dets are float32 whatever the dtype
     assert_close_scaled(z, z_ref, z64, f"fused step z {dtype} {rows}x{d}", relative)
     assert_close_scaled(logdet, logdet_ref, logdet64, f"fused step logdet {dtype} {rows}x{d}", relative)
 
 
 def test_strided_inputs_on_gpu(tf32):
     x = torch.randn(768, 4096, device="cuda").T
-    weight = torch.randn(768, 768, device="cuda").T
+    weight = torch.linalg.qr(torch.randn(768, 768, device="cuda"))[0].T
     vectors = torch.randn(3, 1536, device="cuda")
     loc, logs, bias = vectors[0, ::2], 0.2 * vectors[1, 1::2], vectors[2, ::2]
-    check_op(folded_linear, folded_linear_ref, (x, weight, bias), "folded_linear transposed", relative=tf32)
-    check_op(actnorm, actnorm_ref, (x, loc, logs), "actnorm transposed")
+    net = _step_conditioner(384, 768, torch.float32)
+
+    def step(x, weight, bias):
+        return TRITON.folded_step(x, weight, bias, 384, net)
+
+    def step_ref(x, weight, bias):
+        return folded_step_ref(x, weight, bias, 384, net if x.dtype == torch.float32 else net.double())
+
+    check_op(step, step_ref, (x, weight, bias), "step transposed", relative=tf32)
+    check_op(TRITON.actnorm, actnorm_ref, (x, loc, logs), "actnorm transposed")
     y = torch.randn(4096, 1535, device="cuda")
-    check_op(affine_coupling, affine_coupling_ref, (y[:, 767:], torch.randn(4096, 1536, device="cuda")), "affine slice")
+    check_op(TRITON.couple, couple_ref, (y[:, 767:], torch.randn(4096, 1536, device="cuda")), "affine slice")
 
 
 def test_batch_reductions_are_bitwise_deterministic_on_gpu(tf32):
@@ -227,12 +209,16 @@ def test_batch_reductions_are_bitwise_deterministic_on_gpu(tf32):
     weight = torch.randn(768, 768, device="cuda", requires_grad=True)
     bias = torch.randn(768, device="cuda", requires_grad=True)
     upstream = torch.randn(65536, 768, device="cuda")
-    with use_backend("triton"):
-        for op, args in ((actnorm, (x, loc, logs)), (folded_linear, (x, weight, bias))):
-            first = torch.autograd.grad(op(*args), args, upstream)
-            for _ in range(3):
-                again = torch.autograd.grad(op(*args), args, upstream)
-                assert all(torch.equal(a, b) for a, b in zip(first, again)), op.__name__
+    net = _step_conditioner(384, 384, torch.float32)
+
+    def additive_step(x, weight, bias):
+        return TRITON.folded_step(x, weight, bias, 384, net, "additive")[0]
+
+    for op, args in ((TRITON.actnorm, (x, loc, logs)), (additive_step, (x, weight, bias))):
+        first = torch.autograd.grad(op(*args), args, upstream)
+        for _ in range(3):
+            again = torch.autograd.grad(op(*args), args, upstream)
+            assert all(torch.equal(a, b) for a, b in zip(first, again)), op.__name__
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -261,9 +247,9 @@ def test_glow_on_gpu_matches_torch_backend(dtype):
 
 
 def _fused_pipeline(x, loc, logs, weight, bias, h):
-    y = folded_linear(x, weight, bias)
-    z2, logdet = affine_coupling(y[:, 384:], h)
-    return actnorm(torch.cat([y[:, :384], z2], dim=1), loc, logs), logdet
+    y = torch.addmm(bias, x, weight.T)
+    z2, logdet = TRITON.couple(y[:, 384:], h)
+    return TRITON.actnorm(torch.cat([y[:, :384], z2], dim=1), loc, logs), logdet
 
 
 def test_ops_compile_with_torch_compile():
@@ -281,12 +267,11 @@ def test_ops_compile_with_torch_compile():
         z, logdet = fn(*args)
         return (z * upstream).sum() + logdet.sum()
 
-    with use_backend("triton"):
-        compiled = torch.compile(_fused_pipeline, fullgraph=True)
-        eager_loss = loss(_fused_pipeline)
-        eager_grads = torch.autograd.grad(eager_loss, args)
-        compiled_loss = loss(compiled)
-        compiled_grads = torch.autograd.grad(compiled_loss, args)
+    compiled = torch.compile(_fused_pipeline, fullgraph=True)
+    eager_loss = loss(_fused_pipeline)
+    eager_grads = torch.autograd.grad(eager_loss, args)
+    compiled_loss = loss(compiled)
+    compiled_grads = torch.autograd.grad(compiled_loss, args)
     tolerance = 1e-2
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=tolerance, atol=tolerance)
     for a, b in zip(compiled_grads, eager_grads):

@@ -9,8 +9,7 @@ from torch._library.custom_ops import CustomOpDef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flowcore.kernels.triton._utils as kernel_utils
-from flowcore.backend import use_backend
-from flowcore.kernels import affine_coupling, affine_coupling_ref
+from flowcore.kernels import Plan, couple_ref
 
 
 class _Passthrough(TorchDispatchMode):
@@ -20,13 +19,13 @@ class _Passthrough(TorchDispatchMode):
 
 def test_eager_calls_launch_directly_and_traced_calls_use_the_registered_op():
     x2, h = torch.randn(5, 6), torch.randn(5, 12)
-    expected = affine_coupling_ref(x2, h)
-    with use_backend("triton"), mock.patch.object(CustomOpDef, "__call__", side_effect=AssertionError("op layer")):
-        z2, logdet = affine_coupling(x2, h)  # plain eager: never enters the custom-op layers
+    expected, triton = couple_ref(x2, h), Plan("triton")
+    with mock.patch.object(CustomOpDef, "__call__", side_effect=AssertionError("op layer")):
+        z2, logdet = triton.couple(x2, h)  # plain eager: never enters the custom-op layers
         torch.testing.assert_close(z2, expected[0])
         torch.testing.assert_close(logdet, expected[1])
         with _Passthrough(), pytest.raises(AssertionError, match="op layer"):
-            affine_coupling(x2, h)  # a dispatch mode must see the op
+            triton.couple(x2, h)  # a dispatch mode must see the op
 
 
 def test_launches_are_guarded_onto_the_tensors_device(monkeypatch):

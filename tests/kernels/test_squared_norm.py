@@ -3,8 +3,8 @@ with first- and second-order gradients."""
 import pytest
 import torch
 
-from flowcore.kernels import squared_norm, squared_norm_ref
-from flowcore.kernels.squared_norm import _SquaredNorm
+from flowcore.kernels import plan, squared_norm_ref
+from flowcore.kernels.squared_norm import _SquaredNorm, squared_norm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
@@ -33,5 +33,5 @@ def test_squared_norm_passes_gradcheck_and_gradgradcheck():
 
 def test_torch_func_transforms_run_the_reference():
     z = torch.randn(3, 5, dtype=torch.float64)
-    grad = torch.func.grad(lambda v: squared_norm(v).sum())(z)
+    grad = torch.func.grad(lambda v: plan(v, 5, [], training=True).squared_norm(v).sum())(z)
     torch.testing.assert_close(grad, 2.0 * z)
