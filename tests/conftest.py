@@ -28,6 +28,14 @@ def sts_data_dir() -> Path:
     return STS_DATA
 
 
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> str:
+    """A random 3-layer BERT (hidden size 16) over `helpers.tiny_models.WORDS`, saved like a hub model folder."""
+    from helpers.tiny_models import WORDS, save_tiny_bert
+
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), WORDS, hidden_size=16, num_layers=3)
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     torch.manual_seed(0)

@@ -7,15 +7,6 @@ import pytest
 
 from flowcore.text.encoder import Encoder
 
-from helpers.tiny_models import save_tiny_bert
-
-WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), WORDS, hidden_size=16, num_layers=3)
-
 
 def _run_encode_cli(argv):
     from flowcore.cli import main

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
+"""The tiny models' word vocabulary (after the special tokens)."""
 
 
 def save_tiny_bert(folder: Path, words: list[str], hidden_size: int, num_layers: int, seed: int = 0) -> str:

@@ -100,7 +100,7 @@ def test_linear_calibrations_are_stock_dense_and_load_without_flowcore(bert, sen
               "for folder in sys.argv[2:]:\n"
               "    np.save(folder + '.npy', SentenceTransformer(folder, device='cpu').encode(texts))\n")
     calibrators = {"whitening": flowcore.Whitening(), "whitening-6": flowcore.Whitening(keep=6),
-                   "tempered": flowcore.Whitening(power=0.25, dim=8), "zca": flowcore.ZCAWhitening(),
+                   "tempered": flowcore.Whitening(power=0.25, keep=8), "zca": flowcore.ZCAWhitening(),
                    "center": flowcore.MeanCentering(), "abtt": flowcore.AllButTheTop(k=2),
                    "none": flowcore.calibration.create("none")}
     folders = []

@@ -11,9 +11,7 @@ import torch
 from flowcore.runtime import available_cpus
 from flowcore.text.encoder import Encoder, default_model_path
 
-from helpers.tiny_models import save_tiny_bert
-
-WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
+from helpers.tiny_models import WORDS
 
 
 def _sts_sentences(sts_data_dir, count):
@@ -33,12 +31,6 @@ def _sts_sentences(sts_data_dir, count):
 def _cosines(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    """A random 3-layer BERT with a small word vocabulary, saved like a hub model folder."""
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), WORDS, hidden_size=16, num_layers=3)
 
 
 def _random_sentences(count, seed=0, max_words=40):

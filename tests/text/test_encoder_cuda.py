@@ -11,11 +11,10 @@ import torch
 
 from flowcore.text.encoder import Encoder
 
-from helpers.tiny_models import save_tiny_bert
+from helpers.tiny_models import WORDS, save_tiny_bert
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
 POOLINGS = ("mean", "cls", "first-last-avg")
 
 

@@ -11,12 +11,11 @@ import flowcore.text.quantize as quantize
 from flowcore.sts.cache import EmbeddingCache
 from flowcore.text.encoder import Encoder
 
-from helpers.tiny_models import save_tiny_bert
+from helpers.tiny_models import WORDS, save_tiny_bert
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
 
 
 @pytest.fixture(scope="module")
