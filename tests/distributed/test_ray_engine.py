@@ -277,11 +277,12 @@ def test_the_ray_engine_refuses_and_stops_as_the_local_job_does(ray_session, vec
         with pytest.raises(OutputLockedError, match=r"out is being written by another flowcore job .*job.lock"):
             calibrate_ray(vector_flow, out, **options)
 
+    installed = signal.getsignal(signal.SIGINT)  # Python's own, or "ignored" under nohup or `&`
     with monkeypatch.context() as patch, pytest.raises(JobInterrupted) as stopped:
         patch.setattr(ray_engine, "_before_shard_write", signal_driver_at_shard(os.getpid(), at_shard=1))
         calibrate_ray(vector_flow, out, **options)
     assert str(stopped.value).startswith("SIGINT: stopped at row ") and stopped.value.exit_status == 130
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+    assert signal.getsignal(signal.SIGINT) is installed  # the handler is given back
     written = len(list((out / "shards").glob("part-*.parquet")))
     assert 0 < written < 8 and not (out / "manifest.json").exists()
     summary = calibrate_ray(vector_flow, out, **options)
