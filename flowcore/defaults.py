@@ -7,8 +7,8 @@ from __future__ import annotations
 __all__ = [
     "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE", "BATCH_SIZE",
     "CALIBRATION", "CHECK_BLOCK_ROWS", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
-    "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "STAT_BLOCK_ROWS",
-    "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
+    "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "SCAN_BLOCK_BYTES",
+    "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS", "TEXT_FIELD", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -34,8 +34,10 @@ CHECKPOINT_EVERY = 1000
 """Optimizer steps between a flow fit's training checkpoints."""
 
 # --- batch jobs and chunking
+TEXT_FIELD = "text"
+"""The JSON key or column holding a row's sentence in a jsonl, CSV or parquet corpus."""
 VECTOR_COLUMN = "embedding"
-"""The vector column of parquet output."""
+"""The vector column of parquet output, and of parquet input holding stored vectors."""
 TEXT_CHUNK_ROWS = 1024
 """Sentences per chunk of a text corpus (the unit of progress and of resumption)."""
 EMBEDDING_CHUNK_BYTES = 8 << 20
@@ -48,6 +50,8 @@ CHECK_BLOCK_ROWS = 65536
 """Rows checked for NaN/Inf at a time (the temporary mask stays small)."""
 CPU_BLOCK_BYTES = 6 << 20
 """About this many bytes of activations per block of CPU flow inference."""
+SCAN_BLOCK_BYTES = 8 << 20
+"""Bytes read at a time when a text file is scanned for its line ends (its row count, where its chunks start)."""
 LINE_BYTES = 16 << 20
 """The most bytes of one line of a text file held in memory, the rest being skipped as read: a plain-text
 line keeps its start (more than any encoder reads), a jsonl, CSV or STS pairs line is rejected."""

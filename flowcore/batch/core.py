@@ -119,7 +119,7 @@ class JobSpec:
     flow: str | os.PathLike
     input: str | os.PathLike | None = None
     embeddings: str | os.PathLike | None = None
-    text_field: str = "text"
+    text_field: str = defaults.TEXT_FIELD
     id_field: str | None = None
     vector_field: str = defaults.VECTOR_COLUMN
     model: str | None = None

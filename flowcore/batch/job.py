@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore._fs import (
     OutputWriteError,
     atomic_write_json,
@@ -41,7 +42,7 @@ from flowcore.batch.core import (
 )
 from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
 from flowcore.batch.lock import OutputLock, OutputLockedError
-from flowcore.batch.outputs import VECTOR_COLUMN, NpyOutput, ParquetOutput, RejectsLog
+from flowcore.batch.outputs import NpyOutput, ParquetOutput, RejectsLog
 from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chunks
 from flowcore.batch.rows import CalibratedChunk, Position, count_reasons, detect_format, file_changed
 from flowcore.batch.text_sources import TextCorpus
@@ -129,7 +130,7 @@ class CalibrationJob:
         if self.format == "npy" and (source.keep_columns or vector_column is not None):
             raise ValueError(f"{out}: --keep-columns and --vector-column need .parquet output "
                              "(.npy holds the vectors only)")
-        self.vector_column = (vector_column or VECTOR_COLUMN) if self.format == "parquet" else None
+        self.vector_column = (vector_column or defaults.VECTOR_COLUMN) if self.format == "parquet" else None
         self.description = dict(description or {})
         self.progress_path = self.out.with_name(self.out.name + ".progress.json")
         self.manifest_path = self.out.with_name(self.out.name + ".manifest.json")

@@ -16,10 +16,7 @@ from flowcore._fs import atomic_write, check_replaceable, fresh_folder, fsync, o
 from flowcore.batch.core import JobMismatchError
 from flowcore.batch.rows import CalibratedChunk, Reject
 
-__all__ = ["VECTOR_COLUMN", "JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog"]
-
-VECTOR_COLUMN = defaults.VECTOR_COLUMN
-"""The default name of a parquet output's vector column."""
+__all__ = ["JobMismatchError", "NpyOutput", "ParquetOutput", "RejectsLog"]
 
 
 def _require_partial(path: Path) -> None:
@@ -107,7 +104,7 @@ class ParquetOutput(_PartialFile):
     null for rejected rows) and the kept columns (`meta_types`). Each chunk is a part file in
     `parts` (default `OUT.parts/`; the Ray engine's shards); `finish` joins them, a row group each."""
 
-    def __init__(self, path: Path, rows: int, dim: int, with_ids: bool, vector_column: str = VECTOR_COLUMN,
+    def __init__(self, path: Path, rows: int, dim: int, with_ids: bool, vector_column: str = defaults.VECTOR_COLUMN,
                  meta_types=(), parts: Path | None = None):
         import pyarrow as pa
 

@@ -38,7 +38,7 @@ from flowcore.batch.core import (
 )
 from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
 from flowcore.batch.lock import OutputLock
-from flowcore.batch.outputs import VECTOR_COLUMN, ParquetOutput, RejectsLog
+from flowcore.batch.outputs import ParquetOutput, RejectsLog
 from flowcore.batch.ray_watchdog import watch_session
 from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, one_line, require_file
 from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
@@ -58,7 +58,6 @@ SHARD_REJECTS = "shard-rejects"
 """The folder in `OUT` of each shard's rejects, joined into `OUT/rejects.jsonl` at the end."""
 REJECT_COLUMN = "reject"
 """`Calibrate`'s reject column: the reason a row was rejected, "" for a calibrated row."""
-SCAN_BLOCK_BYTES = 1 << 23
 _ERROR_LINE = re.compile(r"^(flowcore\.batch\.ray\.)?ShardError: ")
 
 
@@ -99,10 +98,10 @@ class Calibrate:
         >>> ds.write_parquet("calibrated/")
     """
 
-    def __init__(self, flow: str | os.PathLike, text_column: str = "text", vector_column: str | None = None,
-                 output_column: str = VECTOR_COLUMN, model: str | None = None, pooling: str | None = None,
-                 batch_size: int = defaults.BATCH_SIZE, normalize: bool = False, threads: int | None = None,
-                 device=None, quantize: str | None = None):
+    def __init__(self, flow: str | os.PathLike, text_column: str = defaults.TEXT_FIELD,
+                 vector_column: str | None = None, output_column: str = defaults.VECTOR_COLUMN,
+                 model: str | None = None, pooling: str | None = None, batch_size: int = defaults.BATCH_SIZE,
+                 normalize: bool = False, threads: int | None = None, device=None, quantize: str | None = None):
         from flowcore.calibration.base import load
 
         self.threads = threads or job_threads(vector_column is None, actor=True)
@@ -152,7 +151,7 @@ def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Po
         return [Position(), *(end for _, end in source.entries() if end.row % chunk_rows == 0 and end.row < rows)]
     starts, seen, offset = [Position()], 0, 0
     with open(source.path, "rb") as handle:
-        while block := handle.read(SCAN_BLOCK_BYTES):
+        while block := handle.read(defaults.SCAN_BLOCK_BYTES):
             newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
             lines = seen + 1 + np.arange(len(newlines))  # the line each newline ends
             for index in np.flatnonzero((lines % chunk_rows == 0) & (lines < rows)):
@@ -224,7 +223,7 @@ class _ShardWriter:
         self.before_write(shard.index)
         output = ParquetOutput(self.folder / "vectors.parquet", shard.rows, self.calibrate.calibrator.output_dim,
                                with_ids=source.id_field is not None,
-                               vector_column=self.spec.vector_column or VECTOR_COLUMN,
+                               vector_column=self.spec.vector_column or defaults.VECTOR_COLUMN,
                                meta_types=source.meta_types(),
                                parts=self.folder)  # shard files are the output's part files
         output.write(calibrated)
@@ -278,7 +277,7 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
     spec.chunk_rows = spec.chunk_rows or default_chunk_rows(sources[0], calibrator.dim)  # what the actors cut
     inputs = [source.identity() for source in sources]
     identity = {"format": JOB_FORMAT, "version": JOB_VERSION, "input": {"files": inputs},
-                "output": {"path": str(out.resolve()), "vector_column": spec.vector_column or VECTOR_COLUMN},
+                "output": {"path": str(out.resolve()), "vector_column": spec.vector_column or defaults.VECTOR_COLUMN},
                 "dim": calibrator.dim, "chunk_rows": spec.chunk_rows, "normalize": spec.normalize,
                 "threads": spec.threads, **spec.identity(encoder)}
     out.mkdir(parents=True, exist_ok=True)
@@ -317,7 +316,8 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         described = manifest(
             file=PARTS, parquet=_shard_path(folder, 0), rows=global_row, rejects=rejects,
             rejects_file="rejects.jsonl", dim=calibrator.output_dim, normalized=spec.normalize,
-            id_field=spec.id_field, vector_column=spec.vector_column or VECTOR_COLUMN, kept_columns=spec.keep_columns,
+            id_field=spec.id_field, vector_column=spec.vector_column or defaults.VECTOR_COLUMN,
+            kept_columns=spec.keep_columns,
             input={"kind": spec.kind, "files": inputs}, description=spec.describe(calibrator, encoder),
             threads=spec.threads, chunk_rows=spec.chunk_rows, versions={"job": JOB_VERSION},
             id_source="row number (files in sorted order)")
@@ -417,7 +417,7 @@ def _batch_moments(batch: dict, column: str) -> dict:
     return {"count": np.array([moments.count]), "mean": moments.mean[None], "comoment": moments.comoment[None]}
 
 
-def moments(dataset, column: str = VECTOR_COLUMN):
+def moments(dataset, column: str = defaults.VECTOR_COLUMN):
     """The float64 `Moments` of a Ray Dataset's vector column, each block summarised where it lives and
     merged on the driver, e.g. for `Whitening.from_moments` of a distributed corpus.
 

@@ -116,9 +116,8 @@ def test_row_number_ids_are_int64_and_the_default_vector_column_is_embedding(tmp
     assert schema.field("id").type == pa.int64() and schema.field("embedding").type == pa.list_(pa.float32(), DIM)
     assert read_manifest(out)["id_type"] == "int64" and read_manifest(out)["vector_column"] == "embedding"
     from flowcore import defaults
-    from flowcore.batch.outputs import VECTOR_COLUMN
 
-    assert defaults.VECTOR_COLUMN == VECTOR_COLUMN == "embedding"
+    assert defaults.VECTOR_COLUMN == "embedding"
 
 
 def write_text_corpora(folder: Path) -> None:
