@@ -211,10 +211,9 @@ class JobSpec:
         }
 
 
-def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=None,
-                     requested_model: str | None = None) -> None:
+def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=None) -> None:
     """Refuse inputs the calibration was not fitted for: embeddings of another width, or text through
-    another encoder or pooling than its record (`requested_model`: the name the encoder was asked for)."""
+    another encoder or pooling than its record."""
     from flowcore.calibration.flow_file import check_encoder_fits  # torch: only once a calibration is in hand
 
     if source.kind == "embeddings":
@@ -222,7 +221,7 @@ def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=Non
         return
     if encoder is None:
         raise ValueError(f"{source.path} is text: an encoder is needed to embed it")
-    check_encoder_fits(calibrator.provenance, calibrator.dim, encoder, requested_model)
+    check_encoder_fits(calibrator.provenance, calibrator.dim, encoder)
 
 
 def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray], dim: int,

@@ -108,7 +108,6 @@ class CalibrationJob:
         restart: ignore an unfinished earlier run and start over.
         show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
         threads: torch's CPU thread count for the run; part of the identity (results depend on it).
-        handle_signals: the first SIGINT/SIGTERM stops the job at a chunk boundary (`StopSignals`).
 
     Example:
         >>> source = EmbeddingFile("emb.npy")
@@ -120,7 +119,7 @@ class CalibrationJob:
                  encode: Callable[[list[str]], np.ndarray] | None = None, identity: dict | None = None,
                  chunk_rows: int | None = None, restart: bool = False, show_progress_bar: bool | None = None,
                  threads: int | None = None, normalize: bool = False, vector_column: str | None = None,
-                 description: dict | None = None, handle_signals: bool = True, output_dim: int | None = None):
+                 description: dict | None = None, output_dim: int | None = None):
         self.source, self.dim, self.encode = source, dim, encode
         self.output_dim = output_dim or dim
         self.normalize = bool(normalize)
@@ -145,7 +144,6 @@ class CalibrationJob:
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
         self.restart, self.show_progress_bar = restart, progress_wanted(show_progress_bar)
-        self.handle_signals = handle_signals
         self.threads = check_threads(threads)
         self._identity = {**(identity or {}), **({"threads": threads} if threads is not None else {})}
 
@@ -169,7 +167,7 @@ class CalibrationJob:
         with _writing(lock.path, advice="choose a writable output folder"):
             lock.acquire()
         try:
-            with StopSignals(self.handle_signals) as stop:
+            with StopSignals() as stop:
                 summary = self._run(started, stop)
         finally:
             lock.release()
