@@ -1,8 +1,10 @@
 """The local engine behind `flowcore calibrate`: `CalibrationJob` (a source into one .npy or
 .parquet file, resumably) and `calibrate_file` (the whole job from files).
 
-Each chunk is fsynced before `OUT.progress.json` records it, so a killed run resumes after the
-last recorded chunk, byte-identical to an uninterrupted one (docs/batch.md, docs/faults.md).
+It adds a chunk loop to the lifecycle both engines share (`JobLifecycle`: lock, stop signals,
+record, manifest, summary). Each chunk is fsynced before `OUT.progress.json` records
+it, so a killed run resumes after the last recorded chunk, byte-identical to an uninterrupted one
+(docs/batch.md, docs/faults.md).
 """
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,15 +19,7 @@ from typing import Callable
 import numpy as np
 
 from flowcore import defaults
-from flowcore._fs import (
-    OutputWriteError,
-    atomic_write_json,
-    check_replaceable,
-    free_bytes,
-    fsync,
-    remove_temporaries,
-    write_error,
-)
+from flowcore._fs import OutputWriteError, check_replaceable, free_bytes, fsync
 from flowcore._progress import progress_wanted
 from flowcore.batch.core import (
     MANIFEST_FORMAT,
@@ -35,12 +28,12 @@ from flowcore.batch.core import (
     InputChangedError,
     JobMismatchError,
     JobSpec,
-    check_identity,
     default_chunk_rows,
     encode_with,
     manifest,
 )
-from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
+from flowcore.batch.interrupts import JobInterrupted, interrupts_named
+from flowcore.batch.lifecycle import JobLifecycle, JobRecord, writing
 from flowcore.batch.lock import OutputLock, OutputLockedError
 from flowcore.batch.outputs import NpyOutput, ParquetOutput, RejectsLog
 from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chunks
@@ -62,20 +55,9 @@ PROGRESS_VERSION = 2
 _EARLIER = ("{} records an unfinished run of an earlier flowcore, which this version cannot resume; "
             "rerun with --restart to start over")
 
-RESUME_ADVICE = "the progress file records only the chunks completed before it; fix this and rerun the same command"
-
 
 def _at_stage(stage: str, chunk: CalibratedChunk) -> None:
     """Called in the writer thread as each chunk is "writing", "written" and "committed": a fault-injection seam."""
-
-
-@contextlib.contextmanager
-def _writing(path: Path, needed: int | None = None, advice: str = RESUME_ADVICE):
-    """An OSError inside the block, writing `path`, as a one-line `OutputWriteError`."""
-    try:
-        yield
-    except OSError as error:
-        raise write_error(error, path, needed, advice) from None
 
 
 @dataclass
@@ -88,6 +70,36 @@ class _Progress:
     chunks: int = 0
     rejects_bytes: int = 0
     rejects: dict[str, int] = field(default_factory=dict)
+
+
+class _ProgressRecord(JobRecord):
+    """`OUT.progress.json`: the rows and what the chunks done so far left (`_Progress`). An unfinished run
+    of an earlier flowcore (recorded in `OUT.manifest.json`, or without input fingerprints) is refused."""
+
+    def __init__(self, out: Path):
+        super().__init__(out.with_name(out.name + ".progress.json"), PROGRESS_FORMAT, PROGRESS_VERSION,
+                         "progress file")
+        self.manifest_path = out.with_name(out.name + ".manifest.json")
+
+    def read(self) -> dict | None:
+        if not self.path.exists():
+            kind = None
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                kind = json.loads(self.manifest_path.read_text(encoding="utf-8")).get("format")
+            if kind == "flowcore-calibrate-manifest":
+                raise JobMismatchError(_EARLIER.format(self.manifest_path))
+            return None
+        record = super().read()
+        try:
+            done, recorded_input = _Progress(**record["done"]), record["job"]["input"]
+            if not isinstance(record["rows"], int):
+                raise ValueError("no row count")
+            fingerprinted = "fingerprint" in recorded_input
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise self.unreadable(error) from None
+        if not fingerprinted:
+            raise JobMismatchError(_EARLIER.format(self.path))
+        return {**record, "done": done}
 
 
 class CalibrationJob:
@@ -126,12 +138,13 @@ class CalibrationJob:
         self.transform = transform
         self.out = Path(out)
         self.format = detect_format(self.out, OUTPUT_FORMATS)
-        if self.format == "npy" and (source.keep_columns or vector_column is not None):
+        if self.format == "npy" and (self.source.keep_columns or vector_column is not None):
             raise ValueError(f"{out}: --keep-columns and --vector-column need .parquet output "
                              "(.npy holds the vectors only)")
         self.vector_column = (vector_column or defaults.VECTOR_COLUMN) if self.format == "parquet" else None
         self.description = dict(description or {})
-        self.progress_path = self.out.with_name(self.out.name + ".progress.json")
+        self.record = _ProgressRecord(self.out)
+        self.progress_path = self.record.path
         self.manifest_path = self.out.with_name(self.out.name + ".manifest.json")
         self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
         for path in (self.out, self.progress_path, self.manifest_path, self.rejects_path):
@@ -140,7 +153,7 @@ class CalibrationJob:
             raise ValueError(f"the output {self.out} would overwrite the input")
         if not self.out.parent.is_dir():
             raise FileNotFoundError(f"output folder not found: {self.out.parent}")
-        self.chunk_rows = chunk_rows or default_chunk_rows(source, dim)
+        self.chunk_rows = chunk_rows or default_chunk_rows(self.source, dim)
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
         self.restart, self.show_progress_bar = restart, progress_wanted(show_progress_bar)
@@ -162,61 +175,23 @@ class CalibrationJob:
             `JobInterrupted` when stopped by a signal, `OutputWriteError` when a write fails,
             `JobMismatchError`/`InputChangedError` when an unfinished run cannot be resumed.
         """
-        started = time.perf_counter()
-        lock = OutputLock(self.out)
-        with _writing(lock.path, advice="choose a writable output folder"):
-            lock.acquire()
-        try:
-            with StopSignals() as stop:
-                summary = self._run(started, stop)
-        finally:
-            lock.release()
-        summary.lock_taken_over = lock.took_over
-        return summary
-
-    def _load_progress(self, identity: dict) -> tuple[int, _Progress] | None:
-        """(rows, progress) of an unfinished earlier run of the job `identity` (`OUT.progress.json`), or None."""
-        if not self.progress_path.exists():
-            kind = None  # an earlier flowcore recorded an unfinished run in OUT.manifest.json
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                kind = json.loads(self.manifest_path.read_text(encoding="utf-8")).get("format")
-            if kind == "flowcore-calibrate-manifest":
-                raise JobMismatchError(_EARLIER.format(self.manifest_path))
-            return None
-        try:
-            record = json.loads(self.progress_path.read_text(encoding="utf-8"))
-            if record.get("format") != PROGRESS_FORMAT or record.get("version") != PROGRESS_VERSION:
-                raise ValueError("unknown progress file format")
-            recorded, rows, progress = record["job"], record["rows"], _Progress(**record["done"])
-            if not isinstance(recorded, dict) or not isinstance(rows, int):
-                raise ValueError("no job identity or row count")
-            fingerprinted = "fingerprint" in recorded["input"]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise JobMismatchError(f"{self.progress_path}: unreadable progress file ({error}); "
-                                   "rerun with --restart to start over") from None
-        if not fingerprinted:
-            raise JobMismatchError(_EARLIER.format(self.progress_path))
-        check_identity(recorded, identity, self.progress_path, identity["input"]["path"])
-        return rows, progress
-
-    def _commit_progress(self, identity: dict, rows: int, progress: _Progress) -> None:
-        atomic_write_json(self.progress_path, {"format": PROGRESS_FORMAT, "version": PROGRESS_VERSION, "job": identity,
-                                               "rows": rows, "done": progress.__dict__}, indent=1, sort_keys=True)
-
-    def _run(self, started: float, stop: StopSignals) -> CalibrationSummary:
         identity = self.identity()
-        earlier = None if self.restart else self._load_progress(identity)
-        rows, progress = earlier if earlier else (self.source.rows, _Progress())
+        with JobLifecycle(self.out, OutputLock(self.out), self.record, identity, identity["input"]["path"],
+                          self.restart, self.rejects_path, self.manifest_path) as job:
+            return self._run(job)
+
+    def _run(self, job: JobLifecycle) -> CalibrationSummary:
+        earlier = job.earlier
+        rows, progress = (earlier["rows"], earlier["done"]) if earlier else (self.source.rows, _Progress())
         resumed_from = progress.rows
         if self.format == "npy":
             output = NpyOutput(self.out, rows, self.output_dim)
         else:
             output = ParquetOutput(self.out, rows, self.output_dim, with_ids=self.source.id_field is not None,
-                                   vector_column=self.vector_column,
-                                   meta_types=self.source.meta_types())
+                                   vector_column=self.vector_column, meta_types=self.source.meta_types())
         rejects = RejectsLog(self.rejects_path)
         if earlier is None:
-            with _writing(self.progress_path):
+            with writing(self.progress_path):
                 self.progress_path.unlink(missing_ok=True)
                 output.discard()
                 rejects.discard()
@@ -228,27 +203,23 @@ class CalibrationJob:
                 raise OutputWriteError(f"cannot write {output.chunk_path(0)}: it needs {needed:,} bytes and only "
                                        f"{free:,} are free on its file system; free some space or choose another --out")
             with contextlib.closing(output), contextlib.closing(rejects):
-                with _writing(output.chunk_path(0), needed):
+                with writing(output.chunk_path(0), needed):
                     output.open(resume=earlier is not None)
                     rejects.open(progress.rejects_bytes if earlier is not None else None)
                     if earlier is None:
-                        self._commit_progress(identity, rows, progress)
+                        job.commit(rows=rows, done=progress.__dict__)
                 with pinned_threads(self.threads):
-                    self._stream(output, rejects, identity, rows, progress, stop)
-            if stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
-                raise JobInterrupted(progress.rows, stop.signum)
-        with _writing(self.out):
+                    self._stream(output, rejects, job, rows, progress)
+            if job.stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
+                raise job.interrupted(progress.rows)
+        with writing(self.out):
             output.finish(total_chunks)
             rejects.finish()
             fsync(self.out.parent)
-            atomic_write_json(self.manifest_path, self.manifest(rows, progress.rejects), indent=1)
-            remove_temporaries(self.manifest_path)  # a manifest write cut short by a kill
-            self.progress_path.unlink(missing_ok=True)
-            remove_temporaries(self.progress_path)  # a progress write cut short by a kill
-            fsync(self.out.parent)
+        job.finish(self.manifest(rows, progress.rejects))
+        with writing(self.out):
             output.discard()
-        return CalibrationSummary(rows, dict(progress.rejects), time.perf_counter() - started,
-                                  rows - resumed_from, resumed_from, self.out, self.rejects_path, self.manifest_path)
+        return job.summary(rows, progress.rejects, rows - resumed_from)
 
     def manifest(self, rows: int, rejects: dict[str, int]) -> dict:
         """`OUT.manifest.json` of the finished output (`flowcore.batch.core.manifest`)."""
@@ -260,32 +231,31 @@ class CalibrationJob:
                         description=self.description, threads=self.threads, chunk_rows=self.chunk_rows,
                         versions={"progress": PROGRESS_VERSION})
 
-    def _stream(self, output, rejects: RejectsLog, identity: dict, rows: int, progress: _Progress,
-                stop: StopSignals) -> None:
+    def _stream(self, output, rejects: RejectsLog, job: JobLifecycle, rows: int, progress: _Progress) -> None:
         from tqdm import tqdm
 
         bar = tqdm(total=rows, initial=progress.rows, unit="rows", unit_scale=True, dynamic_ncols=True,
                    disable=not self.show_progress_bar, file=sys.stderr, desc="calibrate")
 
         def write(chunk: CalibratedChunk) -> None:
-            if stop.requested:  # chunks read ahead of a stop are dropped, to be redone on resume
+            if job.stop.requested:  # chunks read ahead of a stop are dropped, to be redone on resume
                 return
-            changed = file_changed(identity["input"])
+            changed = file_changed(job.identity["input"])
             if changed is not None or chunk.end.row > rows:
                 raise InputChangedError.while_read(self.source.path, changed or f"it now has more than {rows:,} rows")
             _at_stage("writing", chunk)
-            with _writing(output.chunk_path(chunk.index), chunk.vectors.nbytes):
+            with writing(output.chunk_path(chunk.index), chunk.vectors.nbytes):
                 output.write(chunk)
                 output.sync()
-            with _writing(rejects.partial):
+            with writing(rejects.partial):
                 rejects_bytes = rejects.append(chunk.rejects)
             _at_stage("written", chunk)
             for reason, count in count_reasons(chunk.rejects).items():
                 progress.rejects[reason] = progress.rejects.get(reason, 0) + count
             progress.rows, progress.offset, progress.line = chunk.end.row, chunk.end.offset, chunk.end.line
             progress.chunks, progress.rejects_bytes = chunk.index + 1, rejects_bytes
-            with _writing(self.progress_path):
-                self._commit_progress(identity, rows, progress)
+            with writing(self.progress_path):
+                job.commit(rows=rows, done=progress.__dict__)
             bar.update(len(chunk.vectors))
             _at_stage("committed", chunk)
 
@@ -294,10 +264,10 @@ class CalibrationJob:
                                       normalize=self.normalize)
         with bar, BackgroundThread.writing(write, QUEUE_DEPTH) as writer, contextlib.closing(calibrated):
             for chunk in calibrated:
-                if stop.requested:
+                if job.stop.requested:
                     break
                 writer.put(chunk)
-        if progress.rows != rows and not stop.requested:
+        if progress.rows != rows and not job.stop.requested:
             raise InputChangedError.while_read(self.source.path, f"expected {rows:,} rows, read {progress.rows:,}")
 
 
@@ -326,4 +296,3 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
                          vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
                          output_dim=calibrator.output_dim)
     return job.run()
-

@@ -1,8 +1,10 @@
 """Calibration on Ray Data (published as `flowcore.ray`): `Calibrate` for `Dataset.map_batches`,
 `calibrate_ray` (`flowcore calibrate --engine ray`) and `moments` (whitening statistics).
 
-Both run `flowcore.batch.core`; the engine adds shards (the local job's chunks, one parquet file
-each, skipped when a rerun finds them written) and actors. See docs/scaling.md.
+`calibrate_ray` runs the lifecycle both engines share (`JobLifecycle`: lock, stop signals, record,
+manifest, summary) and the one calibration core (`flowcore.batch.core`); it adds shards
+(the local job's chunks, one parquet file each, skipped when a rerun finds them written) and
+actors. See docs/scaling.md.
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import logging
 import os
 import re
 import shutil
-import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,22 +22,21 @@ from pathlib import Path
 import numpy as np
 
 from flowcore import defaults
-from flowcore._fs import atomic_write, atomic_write_json
+from flowcore._fs import atomic_write
 from flowcore._progress import progress_wanted
 from flowcore.batch.core import (
     CalibrationSummary,
     InputChangedError,
-    JobMismatchError,
     JobSpec,
     calibrate_chunk,
-    check_identity,
     chunk_of_values,
     default_chunk_rows,
     encode_with,
     load_encoder,
     manifest,
 )
-from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
+from flowcore.batch.interrupts import JobInterrupted, interrupts_named
+from flowcore.batch.lifecycle import JobLifecycle, JobRecord
 from flowcore.batch.lock import OutputLock
 from flowcore.batch.outputs import ParquetOutput, RejectsLog
 from flowcore.batch.ray_watchdog import watch_session
@@ -49,9 +49,9 @@ __all__ = ["JOB_FORMAT", "JOB_VERSION", "REJECT_COLUMN", "Calibrate", "ShardsFai
            "input_files", "moments", "shard_starts"]
 
 JOB_FORMAT = "flowcore-ray-job"
-JOB_VERSION = 3
-"""`OUT/job.json`, the Ray job's record: its identity, kept after the job finishes; an earlier version's is
-refused (3: each shard's rejects moved from `OUT/shards/` to `OUT/shard-rejects/`)."""
+JOB_VERSION = 4
+"""`OUT/job.json`, the Ray job's record (`JobRecord`: its identity under `job`), kept after the job finishes;
+another version's is refused (4: the record both engines write; 3: each shard's rejects in `OUT/shard-rejects/`)."""
 PARTS = "shards"
 """The folder in `OUT` of the output's parquet parts, one per shard: a parquet dataset."""
 SHARD_REJECTS = "shard-rejects"
@@ -113,13 +113,14 @@ class Calibrate:
         self.encode = encode_with(encoder, batch_size)
         self.normalize = normalize
 
-    def _calibrated(self, chunk: Chunk) -> CalibratedChunk:
+    def calibrated(self, chunk: Chunk) -> CalibratedChunk:
+        """`chunk` calibrated as the local job calibrates it (`calibrate_chunk`): its rejects come with it."""
         return calibrate_chunk(chunk, self.calibrator.transform, self.calibrator.dim, self.encode,
                                self.calibrator.output_dim, self.normalize)
 
     def __call__(self, batch: dict) -> dict:
         chunk = chunk_of_values(batch[self.column], self.column, None if self.text else self.calibrator.dim)
-        calibrated = self._calibrated(chunk)
+        calibrated = self.calibrated(chunk)
         reasons = np.full(chunk.rows, "", dtype=object)
         for reject in calibrated.rejects:
             reasons[reject.row] = reject.reason
@@ -163,7 +164,8 @@ def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Po
 
 @dataclass
 class _Shard:
-    """One shard: rows [row_start, row_start + rows) of input file `file`, written as `index`."""
+    """One shard: rows [start.row, start.row + rows) of input file `file`, written as `index`; `global_row`:
+    where they start in the whole input."""
 
     index: int
     file: int
@@ -181,7 +183,8 @@ STOPPING = ".stopping"
 
 
 class _ShardWriter:
-    """The engine's actor: reads, calibrates (`Calibrate`) and writes whole shards (by index into `shards`)."""
+    """The engine's actor: reads, calibrates (`Calibrate`) and writes whole shards (by index into `shards`);
+    `files`: each input file's identity."""
 
     def __init__(self, spec: JobSpec, files: list[dict], shards: list[_Shard], out: str, device, before_write):
         self.spec, self.files, self.shards, self.before_write = spec, files, shards, before_write
@@ -205,10 +208,11 @@ class _ShardWriter:
 
     def _write(self, shard: _Shard) -> None:
         """Read, calibrate and write one shard: its rejects first, then its parquet file (atomically)."""
-        source = self._open(self.files[shard.file]["path"])
+        file = self.files[shard.file]
+        source = self._open(file["path"])
         chunk = next(source.chunks(self.spec.chunk_rows, shard.start))
-        calibrated = self.calibrate._calibrated(chunk)
-        changed = file_changed(self.files[shard.file])
+        calibrated = self.calibrate.calibrated(chunk)
+        changed = file_changed(file)
         if chunk.rows != shard.rows:
             changed = changed or f"shard {shard.index} has {chunk.rows} rows, expected {shard.rows}"
         if changed is not None:
@@ -276,23 +280,23 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
     calibrator, sources, encoder = spec.prepare(files)
     spec.chunk_rows = spec.chunk_rows or default_chunk_rows(sources[0], calibrator.dim)  # what the actors cut
     inputs = [source.identity() for source in sources]
-    identity = {"format": JOB_FORMAT, "version": JOB_VERSION, "input": {"files": inputs},
+    identity = {"input": {"files": inputs},
                 "output": {"path": str(out.resolve()), "vector_column": spec.vector_column or defaults.VECTOR_COLUMN},
                 "dim": calibrator.dim, "chunk_rows": spec.chunk_rows, "normalize": spec.normalize,
                 "threads": spec.threads, **spec.identity(encoder)}
     out.mkdir(parents=True, exist_ok=True)
-    with OutputLock(out, out / "job.lock") as lock, StopSignals() as stop:
-        folder, rejects_folder, job_path = out / PARTS, out / SHARD_REJECTS, out / "job.json"
-        if job_path.exists() and not restart:
-            _check_job(json.loads(job_path.read_text(encoding="utf-8")), identity, job_path, spec.path)
-        else:
+    folder, rejects_folder = out / PARTS, out / SHARD_REJECTS
+    record = JobRecord(out / "job.json", JOB_FORMAT, JOB_VERSION, "Ray job file", kept=True)
+    lifecycle = JobLifecycle(folder, OutputLock(out, out / "job.lock"), record, identity, spec.path, restart,
+                             out / "rejects.jsonl", out / "manifest.json")
+    with lifecycle as job:
+        if job.earlier is None:  # a new job, or --restart
             for stale in (folder, rejects_folder):
                 if stale.exists():
                     shutil.rmtree(stale)
         folder.mkdir(exist_ok=True)
         rejects_folder.mkdir(exist_ok=True)
-        atomic_write_json(job_path, identity, indent=1)
-
+        job.commit()
         shards, global_row = [], 0
         for file, source in enumerate(sources):
             for start in shard_starts(source, spec.chunk_rows):
@@ -300,15 +304,13 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
                 shards.append(_Shard(len(shards), file, start, rows, global_row + start.row))
             global_row += source.rows
         pending = [shard for shard in shards if not _shard_path(folder, shard.index).is_file()]
-        started = time.perf_counter()
         if pending:
             _run_shards(ray, spec, inputs, shards, pending, out, address, num_workers, gpus_per_worker,
-                        progress_wanted(show_progress_bar), stop)
+                        progress_wanted(show_progress_bar), job)
         missing = [shard.index for shard in shards if not _shard_path(folder, shard.index).is_file()]
         if missing:
             raise ShardsFailedError(f"{len(missing)} shard(s) were not written (first: {missing[0]}); rerun the same "
                                     "command to write them")
-        seconds = time.perf_counter() - started
         for written in (folder, rejects_folder):  # writes cut short by a killed worker
             for leftover in [*written.glob(".*"), *written.glob("*.partial")]:
                 leftover.unlink(missing_ok=True)
@@ -317,28 +319,25 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
             file=PARTS, parquet=_shard_path(folder, 0), rows=global_row, rejects=rejects,
             rejects_file="rejects.jsonl", dim=calibrator.output_dim, normalized=spec.normalize,
             id_field=spec.id_field, vector_column=spec.vector_column or defaults.VECTOR_COLUMN,
-            kept_columns=spec.keep_columns,
-            input={"kind": spec.kind, "files": inputs}, description=spec.describe(calibrator, encoder),
-            threads=spec.threads, chunk_rows=spec.chunk_rows, versions={"job": JOB_VERSION},
-            id_source="row number (files in sorted order)")
+            kept_columns=spec.keep_columns, input={"kind": spec.kind, "files": inputs},
+            description=spec.describe(calibrator, encoder), threads=spec.threads, chunk_rows=spec.chunk_rows,
+            versions={"job": JOB_VERSION}, id_source="row number (files in sorted order)")
         described["shards"] = [{"file": f"{PARTS}/{_shard_path(folder, shard.index).name}",
                                 "input": inputs[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
                                 "first_id_row": shard.global_row} for shard in shards]
         described["resume_granularity"] = "one shard"
-        atomic_write_json(out / "manifest.json", described, indent=1)
-    rows_this_run = sum(shard.rows for shard in pending)  # every shard is written by now
-    return CalibrationSummary(global_row, rejects, seconds, rows_this_run, global_row - rows_this_run, folder,
-                              out / "rejects.jsonl", out / "manifest.json", lock.took_over, len(shards), len(pending))
+        job.finish(described)
+        return job.summary(global_row, rejects, sum(shard.rows for shard in pending), shards=len(shards),
+                           shards_written=len(pending))
 
 
-def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
-                address, num_workers, gpus_per_worker, progress: bool, stop: StopSignals) -> None:
+def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
+                address, num_workers, gpus_per_worker, progress: bool, job: JobLifecycle) -> None:
     """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`)."""
     def stopped() -> JobInterrupted:
-        done = sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file())
-        return JobInterrupted(done, stop.signum)
+        return job.interrupted(sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file()))
 
-    if stop.requested:
+    if job.stop.requested:
         raise stopped()
     if not ray.is_initialized():
         context = ray.init(address=address, include_dashboard=False, log_to_driver=progress,
@@ -353,11 +352,11 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     num_workers = min(num_workers, len(pending))
     dataset = ray.data.from_items([{"shard": shard.index} for shard in pending], override_num_blocks=len(pending))
     resources_per_worker = {"num_cpus": spec.threads, **({"num_gpus": gpus_per_worker} if gpus_per_worker else {})}
-    writer = {"spec": spec, "files": inputs, "shards": shards, "out": str(out),
+    writer = {"spec": spec, "files": files, "shards": shards, "out": str(out),
               "device": "cuda" if gpus_per_worker > 0 else None, "before_write": _before_shard_write}
     dataset = dataset.map_batches(_ShardWriter, fn_constructor_kwargs=writer, batch_size=1, batch_format="numpy",
                                   compute=ray.data.ActorPoolStrategy(size=num_workers), **resources_per_worker)
-    if stop.requested:  # a signal while Ray started: no shard is begun
+    if job.stop.requested:  # a signal while Ray started: no shard is begun
         raise stopped()
     done, stopping = 0, out / STOPPING
     stopping.unlink(missing_ok=True)
@@ -367,7 +366,7 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     try:
         for batch in dataset.iter_batches(batch_size=None):
             done += int(batch["rows"].sum())
-            if stop.requested and not stopping.exists():  # the shards in flight finish, no new one begins
+            if job.stop.requested and not stopping.exists():  # the shards in flight finish, no new one begins
                 stopping.touch()
     except Exception as error:  # a worker's error reaches the driver as text inside Ray's: one line for the user
         reasons = [line.strip() for line in str(error).splitlines() if _ERROR_LINE.match(line.strip())]
@@ -378,19 +377,8 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     finally:
         logger.setLevel(level)
         stopping.unlink(missing_ok=True)
-    if stop.requested and done < sum(shard.rows for shard in pending):
+    if job.stop.requested and done < sum(shard.rows for shard in pending):
         raise stopped()
-
-
-def _check_job(recorded: dict, identity: dict, job_path: Path, input_name) -> None:
-    """Refuse to continue a job `job_path` records unless it is `identity`; an earlier version's in one line."""
-    version = recorded.get("version")
-    if recorded.get("format") == JOB_FORMAT and version != JOB_VERSION:
-        which = "an earlier" if isinstance(version, int) and version < JOB_VERSION else "another"
-        raise JobMismatchError(f"{job_path} records a run of {which} flowcore (Ray job version {version}, this one "
-                               f"writes {JOB_VERSION}), whose shard files this version cannot continue; add --restart "
-                               "to start over")
-    check_identity(recorded, identity, job_path, input_name)
 
 
 def _join_rejects(out: Path, folder: Path, shards: list[_Shard], inputs: list[str]) -> dict[str, int]:

@@ -231,9 +231,8 @@ def test_the_output_is_one_parquet_dataset_and_an_earlier_layout_is_refused(ray_
     for rejects in (out / "shard-rejects").iterdir():
         rejects.rename(summary.out / rejects.name)
     (out / "shard-rejects").rmdir()
-    with pytest.raises(JobMismatchError, match=r"job.json records a run of an earlier flowcore \(Ray job version 2, "
-                       r"this one writes 3\), whose shard files this version cannot continue; add --restart to start "
-                       r"over$"):
+    with pytest.raises(JobMismatchError, match=r"job.json records a run of an earlier flowcore \(Ray job file version "
+                       r"2, this one writes 4\), which this version cannot continue; add --restart to start over$"):
         calibrate_ray(vector_flow, out, **options)
     assert len(list(summary.out.iterdir())) == 14 and json.loads((out / "job.json").read_text())["version"] == 2
     restarted = calibrate_ray(vector_flow, out, restart=True, **options)
@@ -324,7 +323,7 @@ def test_quantize_works_on_the_ray_engine_as_on_the_local_job(ray_session, text_
         _as_matrix(expected).tobytes()
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["encoder"]["quantize"] == "int8"
-    assert json.loads((tmp_path / "out" / "job.json").read_text())["encoder"]["quantize"] == "int8"
+    assert json.loads((tmp_path / "out" / "job.json").read_text())["job"]["encoder"]["quantize"] == "int8"
 
 
 class _Records(logging.Handler):
