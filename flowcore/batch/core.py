@@ -12,6 +12,7 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore._vectors import unit_rows
+from flowcore.batch.input_files import InputFiles
 from flowcore.batch.rows import (
     NON_FINITE_OUTPUT,
     NOT_NUMBERS,
@@ -26,8 +27,8 @@ from flowcore.batch.rows import (
     to_float32,
     vector_rejects,
 )
-from flowcore.batch.text_sources import TextCorpus
-from flowcore.batch.vector_sources import EmbeddingFile
+from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
+from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
 from flowcore.runtime import check_threads, job_threads
 
 __all__ = [
@@ -102,8 +103,8 @@ class JobSpec:
 
     Args:
         flow: a calibration file (`flowcore fit`).
-        input / embeddings: exactly one: a txt/jsonl/csv/parquet corpus, or .npy/parquet vectors (for
-            the Ray engine also a folder or a glob).
+        input / embeddings: exactly one: a txt/jsonl/csv/parquet corpus, or .npy/parquet vectors: a file,
+            a folder or a glob of them (read as one input, `InputFiles`).
         text_field, id_field, vector_field: the columns of the text, the id (default: row number), the vector.
         model, pooling, quantize, batch_size: the text encoder (default: the calibration's record).
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
@@ -141,7 +142,7 @@ class JobSpec:
         if (self.input is None) == (self.embeddings is None):
             raise ValueError("give exactly one of a text corpus (input) or stored embeddings (embeddings)")
         self.kind = "text" if self.input is not None else "embeddings"
-        self.path = str(self.input if self.kind == "text" else self.embeddings)  # for Ray also a folder or a glob
+        self.path = str(self.input if self.kind == "text" else self.embeddings)  # a file, a folder or a glob
         if self.kind == "embeddings" and (self.model or self.pooling or self.quantize):
             raise ValueError("--model/--pooling/--quantize apply to text input, not to stored embeddings")
         if self.chunk_rows is not None and self.chunk_rows < 1:
@@ -163,21 +164,23 @@ class JobSpec:
         return EmbeddingFile(path, vector_field=self.vector_field, id_field=self.id_field,
                              keep_columns=self.keep_columns)
 
-    def prepare(self, paths, encoder=None) -> tuple:
-        """(calibrator, sources, encoder) for the input files `paths`, each `check_compatible`;
-        `encoder`: (text) an `Encoder` to use instead of the one the spec names."""
+    def source(self) -> InputFiles:
+        """The input (a file, a folder or a glob) as one source, each file read the way the spec says."""
+        return InputFiles.open(self.path, self.open, TEXT_FORMATS if self.kind == "text" else EMBEDDING_FORMATS)
+
+    def prepare(self, source: InputFiles, encoder=None) -> tuple:
+        """(calibrator, encoder) for `source`, checked to fit it (`check_compatible`); `encoder`: (text) an
+        `Encoder` to use instead of the one the spec names."""
         if encoder is not None and (self.kind == "embeddings" or self.model or self.pooling or self.quantize):
             raise ValueError("an encoder is for text input, instead of model/pooling/quantize")
         from flowcore.calibration.base import load
 
         calibrator = load(self.flow, device=self.device)
-        sources = [self.open(path) for path in paths]
         if self.kind == "text" and encoder is None:  # checked as it is loaded
             encoder = load_encoder(calibrator, self.model, self.pooling, self.quantize, self.threads, self.device)
         else:
-            for source in sources:
-                check_compatible(calibrator, source, encoder)
-        return calibrator, sources, encoder
+            check_compatible(calibrator, source, encoder)
+        return calibrator, encoder
 
     def identity(self, encoder) -> dict:
         """What a job's record pins besides its input and output: the calibration's hash, the device, the encoder."""
@@ -211,7 +214,7 @@ class JobSpec:
         }
 
 
-def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=None) -> None:
+def check_compatible(calibrator, source: TextCorpus | EmbeddingFile | InputFiles, encoder=None) -> None:
     """Refuse inputs the calibration was not fitted for: embeddings of another width, or text through
     another encoder or pooling than its record."""
     from flowcore.calibration.flow_file import check_encoder_fits  # torch: only once a calibration is in hand
@@ -338,6 +341,12 @@ def check_identity(recorded: dict, requested: dict, record: Path, input_name) ->
 
 
 def _differences(old, new, path: str = "") -> list[str]:
+    if _files(old) and _files(new):  # input files: named by their paths (one added, removed or changed)
+        old_files, new_files = ({file["path"]: file for file in files} for files in (old, new))
+        return ([f"{path}: {name} was added" for name in new_files if name not in old_files]
+                + [f"{path}: {name} was removed" for name in old_files if name not in new_files]
+                + [change for name in old_files if name in new_files
+                   for change in _differences(old_files[name], new_files[name], f"{path}[{name}]")])
     if isinstance(old, dict) and isinstance(new, dict):
         return [change for key in sorted(set(old) | set(new))
                 for change in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))]
@@ -345,6 +354,11 @@ def _differences(old, new, path: str = "") -> list[str]:
         return [change for index, (a, b) in enumerate(zip(old, new))
                 for change in _differences(a, b, f"{path}[{index}]")]
     return [] if old == new else [f"{path} was {old!r}, now {new!r}"]
+
+
+def _files(value) -> bool:
+    """Whether `value` lists input files' identities (each a dict with a path)."""
+    return isinstance(value, list) and all(isinstance(item, dict) and "path" in item for item in value)
 
 
 @dataclass

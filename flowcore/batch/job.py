@@ -32,12 +32,13 @@ from flowcore.batch.core import (
     encode_with,
     manifest,
 )
+from flowcore.batch.input_files import InputFiles
 from flowcore.batch.interrupts import JobInterrupted, interrupts_named
 from flowcore.batch.lifecycle import JobLifecycle, JobRecord, writing
 from flowcore.batch.lock import OutputLock, OutputLockedError
 from flowcore.batch.outputs import NpyOutput, ParquetOutput, RejectsLog
 from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chunks
-from flowcore.batch.rows import CalibratedChunk, Position, count_reasons, detect_format, file_changed
+from flowcore.batch.rows import CalibratedChunk, Position, count_reasons, detect_format
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 from flowcore.runtime import check_threads, pinned_threads
@@ -94,7 +95,7 @@ class _ProgressRecord(JobRecord):
             done, recorded_input = _Progress(**record["done"]), record["job"]["input"]
             if not isinstance(record["rows"], int):
                 raise ValueError("no row count")
-            fingerprinted = "fingerprint" in recorded_input
+            fingerprinted = "fingerprint" in recorded_input or "files" in recorded_input
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise self.unreadable(error) from None
         if not fingerprinted:
@@ -106,7 +107,8 @@ class CalibrationJob:
     """Calibrate `source` into `out` (.npy or .parquet), resumably.
 
     Args:
-        source: a `TextCorpus` or `EmbeddingFile`; its `keep_columns` become parquet columns.
+        source: a `TextCorpus`, an `EmbeddingFile` or several as `InputFiles`; its `keep_columns` become
+            parquet columns.
         out: the output file, .npy (float32 rows) or .parquet (`id`, the vector column, the kept columns).
         transform: maps finite float32 (n, dim) rows to calibrated rows.
         dim: the width of the vectors `transform` takes.
@@ -126,13 +128,13 @@ class CalibrationJob:
         >>> CalibrationJob(source, "out.npy", calibrator.transform, source.dim).run()
     """
 
-    def __init__(self, source: TextCorpus | EmbeddingFile, out: str | os.PathLike,
+    def __init__(self, source: TextCorpus | EmbeddingFile | InputFiles, out: str | os.PathLike,
                  transform: Callable[[np.ndarray], np.ndarray], dim: int,
                  encode: Callable[[list[str]], np.ndarray] | None = None, identity: dict | None = None,
                  chunk_rows: int | None = None, restart: bool = False, show_progress_bar: bool | None = None,
                  threads: int | None = None, normalize: bool = False, vector_column: str | None = None,
                  description: dict | None = None, output_dim: int | None = None):
-        self.source, self.dim, self.encode = source, dim, encode
+        self.source, self.dim, self.encode = InputFiles.of(source), dim, encode
         self.output_dim = output_dim or dim
         self.normalize = bool(normalize)
         self.transform = transform
@@ -149,8 +151,12 @@ class CalibrationJob:
         self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
         for path in (self.out, self.progress_path, self.manifest_path, self.rejects_path):
             check_replaceable(path)  # before any work: never a device, a pipe or a link loop
-        if self.out.resolve() == Path(source.path).resolve():
+        if self.source.single and self.out.resolve() == self.source.path.resolve():
             raise ValueError(f"the output {self.out} would overwrite the input")
+        parts = self.out.with_name(self.out.name + ".parts") / "part-00000000.parquet"  # a parquet output's chunk
+        if not self.source.single and (self.source.reaches(self.out) or self.source.reaches(parts)):
+            raise ValueError(f"the output {self.out} is where the input {self.source.path} finds its files, so a "
+                             "rerun would read it as input; choose another --out")
         if not self.out.parent.is_dir():
             raise FileNotFoundError(f"output folder not found: {self.out.parent}")
         self.chunk_rows = chunk_rows or default_chunk_rows(self.source, dim)
@@ -176,8 +182,9 @@ class CalibrationJob:
             `JobMismatchError`/`InputChangedError` when an unfinished run cannot be resumed.
         """
         identity = self.identity()
-        with JobLifecycle(self.out, OutputLock(self.out), self.record, identity, identity["input"]["path"],
-                          self.restart, self.rejects_path, self.manifest_path) as job:
+        with JobLifecycle(self.out, OutputLock(self.out), self.record, identity,
+                          identity["input"].get("path", self.source.path), self.restart, self.rejects_path,
+                          self.manifest_path) as job:
             return self._run(job)
 
     def _run(self, job: JobLifecycle) -> CalibrationSummary:
@@ -195,7 +202,7 @@ class CalibrationJob:
                 self.progress_path.unlink(missing_ok=True)
                 output.discard()
                 rejects.discard()
-        total_chunks = -(-rows // self.chunk_rows)
+        total_chunks = self.source.chunk_count(self.chunk_rows)
         if earlier is None or progress.chunks < total_chunks:
             needed = output.bytes_needed() if earlier is None else None
             free = free_bytes(self.out.parent)
@@ -229,7 +236,8 @@ class CalibrationJob:
                         normalized=self.normalize, id_field=source.id_field, vector_column=self.vector_column,
                         kept_columns=source.keep_columns, input={"kind": source.kind, **source.identity()},
                         description=self.description, threads=self.threads, chunk_rows=self.chunk_rows,
-                        versions={"progress": PROGRESS_VERSION})
+                        versions={"progress": PROGRESS_VERSION},
+                        id_source="row number" if source.single else "row number (files in sorted order)")
 
     def _stream(self, output, rejects: RejectsLog, job: JobLifecycle, rows: int, progress: _Progress) -> None:
         from tqdm import tqdm
@@ -240,7 +248,7 @@ class CalibrationJob:
         def write(chunk: CalibratedChunk) -> None:
             if job.stop.requested:  # chunks read ahead of a stop are dropped, to be redone on resume
                 return
-            changed = file_changed(job.identity["input"])
+            changed = self.source.changed(job.identity["input"])
             if changed is not None or chunk.end.row > rows:
                 raise InputChangedError.while_read(self.source.path, changed or f"it now has more than {rows:,} rows")
             _at_stage("writing", chunk)
@@ -274,8 +282,9 @@ class CalibrationJob:
 @interrupts_named()
 def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, encoder=None, restart: bool = False,
                    show_progress_bar: bool | None = None, **options) -> CalibrationSummary:
-    """Calibrate a text corpus or stored embeddings with the calibration file at `flow_path` into
-    `out` (.npy or .parquet), resumably, described in `OUT.manifest.json`.
+    """Calibrate a text corpus or stored embeddings (a file, a folder or a glob of them) with the
+    calibration file at `flow_path` into `out` (.npy or .parquet), resumably, described in
+    `OUT.manifest.json`.
 
     Args:
         flow_path: a calibration file written by `flowcore fit`.
@@ -286,10 +295,11 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
         **options: the job, as `flowcore.batch.core.JobSpec` takes it (`input` or `embeddings`, ...).
 
     Example:
-        >>> calibrate_file("model.flow", "vectors.parquet", input="corpus.jsonl", id_field="id", normalize=True)
+        >>> calibrate_file("model.flow", "vectors.parquet", input="corpus/", id_field="id", normalize=True)
     """
     spec = JobSpec(flow_path, **options)
-    calibrator, (source,), encoder = spec.prepare([spec.path], encoder)
+    source = spec.source()
+    calibrator, encoder = spec.prepare(source, encoder)
     job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, spec.batch_size),
                          identity=spec.identity(encoder), chunk_rows=spec.chunk_rows, restart=restart,
                          show_progress_bar=show_progress_bar, threads=spec.threads, normalize=spec.normalize,

@@ -9,7 +9,6 @@ actors. See docs/scaling.md.
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import logging
 import os
@@ -35,18 +34,19 @@ from flowcore.batch.core import (
     load_encoder,
     manifest,
 )
+from flowcore.batch.input_files import InputFiles
 from flowcore.batch.interrupts import JobInterrupted, interrupts_named
 from flowcore.batch.lifecycle import JobLifecycle, JobRecord
 from flowcore.batch.lock import OutputLock
 from flowcore.batch.outputs import ParquetOutput, RejectsLog
 from flowcore.batch.ray_watchdog import watch_session
-from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, one_line, require_file
-from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
-from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
+from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, one_line
+from flowcore.batch.text_sources import TextCorpus
+from flowcore.batch.vector_sources import EmbeddingFile
 from flowcore.runtime import job_threads, use_threads_in_this_process
 
 __all__ = ["JOB_FORMAT", "JOB_VERSION", "REJECT_COLUMN", "Calibrate", "ShardsFailedError", "calibrate_ray",
-           "input_files", "moments", "shard_starts"]
+           "moments", "shard_starts"]
 
 JOB_FORMAT = "flowcore-ray-job"
 JOB_VERSION = 4
@@ -127,25 +127,11 @@ class Calibrate:
         return {**batch, self.output_column: calibrated.vectors, REJECT_COLUMN: reasons}
 
 
-def input_files(pattern: str | os.PathLike, formats: dict[str, str]) -> list[Path]:
-    """The files an input names, sorted: a file, a folder (its files with a suffix in `formats`) or a glob."""
-    path = Path(pattern)
-    if path.is_file():
-        return [path]
-    if path.exists() and not path.is_dir():
-        require_file(path)  # a pipe or a device, named as such
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in formats)
-    else:
-        files = sorted(Path(p) for p in glob.glob(str(pattern), recursive=True) if Path(p).is_file())
-    if not files:
-        raise FileNotFoundError(f"no input files match {pattern} (expected {', '.join(sorted(formats))} files)")
-    return files
-
-
 def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Position]:
     """Where each chunk of `chunk_rows` rows of `source` starts (newlines counted for txt and jsonl, csv parsed)."""
     rows = source.rows
+    if not rows:
+        return []
     if source.kind == "embeddings" or source.format == "parquet":
         return [Position(row) for row in range(0, rows, chunk_rows)]
     if source.format == "csv":
@@ -172,6 +158,16 @@ class _Shard:
     start: Position
     rows: int
     global_row: int
+
+
+def _plan(source: InputFiles, chunk_rows: int) -> list[_Shard]:
+    """The shards of `source`: each file's chunks, numbered as the local job numbers them."""
+    shards = []
+    for file, part in enumerate(source.sources):
+        for start in shard_starts(part, chunk_rows):
+            shards.append(_Shard(len(shards), file, start, min(chunk_rows, part.rows - start.row),
+                                 source.starts[file] + start.row))
+    return shards
 
 
 def _shard_path(folder: Path, index: int, suffix: str = ".parquet") -> Path:
@@ -207,7 +203,8 @@ class _ShardWriter:
         return {"rows": np.array([shard.rows for shard in shards])}
 
     def _write(self, shard: _Shard) -> None:
-        """Read, calibrate and write one shard: its rejects first, then its parquet file (atomically)."""
+        """Read, calibrate and write one shard: its rejects first (each naming its file), then its parquet file
+        (atomically)."""
         file = self.files[shard.file]
         source = self._open(file["path"])
         chunk = next(source.chunks(self.spec.chunk_rows, shard.start))
@@ -219,7 +216,8 @@ class _ShardWriter:
             raise InputChangedError.while_read(source.path, changed)
         shift = shard.global_row - calibrated.row_start
         calibrated = replace(calibrated, index=shard.index, row_start=shard.global_row,
-                             rejects=[replace(reject, row=reject.row + shift) for reject in calibrated.rejects])
+                             rejects=[replace(reject, row=reject.row + shift, file=file["path"])
+                                      for reject in calibrated.rejects])
         log = RejectsLog(_shard_path(self.rejects_folder, shard.index, ".rejects.jsonl"))
         log.open(None)
         log.append(calibrated.rejects)
@@ -271,21 +269,24 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         raise ValueError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}")
     if gpus_per_worker and spec.quantize is not None:
         raise ValueError("--quantize is a CPU mode (ONNX Runtime); drop it with --gpus-per-worker")
-    files = input_files(spec.path, TEXT_FORMATS if spec.kind == "text" else EMBEDDING_FORMATS)
+    source = spec.source()
     if out.suffix.lower() == ".npy" or out.is_file():
         raise ValueError(f"{out}: the Ray engine writes a folder (parquet shards, rejects.jsonl, manifest.json); "
                          "give --out a folder name")
-    if any(out.resolve() in path.resolve().parents for path in files):
+    folder, rejects_folder = out / PARTS, out / SHARD_REJECTS
+    if any(out.resolve() in part.path.resolve().parents for part in source.sources):
         raise ValueError(f"the output folder {out} holds the input; choose another --out")
-    calibrator, sources, encoder = spec.prepare(files)
-    spec.chunk_rows = spec.chunk_rows or default_chunk_rows(sources[0], calibrator.dim)  # what the actors cut
-    inputs = [source.identity() for source in sources]
-    identity = {"input": {"files": inputs},
+    if not source.single and source.reaches(_shard_path(folder, 0)):
+        raise ValueError(f"the output folder {out} is where the input {source.path} finds its files, so a rerun "
+                         "would read its shards as input; choose another --out")
+    calibrator, encoder = spec.prepare(source)
+    spec.chunk_rows = spec.chunk_rows or default_chunk_rows(source, calibrator.dim)  # what the actors cut
+    files = [part.identity() for part in source.sources]
+    identity = {"input": source.identity(),
                 "output": {"path": str(out.resolve()), "vector_column": spec.vector_column or defaults.VECTOR_COLUMN},
                 "dim": calibrator.dim, "chunk_rows": spec.chunk_rows, "normalize": spec.normalize,
                 "threads": spec.threads, **spec.identity(encoder)}
     out.mkdir(parents=True, exist_ok=True)
-    folder, rejects_folder = out / PARTS, out / SHARD_REJECTS
     record = JobRecord(out / "job.json", JOB_FORMAT, JOB_VERSION, "Ray job file", kept=True)
     lifecycle = JobLifecycle(folder, OutputLock(out, out / "job.lock"), record, identity, spec.path, restart,
                              out / "rejects.jsonl", out / "manifest.json")
@@ -297,15 +298,10 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         folder.mkdir(exist_ok=True)
         rejects_folder.mkdir(exist_ok=True)
         job.commit()
-        shards, global_row = [], 0
-        for file, source in enumerate(sources):
-            for start in shard_starts(source, spec.chunk_rows):
-                rows = min(spec.chunk_rows, source.rows - start.row)
-                shards.append(_Shard(len(shards), file, start, rows, global_row + start.row))
-            global_row += source.rows
+        shards = _plan(source, spec.chunk_rows)
         pending = [shard for shard in shards if not _shard_path(folder, shard.index).is_file()]
         if pending:
-            _run_shards(ray, spec, inputs, shards, pending, out, address, num_workers, gpus_per_worker,
+            _run_shards(ray, spec, files, shards, pending, out, address, num_workers, gpus_per_worker,
                         progress_wanted(show_progress_bar), job)
         missing = [shard.index for shard in shards if not _shard_path(folder, shard.index).is_file()]
         if missing:
@@ -314,20 +310,21 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         for written in (folder, rejects_folder):  # writes cut short by a killed worker
             for leftover in [*written.glob(".*"), *written.glob("*.partial")]:
                 leftover.unlink(missing_ok=True)
-        rejects = _join_rejects(out, rejects_folder, shards, [input["path"] for input in inputs])
+        rejects = _join_rejects(out, rejects_folder, shards)
         described = manifest(
-            file=PARTS, parquet=_shard_path(folder, 0), rows=global_row, rejects=rejects,
+            file=PARTS, parquet=_shard_path(folder, 0), rows=source.rows, rejects=rejects,
             rejects_file="rejects.jsonl", dim=calibrator.output_dim, normalized=spec.normalize,
             id_field=spec.id_field, vector_column=spec.vector_column or defaults.VECTOR_COLUMN,
-            kept_columns=spec.keep_columns, input={"kind": spec.kind, "files": inputs},
+            kept_columns=spec.keep_columns, input={"kind": spec.kind, **source.identity()},
             description=spec.describe(calibrator, encoder), threads=spec.threads, chunk_rows=spec.chunk_rows,
-            versions={"job": JOB_VERSION}, id_source="row number (files in sorted order)")
+            versions={"job": JOB_VERSION},
+            id_source="row number" if source.single else "row number (files in sorted order)")
         described["shards"] = [{"file": f"{PARTS}/{_shard_path(folder, shard.index).name}",
-                                "input": inputs[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
+                                "input": files[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
                                 "first_id_row": shard.global_row} for shard in shards]
         described["resume_granularity"] = "one shard"
         job.finish(described)
-        return job.summary(global_row, rejects, sum(shard.rows for shard in pending), shards=len(shards),
+        return job.summary(source.rows, rejects, sum(shard.rows for shard in pending), shards=len(shards),
                            shards_written=len(pending))
 
 
@@ -381,18 +378,16 @@ def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pen
         raise stopped()
 
 
-def _join_rejects(out: Path, folder: Path, shards: list[_Shard], inputs: list[str]) -> dict[str, int]:
-    """`OUT/rejects.jsonl`: every shard's rejects (in `folder`) in row order, each naming its input file; the counts
+def _join_rejects(out: Path, folder: Path, shards: list[_Shard]) -> dict[str, int]:
+    """`OUT/rejects.jsonl`: every shard's rejects (in `folder`, each naming its input file) in row order; the counts
     by reason."""
     counts: Counter[str] = Counter()
-    lines = []
+    parts = []
     for shard in shards:
-        with open(_shard_path(folder, shard.index, ".rejects.jsonl"), encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                counts[record["reason"]] += 1
-                lines.append(json.dumps({**record, "file": inputs[shard.file]}, ensure_ascii=False) + "\n")
-    payload = "".join(lines).encode("utf-8")
+        part = _shard_path(folder, shard.index, ".rejects.jsonl").read_bytes()
+        counts.update(json.loads(line)["reason"] for line in part.splitlines())
+        parts.append(part)
+    payload = b"".join(parts)
     atomic_write(out / "rejects.jsonl", lambda stream: stream.write(payload))
     return dict(sorted(counts.items()))
 

@@ -31,8 +31,10 @@ def register(subparsers) -> None:
     add_renamed(calibrator, "--flow", "--calibrator")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input",
-                        help="text corpus: .txt (one sentence per line), .jsonl, .csv (with header) or .parquet")
-    source.add_argument("--embeddings", help="stored embeddings: a 2-D .npy, or .parquet with a vector column")
+                        help="text corpus: .txt (one sentence per line), .jsonl, .csv (with header) or .parquet; a "
+                        "file, or a folder or quoted glob of such files of one format, read in sorted order as one")
+    source.add_argument("--embeddings", help="stored embeddings: a 2-D .npy, or .parquet with a vector column; a "
+                        "file, a folder or a quoted glob")
     parser.add_argument("--out", required=True,
                         help="output: .npy (float32, row i = input row i) or .parquet (id, a "
                         "fixed_size_list<float32>[dim] vector column, the kept columns)")
@@ -66,8 +68,8 @@ def register(subparsers) -> None:
     add_progress_arguments(parser)
     add_renamed(parser, "--no-progress", "--quiet")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
-                        help="local: this process, one output file; ray: a Ray Data actor pool over a file, folder "
-                        "or glob, writing OUT/ as a folder of parquet shards (docs/scaling.md)")
+                        help="local: this process, one output file; ray: a Ray Data actor pool, writing OUT/ as a "
+                        "folder of parquet shards (docs/scaling.md)")
     parser.add_argument("--address", default=None,
                         help="(ray) a running Ray cluster, e.g. auto or ray://head:10001; default: a local one")
     parser.add_argument("--num-workers", type=int, default=None,
