@@ -7,8 +7,9 @@ from __future__ import annotations
 __all__ = [
     "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE", "BATCH_SIZE",
     "CALIBRATION", "CHECK_BLOCK_ROWS", "CHECKPOINT_EVERY", "CONFIG", "CPU_BLOCK_BYTES", "EMBEDDING_CHUNK_BYTES",
-    "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "RECIPE", "SCAN_BLOCK_BYTES",
-    "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS", "TEXT_FIELD", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER",
+    "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME", "POOLING", "PROGRESS_INTERVAL_S", "RECIPE",
+    "SCAN_BLOCK_BYTES", "STAT_BLOCK_ROWS", "TEXT_CHUNK_ROWS", "TEXT_FIELD", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN",
+    "WHITENING_POWER",
 ]
 
 # --- the encoder
@@ -50,6 +51,8 @@ CHECK_BLOCK_ROWS = 65536
 """Rows checked for NaN/Inf at a time (the temporary mask stays small)."""
 CPU_BLOCK_BYTES = 6 << 20
 """About this many bytes of activations per block of CPU flow inference."""
+PROGRESS_INTERVAL_S = 30.0
+"""Seconds between a long job's progress lines when stderr is not a terminal (a log file, a pipe)."""
 SCAN_BLOCK_BYTES = 8 << 20
 """Bytes read at a time when a text file is scanned for its line ends (its row count, where its chunks start)."""
 LINE_BYTES = 16 << 20

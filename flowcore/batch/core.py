@@ -13,6 +13,7 @@ import numpy as np
 from flowcore import defaults
 from flowcore._vectors import unit_rows
 from flowcore.batch.input_files import InputFiles
+from flowcore.batch.lock import took_over
 from flowcore.batch.rows import (
     NON_FINITE_OUTPUT,
     NOT_NUMBERS,
@@ -394,12 +395,10 @@ class CalibrationSummary:
             run = f"{self.shards_written} of {self.shards} shards written by this run ({run})"
         elif self.resumed_from:
             rejected += f", resumed at row {self.resumed_from:,}"
-        stale = self.lock_taken_over
-        took_over = (f"\ntook over the lock of a job that is no longer running (pid {stale.get('pid')} on "
-                     f"{stale.get('host')}, started {stale.get('started')})" if stale else "")
         return (f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}; {run}\n"
                 f"output: {self.out}\nrejects: {self.rejects_path}"
-                + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else "") + took_over)
+                + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else "")
+                + (f"\n{took_over(self.lock_taken_over)}" if self.lock_taken_over else ""))
 
 
 def manifest(*, file: str, parquet: Path | None, rows: int, rejects: dict[str, int], rejects_file: str, dim: int,

@@ -2,7 +2,7 @@
 .parquet file, resumably) and `calibrate_file` (the whole job from files).
 
 It adds a chunk loop to the lifecycle both engines share (`JobLifecycle`: lock, stop signals,
-record, manifest, summary). Each chunk is fsynced before `OUT.progress.json` records
+record, progress, manifest, summary). Each chunk is fsynced before `OUT.progress.json` records
 it, so a killed run resumes after the last recorded chunk, byte-identical to an uninterrupted one
 (docs/batch.md, docs/faults.md).
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -20,7 +19,7 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore._fs import OutputWriteError, check_replaceable, free_bytes, fsync
-from flowcore._progress import progress_wanted
+from flowcore._progress import ProgressReport
 from flowcore.batch.core import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -120,7 +119,8 @@ class CalibrationJob:
         description: more entries of the finished output's manifest, e.g. the encoder and the calibration.
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
         restart: ignore an unfinished earlier run and start over.
-        show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
+        show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere
+            (`flowcore._progress.ProgressReport`).
         threads: torch's CPU thread count for the run; part of the identity (results depend on it).
 
     Example:
@@ -162,7 +162,7 @@ class CalibrationJob:
         self.chunk_rows = chunk_rows or default_chunk_rows(self.source, dim)
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
-        self.restart, self.show_progress_bar = restart, progress_wanted(show_progress_bar)
+        self.restart, self.show_progress_bar = restart, show_progress_bar
         self.threads = check_threads(threads)
         self._identity = {**(identity or {}), **({"threads": threads} if threads is not None else {})}
 
@@ -215,8 +215,10 @@ class CalibrationJob:
                     rejects.open(progress.rejects_bytes if earlier is not None else None)
                     if earlier is None:
                         job.commit(rows=rows, done=progress.__dict__)
-                with pinned_threads(self.threads):
-                    self._stream(output, rejects, job, rows, progress)
+                resumed = f"resuming {self.out} at row {progress.rows:,} of {rows:,}" if earlier else None
+                with job.report(rows, progress.rows, self.show_progress_bar, resumed) as report, \
+                        pinned_threads(self.threads):
+                    self._stream(output, rejects, job, rows, progress, report)
             if job.stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
                 raise job.interrupted(progress.rows)
         with writing(self.out):
@@ -239,12 +241,8 @@ class CalibrationJob:
                         versions={"progress": PROGRESS_VERSION},
                         id_source="row number" if source.single else "row number (files in sorted order)")
 
-    def _stream(self, output, rejects: RejectsLog, job: JobLifecycle, rows: int, progress: _Progress) -> None:
-        from tqdm import tqdm
-
-        bar = tqdm(total=rows, initial=progress.rows, unit="rows", unit_scale=True, dynamic_ncols=True,
-                   disable=not self.show_progress_bar, file=sys.stderr, desc="calibrate")
-
+    def _stream(self, output, rejects: RejectsLog, job: JobLifecycle, rows: int, progress: _Progress,
+                report: ProgressReport) -> None:
         def write(chunk: CalibratedChunk) -> None:
             if job.stop.requested:  # chunks read ahead of a stop are dropped, to be redone on resume
                 return
@@ -264,13 +262,13 @@ class CalibrationJob:
             progress.chunks, progress.rejects_bytes = chunk.index + 1, rejects_bytes
             with writing(self.progress_path):
                 job.commit(rows=rows, done=progress.__dict__)
-            bar.update(len(chunk.vectors))
+            report.advance(len(chunk.vectors))
             _at_stage("committed", chunk)
 
         chunks = self.source.chunks(self.chunk_rows, Position(progress.rows, progress.offset, progress.line))
         calibrated = calibrate_chunks(chunks, self.transform, self.dim, self.encode, output_dim=self.output_dim,
                                       normalize=self.normalize)
-        with bar, BackgroundThread.writing(write, QUEUE_DEPTH) as writer, contextlib.closing(calibrated):
+        with BackgroundThread.writing(write, QUEUE_DEPTH) as writer, contextlib.closing(calibrated):
             for chunk in calibrated:
                 if job.stop.requested:
                     break
@@ -291,7 +289,7 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
         out: the output file; see `CalibrationJob`.
         encoder: (text) an `Encoder` to use instead of the one `options` name (still checked).
         restart: ignore an unfinished earlier run and start over.
-        show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
+        show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere.
         **options: the job, as `flowcore.batch.core.JobSpec` takes it (`input` or `embeddings`, ...).
 
     Example:

@@ -1,5 +1,6 @@
 """One job lifecycle under both engines: `JobLifecycle` holds the output's lock and the stop signals,
-reads the job's record (`JobRecord`), refusing another job's or another version's, writes the
+reads the job's record (`JobRecord`), refusing another job's or another version's, reports
+progress (`ProgressReport`: where it resumes, whose lock it took over, rows/s), writes the
 manifest and gives the summary. The local engine (`job.py`) adds its chunk loop, the Ray engine
 (`ray.py`) its shards and actors.
 """
@@ -11,9 +12,10 @@ import time
 from pathlib import Path
 
 from flowcore._fs import atomic_write_json, fsync, remove_temporaries, write_error
+from flowcore._progress import ProgressReport
 from flowcore.batch.core import CalibrationSummary, JobMismatchError, check_identity
 from flowcore.batch.interrupts import JobInterrupted, StopSignals
-from flowcore.batch.lock import OutputLock
+from flowcore.batch.lock import OutputLock, took_over
 
 __all__ = ["RESUME_ADVICE", "JobLifecycle", "JobRecord", "writing"]
 
@@ -98,6 +100,17 @@ class JobLifecycle:
 
     def __exit__(self, *exc_info) -> None:
         self._held.close()
+
+    def report(self, total: int, done: int, show_progress_bar: bool | None, resumed: str | None = None,
+               bar: bool = True) -> ProgressReport:
+        """The job's `ProgressReport`, which first says whose lock the job took over and (`resumed`) where it
+        resumes; `bar`: False when the engine draws its own on a terminal."""
+        report = ProgressReport("calibrate", total, done, show_progress_bar, bar)
+        if self.lock.took_over is not None:
+            report.note(took_over(self.lock.took_over))
+        if resumed is not None:
+            report.note(resumed)
+        return report
 
     def interrupted(self, rows: int) -> JobInterrupted:
         return JobInterrupted(rows, self.stop.signum)

@@ -2,7 +2,7 @@
 `calibrate_ray` (`flowcore calibrate --engine ray`) and `moments` (whitening statistics).
 
 `calibrate_ray` runs the lifecycle both engines share (`JobLifecycle`: lock, stop signals, record,
-manifest, summary) and the one calibration core (`flowcore.batch.core`); it adds shards
+progress, manifest, summary) and the one calibration core (`flowcore.batch.core`); it adds shards
 (the local job's chunks, one parquet file each, skipped when a rerun finds them written) and
 actors. See docs/scaling.md.
 """
@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore._fs import atomic_write
-from flowcore._progress import progress_wanted
+from flowcore._progress import ProgressReport, progress_wanted
 from flowcore.batch.core import (
     CalibrationSummary,
     InputChangedError,
@@ -251,7 +252,8 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         num_workers: actors (model copies); default: one per CPU (per GPU with `gpus_per_worker`).
         gpus_per_worker: GPUs per actor (0: CPU).
         restart: ignore the shards of an earlier run and start over.
-        show_progress_bar: Ray Data's progress bars; None shows them when stderr is a terminal.
+        show_progress_bar: False for silence; True also shows Ray's own log lines (and on a terminal Ray
+            Data's progress bars), None only on a terminal. Off a terminal, progress lines (`ProgressReport`).
         **options: the job, as `flowcore.batch.core.JobSpec` takes it.
 
     Example:
@@ -300,9 +302,14 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         job.commit()
         shards = _plan(source, spec.chunk_rows)
         pending = [shard for shard in shards if not _shard_path(folder, shard.index).is_file()]
-        if pending:
-            _run_shards(ray, spec, files, shards, pending, out, address, num_workers, gpus_per_worker,
-                        progress_wanted(show_progress_bar), job)
+        rows_this_run = sum(shard.rows for shard in pending)
+        done = source.rows - rows_this_run
+        resumed = (f"resuming {out}: {len(shards) - len(pending)} of {len(shards)} shards ({done:,} rows) are "
+                   "written" if 0 < len(pending) < len(shards) else None)
+        with job.report(source.rows, done, show_progress_bar, resumed, bar=False) as report:
+            if pending:
+                _run_shards(ray, spec, files, shards, pending, out, address, num_workers, gpus_per_worker,
+                            progress_wanted(show_progress_bar), job, report)
         missing = [shard.index for shard in shards if not _shard_path(folder, shard.index).is_file()]
         if missing:
             raise ShardsFailedError(f"{len(missing)} shard(s) were not written (first: {missing[0]}); rerun the same "
@@ -324,24 +331,25 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
                                 "first_id_row": shard.global_row} for shard in shards]
         described["resume_granularity"] = "one shard"
         job.finish(described)
-        return job.summary(source.rows, rejects, sum(shard.rows for shard in pending), shards=len(shards),
-                           shards_written=len(pending))
+        return job.summary(source.rows, rejects, rows_this_run, shards=len(shards), shards_written=len(pending))
 
 
 def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
-                address, num_workers, gpus_per_worker, progress: bool, job: JobLifecycle) -> None:
-    """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`)."""
+                address, num_workers, gpus_per_worker, verbose: bool, job: JobLifecycle,
+                report: ProgressReport) -> None:
+    """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`).
+    `verbose`: Ray's own log lines (and on a terminal Ray Data's progress bars)."""
     def stopped() -> JobInterrupted:
         return job.interrupted(sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file()))
 
     if job.stop.requested:
         raise stopped()
     if not ray.is_initialized():
-        context = ray.init(address=address, include_dashboard=False, log_to_driver=progress,
-                           logging_level=logging.INFO if progress else logging.ERROR)
+        context = ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
+                           logging_level=logging.INFO if verbose else logging.ERROR)
         if address is None:  # a local Ray this process started (not one it joined) ends with it, even on SIGKILL
             watch_session((getattr(context, "address_info", None) or {}).get("session_dir"))
-    ray.data.DataContext.get_current().enable_progress_bars = progress
+    ray.data.DataContext.get_current().enable_progress_bars = verbose and sys.stderr.isatty()  # never \r in a file
     if num_workers is None:
         resources = ray.cluster_resources()
         available = resources.get("GPU", 0) if gpus_per_worker else resources.get("CPU", 1)
@@ -357,12 +365,14 @@ def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pen
         raise stopped()
     done, stopping = 0, out / STOPPING
     stopping.unlink(missing_ok=True)
-    logger = logging.getLogger("ray.data")  # its INFO and WARNING lines (execution plans) only with progress on
+    logger = logging.getLogger("ray.data")  # its INFO and WARNING lines (execution plans) only when verbose
     level = logger.level
-    logger.setLevel(level if progress else logging.ERROR)
+    logger.setLevel(level if verbose else logging.ERROR)
     try:
         for batch in dataset.iter_batches(batch_size=None):
-            done += int(batch["rows"].sum())
+            rows = int(batch["rows"].sum())
+            done += rows
+            report.advance(rows)
             if job.stop.requested and not stopping.exists():  # the shards in flight finish, no new one begins
                 stopping.touch()
     except Exception as error:  # a worker's error reaches the driver as text inside Ray's: one line for the user

@@ -10,7 +10,7 @@ from flowcore.cli.arguments import (
     add_quantize_argument,
     add_renamed,
     check_output,
-    show_progress,
+    progress_choice,
 )
 
 
@@ -23,7 +23,10 @@ def register(subparsers) -> None:
         "boundary; exit status 130/143), the same command resumes after the last completed chunk "
         "(OUT.progress.json). Rejected rows, NaN/Inf after calibration included, are listed in OUT.rejects.jsonl and "
         "are NaN rows (.npy) or null vectors (.parquet); OUT.manifest.json describes a finished output; one job at "
-        "a time writes it (OUT.lock). docs/faults.md lists every fault and what you see.",
+        "a time writes it (OUT.lock). Progress: a bar on a terminal; when stderr is a file or a pipe, a plain line "
+        f"every {defaults.PROGRESS_INTERVAL_S:g} s (rows, rows/s, time left), and at the start where the job "
+        "resumes (--quiet: none). "
+        "docs/faults.md lists every fault and what you see.",
     )
     calibrator = parser.add_mutually_exclusive_group(required=True)
     calibrator.add_argument("--calibrator", metavar="FILE",
@@ -90,7 +93,7 @@ def job_options(args: argparse.Namespace) -> dict:
     return dict(input=args.input, embeddings=args.embeddings, text_field=args.text_field, id_field=args.id_field,
                 vector_field=args.vector_field, model=args.model, pooling=args.pooling, quantize=args.quantize,
                 batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart,
-                show_progress_bar=show_progress(args), threads=args.threads, keep_columns=args.keep_columns or (),
+                show_progress_bar=progress_choice(args), threads=args.threads, keep_columns=args.keep_columns or (),
                 vector_column=None if args.vector_column == defaults.VECTOR_COLUMN else args.vector_column,
                 normalize=args.normalize, device=args.device)
 

@@ -361,3 +361,29 @@ def test_ctrl_c_on_the_ray_engine_says_where_it_stopped(ray_session, vector_flow
     assert main([*argv[:8], str(tmp_path / "other"), *argv[9:]]) == 130
     assert capsys.readouterr().err.strip() == ("flowcore calibrate: SIGINT: stopped before the job began; rerun the "
                                                "same command to resume")
+
+
+def test_off_a_terminal_the_ray_engine_writes_progress_lines_and_where_it_resumes(ray_session, vector_flow, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """The local engine's policy (`ProgressReport`): stderr not a terminal, a plain line per interval and none
+    of Ray Data's carriage-return bars; a rerun says first which shards are written already."""
+    import re
+
+    from flowcore import defaults
+
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    np.save(tmp_path / "in.npy", np.random.default_rng(3).normal(size=(128, DIM)).astype(np.float32))
+    options = dict(embeddings=str(tmp_path / "in.npy"), chunk_rows=16, num_workers=1)
+    with monkeypatch.context() as patch, pytest.raises(ShardsFailedError):
+        patch.setattr(ray_engine, "_before_shard_write", fail_at_shard(3))
+        calibrate_ray(vector_flow, tmp_path / "out", show_progress_bar=False, **options)
+    capsys.readouterr()
+    monkeypatch.setattr(defaults, "PROGRESS_INTERVAL_S", 0.0)
+    summary = calibrate_ray(vector_flow, tmp_path / "out", **options)
+    lines = capsys.readouterr().err.splitlines()
+    written = summary.shards - summary.shards_written
+    assert lines[0] == (f"calibrate: resuming {tmp_path / 'out'}: {written} of 8 shards ({written * 16} rows) are "
+                        "written")
+    assert lines[-1].startswith("calibrate: 128 of 128 rows (100%), ")
+    assert all(re.fullmatch(r"calibrate: [\d,]+ of 128 rows \(\d+%\), [\d,]+ rows/s(, \d+:\d\d left)?", line)
+               for line in lines[1:]), lines
