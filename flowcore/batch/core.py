@@ -364,7 +364,8 @@ def _files(value) -> bool:
 
 @dataclass
 class CalibrationSummary:
-    """What a finished job did: all rows and rejects, what this run added, and (Ray) its shards."""
+    """What a finished job did: all rows and rejects, what this run added, and (Ray) its shards;
+    `complete`: an earlier run had finished this very job, so this one did nothing."""
 
     rows: int
     rejects: dict[str, int]
@@ -378,6 +379,7 @@ class CalibrationSummary:
     """The holder record of a killed job whose lock file this run took over, if any."""
     shards: int | None = None
     shards_written: int | None = None
+    complete: bool = False
 
     @property
     def rejected(self) -> int:
@@ -391,12 +393,17 @@ class CalibrationSummary:
         reasons = ", ".join(f"{count:,} {reason}" for reason, count in sorted(self.rejects.items()))
         rejected = f"{self.rejected:,} rejected" + (f" ({reasons})" if reasons else "")
         run = f"{self.rows_this_run:,} rows in {self.seconds:.1f} s ({self.rows_per_second:,.0f} rows/s)"
-        if self.shards is not None:
-            run = f"{self.shards_written} of {self.shards} shards written by this run ({run})"
-        elif self.resumed_from:
-            rejected += f", resumed at row {self.resumed_from:,}"
-        return (f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}; {run}\n"
-                f"output: {self.out}\nrejects: {self.rejects_path}"
+        if self.complete:
+            head = (f"already complete: an earlier run of this same job calibrated its {self.rows:,} rows "
+                    f"({self.rows - self.rejected:,} ok, {rejected}); nothing to do (add --restart to calibrate "
+                    "them again)")
+        else:
+            if self.shards is not None:
+                run = f"{self.shards_written} of {self.shards} shards written by this run ({run})"
+            elif self.resumed_from:
+                rejected += f", resumed at row {self.resumed_from:,}"
+            head = f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}; {run}"
+        return (f"{head}\noutput: {self.out}\nrejects: {self.rejects_path}"
                 + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else "")
                 + (f"\n{took_over(self.lock_taken_over)}" if self.lock_taken_over else ""))
 

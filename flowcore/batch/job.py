@@ -118,10 +118,12 @@ class CalibrationJob:
         vector_column: the parquet vector column's name (default "embedding"); part of the identity.
         description: more entries of the finished output's manifest, e.g. the encoder and the calibration.
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
-        restart: ignore an unfinished earlier run and start over.
+        restart: ignore an earlier run, unfinished or finished, and start over.
         show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere
             (`flowcore._progress.ProgressReport`).
         threads: torch's CPU thread count for the run; part of the identity (results depend on it).
+
+    A rerun of a finished job does nothing and says so (`CalibrationSummary.complete`).
 
     Example:
         >>> source = EmbeddingFile("emb.npy")
@@ -185,6 +187,8 @@ class CalibrationJob:
         with JobLifecycle(self.out, OutputLock(self.out), self.record, identity,
                           identity["input"].get("path", self.source.path), self.restart, self.rejects_path,
                           self.manifest_path) as job:
+            if job.earlier is None and (done := job.complete(self.out.exists() and self.rejects_path.exists())):
+                return done
             return self._run(job)
 
     def _run(self, job: JobLifecycle) -> CalibrationSummary:
@@ -282,13 +286,13 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
                    show_progress_bar: bool | None = None, **options) -> CalibrationSummary:
     """Calibrate a text corpus or stored embeddings (a file, a folder or a glob of them) with the
     calibration file at `flow_path` into `out` (.npy or .parquet), resumably, described in
-    `OUT.manifest.json`.
+    `OUT.manifest.json`; a rerun of a finished job does nothing (`restart=True` does it again).
 
     Args:
         flow_path: a calibration file written by `flowcore fit`.
         out: the output file; see `CalibrationJob`.
         encoder: (text) an `Encoder` to use instead of the one `options` name (still checked).
-        restart: ignore an unfinished earlier run and start over.
+        restart: ignore an earlier run, unfinished or finished, and start over.
         show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere.
         **options: the job, as `flowcore.batch.core.JobSpec` takes it (`input` or `embeddings`, ...).
 

@@ -1,8 +1,8 @@
 """One job lifecycle under both engines: `JobLifecycle` holds the output's lock and the stop signals,
-reads the job's record (`JobRecord`), refusing another job's or another version's, reports
-progress (`ProgressReport`: where it resumes, whose lock it took over, rows/s), writes the
-manifest and gives the summary. The local engine (`job.py`) adds its chunk loop, the Ray engine
-(`ray.py`) its shards and actors.
+reads the job's record (`JobRecord`), refusing another job's or another version's, finds a
+finished run of the same job complete, reports progress (`ProgressReport`: where it resumes,
+whose lock it took over, rows/s), writes the manifest and gives the summary. The local engine
+(`job.py`) adds its chunk loop, the Ray engine (`ray.py`) its shards and actors.
 """
 from __future__ import annotations
 
@@ -101,6 +101,19 @@ class JobLifecycle:
     def __exit__(self, *exc_info) -> None:
         self._held.close()
 
+    def complete(self, output_present: bool, **more) -> CalibrationSummary | None:
+        """The summary (with `more` of its fields) of a finished run of this very job, its output present and its
+        manifest naming this job, which a rerun does not do again; None otherwise."""
+        if self.restart or not output_present:
+            return None
+        try:
+            manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(manifest, dict) or manifest.get("job") != self.identity:
+            return None
+        return self.summary(manifest["rows"], manifest["rejects"], 0, complete=True, **more)
+
     def report(self, total: int, done: int, show_progress_bar: bool | None, resumed: str | None = None,
                bar: bool = True) -> ProgressReport:
         """The job's `ProgressReport`, which first says whose lock the job took over and (`resumed`) where it
@@ -120,9 +133,10 @@ class JobLifecycle:
         self.record.write(self.identity, **state)
 
     def finish(self, manifest: dict) -> None:
-        """Write the manifest (cleaning up after a write a kill cut short), then drop the record unless kept."""
+        """Write the manifest with the job's identity (`job`; cleaning up after a write a kill cut short), then drop
+        the record unless kept."""
         with writing(self.manifest_path):
-            atomic_write_json(self.manifest_path, manifest, indent=1)
+            atomic_write_json(self.manifest_path, {**manifest, "job": self.identity}, indent=1)
             remove_temporaries(self.manifest_path)
             if not self.record.kept:
                 self.record.path.unlink(missing_ok=True)

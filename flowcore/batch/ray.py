@@ -243,7 +243,8 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
 
     Rows and vectors are the local job's on each file; ids are the `id_field` values or the row
     number over the files in sorted order. Like the local job it holds a lock, refuses a changed
-    job or input, and stops on SIGINT/SIGTERM once the shards in flight are written (`JobInterrupted`).
+    job or input, stops on SIGINT/SIGTERM once the shards in flight are written (`JobInterrupted`),
+    and does nothing again for a finished job.
 
     Args:
         flow_path: a calibration file from `flowcore fit`.
@@ -302,6 +303,10 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         job.commit()
         shards = _plan(source, spec.chunk_rows)
         pending = [shard for shard in shards if not _shard_path(folder, shard.index).is_file()]
+        if not pending:
+            _clear_leftovers(folder, rejects_folder)
+            if done := job.complete(True, shards=len(shards), shards_written=0):
+                return done
         rows_this_run = sum(shard.rows for shard in pending)
         done = source.rows - rows_this_run
         resumed = (f"resuming {out}: {len(shards) - len(pending)} of {len(shards)} shards ({done:,} rows) are "
@@ -314,9 +319,7 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         if missing:
             raise ShardsFailedError(f"{len(missing)} shard(s) were not written (first: {missing[0]}); rerun the same "
                                     "command to write them")
-        for written in (folder, rejects_folder):  # writes cut short by a killed worker
-            for leftover in [*written.glob(".*"), *written.glob("*.partial")]:
-                leftover.unlink(missing_ok=True)
+        _clear_leftovers(folder, rejects_folder)
         rejects = _join_rejects(out, rejects_folder, shards)
         described = manifest(
             file=PARTS, parquet=_shard_path(folder, 0), rows=source.rows, rejects=rejects,
@@ -332,6 +335,13 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         described["resume_granularity"] = "one shard"
         job.finish(described)
         return job.summary(source.rows, rejects, rows_this_run, shards=len(shards), shards_written=len(pending))
+
+
+def _clear_leftovers(*folders: Path) -> None:
+    """Remove writes cut short by a killed worker (hidden temporaries, partial files)."""
+    for written in folders:
+        for leftover in [*written.glob(".*"), *written.glob("*.partial")]:
+            leftover.unlink(missing_ok=True)
 
 
 def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,

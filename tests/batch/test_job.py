@@ -547,3 +547,31 @@ def test_text_with_another_encoder_or_pooling_is_refused_before_any_work(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
     assert main(base + ["--quiet"]) == 0
     assert "calibrated 1 rows: 1 ok, 0 rejected" in capsys.readouterr().out
+
+
+def test_a_finished_job_run_again_says_it_is_complete_and_does_nothing_until_restart(tmp_path, flow, capsys):
+    from flowcore.cli import main
+
+    flow_path, _ = flow
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
+    out = tmp_path / "out.parquet"
+    argv = ["calibrate", "--calibrator", str(flow_path), "--embeddings", str(tmp_path / "in.npy"), "--out", str(out),
+            "--chunk-rows", "50", "--quiet"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    written = {path: path.stat().st_mtime_ns for path in tmp_path.iterdir()}
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "already complete: an earlier run of this same job calibrated its 200 rows (197 ok, 3 rejected (3 NaN/Inf)); "
+        "nothing to do (add --restart to calibrate them again)")
+    assert {path: path.stat().st_mtime_ns for path in tmp_path.iterdir()} == written  # nothing touched
+    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=50, show_progress_bar=False)
+    assert summary.complete and (summary.rows, summary.rows_this_run, summary.rejected) == (200, 0, 3)
+
+    before = out.read_bytes()
+    assert main([*argv, "--restart"]) == 0
+    assert capsys.readouterr().out.startswith("calibrated 200 rows: 197 ok, 3 rejected (3 NaN/Inf); 200 rows in")
+    assert out.stat().st_mtime_ns != written[out] and out.read_bytes() == before
+    assert main([*argv[:-2], "40", "--quiet"]) == 0  # another job into the same output is done, as asked
+    assert capsys.readouterr().out.startswith("calibrated 200 rows")
+    assert pq.ParquetFile(out).num_row_groups == 5

@@ -351,9 +351,10 @@ def test_a_stopped_job_with_every_option_resumes_to_identical_output_and_manifes
     assert summary.resumed_from == 150
     assert out.read_bytes() == reference.read_bytes()
     assert Path(f"{out}.rejects.jsonl").read_bytes() == Path(f"{reference}.rejects.jsonl").read_bytes()
-    names = ("file", "rejects_file")
+    names = ("file", "rejects_file", "job")  # what names the output
     assert ({k: v for k, v in read_manifest(out).items() if k not in names}
             == {k: v for k, v in read_manifest(reference).items() if k not in names})
+    assert read_manifest(out)["job"]["output"]["path"] == str(out.resolve())
     assert not Path(f"{out}.progress.json").exists()
 
 

@@ -124,7 +124,8 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
     assert set(manifest["format_versions"]) == {"manifest", "job", "flow_file", "parquet"}
 
     again = calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, show_progress_bar=False)
-    assert again.shards_written == 0 and again.rows == 450  # a finished job: nothing to redo
+    assert again.shards_written == 0 and again.rows == 450 and again.complete  # a finished job: nothing to redo
+    assert str(again).startswith("already complete: an earlier run of this same job calibrated its 450 rows")
     with pytest.raises(JobMismatchError, match=r"job.json records an unfinished run of a different job "
                        r"\(chunk_rows was 64, now 32\)"):
         calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=32, show_progress_bar=False)
