@@ -71,10 +71,18 @@ def inference_workers(blocks: int) -> int:
 
 
 def job_threads(text: bool, actor: bool = False) -> int:
-    """A batch job's default torch thread count (recorded, so a resumed job is byte-identical): 1 for
-    text and per Ray actor, else one fewer than the CPUs (the reader and writer keep a core)."""
-    if text or actor:
+    """A batch job's default torch thread count (recorded, so a resumed job is byte-identical): 1 per
+    Ray actor; for text every CPU this process may use (the encoder does nearly all the work); for
+    stored vectors one fewer than the CPUs (the reader and writer keep a core).
+
+    Example:
+        >>> job_threads(text=True) == available_cpus()
+        True
+    """
+    if actor:
         return 1
+    if text:
+        return available_cpus()
     return max(1, min(_torch_threads(), available_cpus() - 1))
 
 

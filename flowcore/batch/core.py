@@ -337,8 +337,10 @@ def check_identity(recorded: dict, requested: dict, record: Path, input_name) ->
         raise InputChangedError(f"{input_name} changed since the unfinished run that {record} records "
                                 f"({'; '.join(changed)}): the rows done so far came from its old content; "
                                 "restore it, or add --restart to start over")
+    threads = recorded.get("threads")
+    hint = f" (with --threads {threads})" if any(change.startswith("threads was") for change in changed) else ""
     raise JobMismatchError(f"{record} records an unfinished run of a different job ({'; '.join(changed)}); "
-                           "rerun the original command to finish it, or add --restart to start over")
+                           f"rerun the original command{hint} to finish it, or add --restart to start over")
 
 
 def _differences(old, new, path: str = "") -> list[str]:

@@ -64,8 +64,8 @@ def register(subparsers) -> None:
                         f"{defaults.TEXT_CHUNK_ROWS} sentences, or ~{defaults.EMBEDDING_CHUNK_BYTES >> 20} MiB "
                         "of vectors")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (pinned for resuming: float results depend on it); default: 1 for "
-                        "text and per Ray worker, else one fewer than the CPUs")
+                        help="torch CPU threads (pinned for resuming: float results depend on it); default: the CPUs "
+                        "this process may use for text, one fewer for stored vectors, 1 per Ray worker")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
     add_device_argument(parser)
     add_progress_arguments(parser)

@@ -25,6 +25,7 @@ from flowcore.batch.job import (
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 from flowcore.calibration.flow_file import FORMAT_VERSION, EncoderProvenance
+from flowcore.runtime import available_cpus
 
 from helpers.tiny_models import save_tiny_bert
 
@@ -267,7 +268,7 @@ def test_the_manifest_describes_a_text_job(tmp_path, text_flow):
     assert calibration["config"] == "l2_d3_w32" and calibration["method"] == "flow"
     assert manifest["input"]["path"] == str((tmp_path / "c.jsonl").resolve())
     assert manifest["input"]["kind"] == "text" and manifest["input"]["keep_columns"] == ["lang"]
-    assert manifest["threads"] == 1 and manifest["chunk_rows"] == 16
+    assert manifest["threads"] == available_cpus() and manifest["chunk_rows"] == 16
     assert manifest["format_versions"] == {"manifest": MANIFEST_VERSION, "progress": PROGRESS_VERSION,
                                            "flow_file": str(FORMAT_VERSION),
                                            "parquet": pq.ParquetFile(out).metadata.format_version}
