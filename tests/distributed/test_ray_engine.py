@@ -216,6 +216,8 @@ def test_the_output_is_one_parquet_dataset_and_an_earlier_layout_is_refused(ray_
     table = pq.read_table(summary.out)
     assert table.column("id").to_pylist() == list(range(100))  # the parts' names sort in row order
     assert table.column("embedding").null_count == 2 and ds.dataset(summary.out).count_rows() == 100
+    floats = pq.ParquetFile(summary.out / "part-00000000.parquet").metadata.row_group(0).column(1)
+    assert floats.encodings == ("RLE", "BYTE_STREAM_SPLIT") and floats.compression == "ZSTD"  # the local job's
     parts = [f"part-{index:08d}.parquet" for index in range(7)]
     assert sorted(path.name for path in summary.out.iterdir()) == parts
     assert sorted(path.name for path in (out / "shard-rejects").iterdir()) == [
