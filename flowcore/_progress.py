@@ -30,7 +30,6 @@ class ProgressReport:
         total: the rows the job has in all.
         done: the rows an earlier run already did.
         show_progress_bar: False says nothing at all; True or None report (a bar only on a terminal).
-        bar: False draws no bar on a terminal (the caller shows its own there); notes are still written.
 
     Example:
         >>> with ProgressReport("calibrate", total=200_000, done=50_176) as report:
@@ -39,11 +38,9 @@ class ProgressReport:
         ...         report.advance(rows)
     """
 
-    def __init__(self, what: str, total: int, done: int = 0, show_progress_bar: bool | None = None,
-                 bar: bool = True):
+    def __init__(self, what: str, total: int, done: int = 0, show_progress_bar: bool | None = None):
         self.what, self.total, self.done = what, total, done
-        terminal = sys.stderr.isatty()
-        self.mode = "off" if show_progress_bar is False else ("bar" if bar else "notes") if terminal else "lines"
+        self.mode = "off" if show_progress_bar is False else "bar" if sys.stderr.isatty() else "lines"
         self._started = self._last_line = time.monotonic()
         self._done_at_start = done
         self._bar = None

@@ -411,14 +411,14 @@ class CalibrationSummary:
 
 
 def manifest(*, file: str, parquet: Path | None, rows: int, rejects: dict[str, int], rejects_file: str, dim: int,
-             normalized: bool, id_field: str | None, vector_column: str | None, kept_columns, input: dict,
-             description: dict, threads: int | None, chunk_rows: int, versions: dict,
-             id_source: str = "row number") -> dict:
+             normalized: bool, vector_column: str | None, source: InputFiles, description: dict, threads: int | None,
+             chunk_rows: int, versions: dict) -> dict:
     """A finished output's manifest. `parquet`: a part of parquet output, whose schema gives the
-    columns (None: .npy output); `versions`: the engine's record formats; `description`: `JobSpec.describe`'s."""
+    columns (None: .npy output); `source`: the input; `versions`: the engine's record formats;
+    `description`: `JobSpec.describe`'s."""
     import flowcore
 
-    rejected = sum(rejects.values())
+    rejected, id_field = sum(rejects.values()), source.id_field
     if parquet is not None:
         import pyarrow.parquet as pq
 
@@ -435,9 +435,10 @@ def manifest(*, file: str, parquet: Path | None, rows: int, rejects: dict[str, i
         "rejected_rows": "NaN row" if parquet is None else "null vector",
         "id_column": None if parquet is None else "id",
         "id_type": None if parquet is None else "string" if id_field is not None else "int64",
-        "id_source": id_field if id_field is not None else id_source,
-        "vector_column": vector_column, "columns": columns, "kept_columns": list(kept_columns),
-        "input": input,
+        "id_source": id_field if id_field is not None else
+        "row number" if source.single else "row number (files in sorted order)",
+        "vector_column": vector_column, "columns": columns, "kept_columns": list(source.keep_columns),
+        "input": {"kind": source.kind, **source.identity()},
         **{key: value for key, value in description.items() if key != "format_versions"},
         "threads": threads, "chunk_rows": chunk_rows,
         "format_versions": {"manifest": MANIFEST_VERSION, **versions, **description.get("format_versions", {}),

@@ -87,10 +87,6 @@ class InputFiles:
         """`source` itself when it is an `InputFiles`, else the one file it reads."""
         return source if isinstance(source, InputFiles) else cls([source], source.path, single=True)
 
-    @property
-    def dim(self) -> int | None:
-        return self.sources[0].dim
-
     @functools.cached_property
     def rows(self) -> int:
         return sum(source.rows for source in self.sources)

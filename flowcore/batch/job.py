@@ -236,14 +236,11 @@ class CalibrationJob:
 
     def manifest(self, rows: int, rejects: dict[str, int]) -> dict:
         """`OUT.manifest.json` of the finished output (`flowcore.batch.core.manifest`)."""
-        source = self.source
         return manifest(file=self.out.name, parquet=self.out if self.format == "parquet" else None, rows=rows,
                         rejects=rejects, rejects_file=self.rejects_path.name, dim=self.output_dim,
-                        normalized=self.normalize, id_field=source.id_field, vector_column=self.vector_column,
-                        kept_columns=source.keep_columns, input={"kind": source.kind, **source.identity()},
+                        normalized=self.normalize, vector_column=self.vector_column, source=self.source,
                         description=self.description, threads=self.threads, chunk_rows=self.chunk_rows,
-                        versions={"progress": PROGRESS_VERSION},
-                        id_source="row number" if source.single else "row number (files in sorted order)")
+                        versions={"progress": PROGRESS_VERSION})
 
     def _stream(self, output, rejects: RejectsLog, job: JobLifecycle, rows: int, progress: _Progress,
                 report: ProgressReport) -> None:

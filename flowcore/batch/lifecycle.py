@@ -114,11 +114,11 @@ class JobLifecycle:
             return None
         return self.summary(manifest["rows"], manifest["rejects"], 0, complete=True, **more)
 
-    def report(self, total: int, done: int, show_progress_bar: bool | None, resumed: str | None = None,
-               bar: bool = True) -> ProgressReport:
+    def report(self, total: int, done: int, show_progress_bar: bool | None, resumed: str | None = None
+               ) -> ProgressReport:
         """The job's `ProgressReport`, which first says whose lock the job took over and (`resumed`) where it
-        resumes; `bar`: False when the engine draws its own on a terminal."""
-        report = ProgressReport("calibrate", total, done, show_progress_bar, bar)
+        resumes."""
+        report = ProgressReport("calibrate", total, done, show_progress_bar)
         if self.lock.took_over is not None:
             report.note(took_over(self.lock.took_over))
         if resumed is not None:

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import shutil
-import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -253,8 +252,8 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         num_workers: actors (model copies); default: one per CPU (per GPU with `gpus_per_worker`).
         gpus_per_worker: GPUs per actor (0: CPU).
         restart: ignore the shards of an earlier run and start over.
-        show_progress_bar: False for silence; True also shows Ray's own log lines (and on a terminal Ray
-            Data's progress bars), None only on a terminal. Off a terminal, progress lines (`ProgressReport`).
+        show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere
+            (`ProgressReport`); True or (None) a terminal also shows Ray's own log lines.
         **options: the job, as `flowcore.batch.core.JobSpec` takes it.
 
     Example:
@@ -311,7 +310,7 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         done = source.rows - rows_this_run
         resumed = (f"resuming {out}: {len(shards) - len(pending)} of {len(shards)} shards ({done:,} rows) are "
                    "written" if 0 < len(pending) < len(shards) else None)
-        with job.report(source.rows, done, show_progress_bar, resumed, bar=False) as report:
+        with job.report(source.rows, done, show_progress_bar, resumed) as report:
             if pending:
                 _run_shards(ray, spec, files, shards, pending, out, address, num_workers, gpus_per_worker,
                             progress_wanted(show_progress_bar), job, report)
@@ -324,11 +323,9 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         described = manifest(
             file=PARTS, parquet=_shard_path(folder, 0), rows=source.rows, rejects=rejects,
             rejects_file="rejects.jsonl", dim=calibrator.output_dim, normalized=spec.normalize,
-            id_field=spec.id_field, vector_column=spec.vector_column or defaults.VECTOR_COLUMN,
-            kept_columns=spec.keep_columns, input={"kind": spec.kind, **source.identity()},
+            vector_column=spec.vector_column or defaults.VECTOR_COLUMN, source=source,
             description=spec.describe(calibrator, encoder), threads=spec.threads, chunk_rows=spec.chunk_rows,
-            versions={"job": JOB_VERSION},
-            id_source="row number" if source.single else "row number (files in sorted order)")
+            versions={"job": JOB_VERSION})
         described["shards"] = [{"file": f"{PARTS}/{_shard_path(folder, shard.index).name}",
                                 "input": files[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
                                 "first_id_row": shard.global_row} for shard in shards]
@@ -348,7 +345,7 @@ def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pen
                 address, num_workers, gpus_per_worker, verbose: bool, job: JobLifecycle,
                 report: ProgressReport) -> None:
     """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`).
-    `verbose`: Ray's own log lines (and on a terminal Ray Data's progress bars)."""
+    `verbose`: Ray's own log lines."""
     def stopped() -> JobInterrupted:
         return job.interrupted(sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file()))
 
@@ -359,7 +356,7 @@ def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pen
                            logging_level=logging.INFO if verbose else logging.ERROR)
         if address is None:  # a local Ray this process started (not one it joined) ends with it, even on SIGKILL
             watch_session((getattr(context, "address_info", None) or {}).get("session_dir"))
-    ray.data.DataContext.get_current().enable_progress_bars = verbose and sys.stderr.isatty()  # never \r in a file
+    ray.data.DataContext.get_current().enable_progress_bars = False  # the job's own report shows the progress
     if num_workers is None:
         resources = ray.cluster_resources()
         available = resources.get("GPU", 0) if gpus_per_worker else resources.get("CPU", 1)
