@@ -33,7 +33,7 @@ from flowcore.batch.core import (
 )
 from flowcore.batch.input_files import InputFiles
 from flowcore.batch.interrupts import JobInterrupted, interrupts_named
-from flowcore.batch.lifecycle import JobLifecycle, JobRecord, writing
+from flowcore.batch.lifecycle import JobLifecycle, JobRecord, job_identity, writing
 from flowcore.batch.lock import OutputLock, OutputLockedError
 from flowcore.batch.outputs import NpyOutput, ParquetOutput, RejectsLog
 from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chunks
@@ -166,14 +166,12 @@ class CalibrationJob:
             raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
         self.restart, self.show_progress_bar = restart, show_progress_bar
         self.threads = check_threads(threads)
-        self._identity = {**(identity or {}), **({"threads": threads} if threads is not None else {})}
+        self._identity = dict(identity or {})
 
     def identity(self) -> dict:
-        """What the progress file records as this job."""
-        return {"input": self.source.identity(),
-                "output": {"path": str(self.out.resolve()), "format": self.format, "vector_column": self.vector_column},
-                "dim": self.dim, **({"output_dim": self.output_dim} if self.output_dim != self.dim else {}),
-                "chunk_rows": self.chunk_rows, "normalize": self.normalize, **self._identity}
+        """What the progress file records as this job (`job_identity`)."""
+        return job_identity(self.source, self.out, self.format, self.vector_column, self.dim, self.output_dim,
+                            self.chunk_rows, self.normalize, self.threads, **self._identity)
 
     def run(self) -> CalibrationSummary:
         """Run (or resume) the job.

@@ -17,7 +17,7 @@ from flowcore.batch.core import CalibrationSummary, JobMismatchError, check_iden
 from flowcore.batch.interrupts import JobInterrupted, StopSignals
 from flowcore.batch.lock import OutputLock, took_over
 
-__all__ = ["RESUME_ADVICE", "JobLifecycle", "JobRecord", "writing"]
+__all__ = ["RESUME_ADVICE", "JobLifecycle", "JobRecord", "job_identity", "writing"]
 
 RESUME_ADVICE = "the progress file records only the chunks completed before it; fix this and rerun the same command"
 
@@ -29,6 +29,20 @@ def writing(path: Path, needed: int | None = None, advice: str = RESUME_ADVICE):
         yield
     except OSError as error:
         raise write_error(error, path, needed, advice) from None
+
+
+def job_identity(source, out: Path, output_format: str, vector_column: str | None, dim: int, output_dim: int,
+                 chunk_rows: int, normalize: bool, threads: int | None, **more) -> dict:
+    """What a job's record and manifest pin, so that only the same job is continued or found complete: the
+    input's files (`source.identity()`), the output, the options and `more` (the calibrator's hash, the encoder).
+
+    Example:
+        >>> job_identity(InputFiles.of(EmbeddingFile("in.npy")), Path("out.npy"), "npy", None, 8, 8, 1024, False, 1)
+    """
+    return {"input": source.identity(),
+            "output": {"path": str(out.resolve()), "format": output_format, "vector_column": vector_column},
+            "dim": dim, **({"output_dim": output_dim} if output_dim != dim else {}), "chunk_rows": chunk_rows,
+            "normalize": normalize, **more, **({"threads": threads} if threads is not None else {})}
 
 
 class JobRecord:

@@ -36,7 +36,7 @@ from flowcore.batch.core import (
 )
 from flowcore.batch.input_files import InputFiles
 from flowcore.batch.interrupts import JobInterrupted, interrupts_named
-from flowcore.batch.lifecycle import JobLifecycle, JobRecord
+from flowcore.batch.lifecycle import JobLifecycle, JobRecord, job_identity
 from flowcore.batch.lock import OutputLock
 from flowcore.batch.outputs import ParquetOutput, RejectsLog
 from flowcore.batch.ray_watchdog import watch_session
@@ -284,10 +284,9 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
     calibrator, encoder = spec.prepare(source)
     spec.chunk_rows = spec.chunk_rows or default_chunk_rows(source, calibrator.dim)  # what the actors cut
     files = [part.identity() for part in source.sources]
-    identity = {"input": source.identity(),
-                "output": {"path": str(out.resolve()), "vector_column": spec.vector_column or defaults.VECTOR_COLUMN},
-                "dim": calibrator.dim, "chunk_rows": spec.chunk_rows, "normalize": spec.normalize,
-                "threads": spec.threads, **spec.identity(encoder)}
+    identity = job_identity(source, out, "parquet", spec.vector_column or defaults.VECTOR_COLUMN, calibrator.dim,
+                            calibrator.output_dim, spec.chunk_rows, spec.normalize, spec.threads,
+                            **spec.identity(encoder))
     out.mkdir(parents=True, exist_ok=True)
     record = JobRecord(out / "job.json", JOB_FORMAT, JOB_VERSION, "Ray job file", kept=True)
     lifecycle = JobLifecycle(folder, OutputLock(out, out / "job.lock"), record, identity, spec.path, restart,
