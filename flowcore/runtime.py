@@ -10,8 +10,8 @@ import contextlib
 import os
 from typing import Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["SMALL_BATCH_ROWS", "available_cpus", "check_threads", "encoder_threads", "inference_workers",
-           "job_threads", "parallel_jobs", "pinned_threads", "side_by_side", "training_threads",
+__all__ = ["SMALL_BATCH_ROWS", "available_cpus", "calibration_threads", "check_threads", "encoder_threads",
+           "inference_workers", "job_threads", "parallel_jobs", "pinned_threads", "side_by_side", "training_threads",
            "use_threads_in_this_process"]
 
 Item = TypeVar("Item")
@@ -84,6 +84,13 @@ def job_threads(text: bool, actor: bool = False) -> int:
     if text:
         return available_cpus()
     return max(1, min(_torch_threads(), available_cpus() - 1))
+
+
+def calibration_threads(threads: int | None, text: bool) -> int | None:
+    """torch threads of the thread that calibrates a batch job's chunks: for text 1, since its encoder
+    spreads the batches over the job's `threads` itself (a team of torch threads beside those would wait
+    for its slowest member, and stall whenever a core is busy); for stored vectors `threads`."""
+    return 1 if text and threads is not None else threads
 
 
 def parallel_jobs(requested: int | None = None) -> int:

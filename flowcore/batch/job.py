@@ -40,7 +40,7 @@ from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chu
 from flowcore.batch.rows import CalibratedChunk, Position, count_reasons, detect_format
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
-from flowcore.runtime import check_threads, pinned_threads
+from flowcore.runtime import calibration_threads, check_threads, pinned_threads
 
 __all__ = [
     "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "PROGRESS_FORMAT", "PROGRESS_VERSION", "CalibrationJob",
@@ -121,7 +121,8 @@ class CalibrationJob:
         restart: ignore an earlier run, unfinished or finished, and start over.
         show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere
             (`flowcore._progress.ProgressReport`).
-        threads: torch's CPU thread count for the run; part of the identity (results depend on it).
+        threads: the run's CPU threads (for text, the encoder's: `runtime.calibration_threads`); part of the
+            identity (results depend on it).
 
     A rerun of a finished job does nothing and says so (`CalibrationSummary.complete`).
 
@@ -219,7 +220,7 @@ class CalibrationJob:
                         job.commit(rows=rows, done=progress.__dict__)
                 resumed = f"resuming {self.out} at row {progress.rows:,} of {rows:,}" if earlier else None
                 with job.report(rows, progress.rows, self.show_progress_bar, resumed) as report, \
-                        pinned_threads(self.threads):
+                        pinned_threads(calibration_threads(self.threads, self.source.kind == "text")):
                     self._stream(output, rejects, job, rows, progress, report)
             if job.stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
                 raise job.interrupted(progress.rows)

@@ -43,7 +43,7 @@ from flowcore.batch.ray_watchdog import watch_session
 from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, one_line
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
-from flowcore.runtime import job_threads, use_threads_in_this_process
+from flowcore.runtime import calibration_threads, job_threads, use_threads_in_this_process
 
 __all__ = ["JOB_FORMAT", "JOB_VERSION", "REJECT_COLUMN", "Calibrate", "ShardsFailedError", "calibrate_ray",
            "moments", "shard_starts"]
@@ -105,7 +105,7 @@ class Calibrate:
         from flowcore.calibration.base import load
 
         self.threads = threads or job_threads(vector_column is None, actor=True)
-        use_threads_in_this_process(self.threads)  # float results depend on the count
+        use_threads_in_this_process(calibration_threads(self.threads, vector_column is None))  # results depend on it
         self.calibrator = load(flow, device=device)
         self.column, self.text = vector_column or text_column, vector_column is None
         self.output_column = output_column

@@ -20,6 +20,7 @@ from flowcore import FlowCalibrator
 from flowcore.batch import outputs
 from flowcore.batch.job import CalibrationJob, JobMismatchError, calibrate_file
 from flowcore.batch.rows import EMPTY_LINE, NON_FINITE
+from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 from flowcore.calibration.flow_file import EncoderProvenance
 
@@ -575,3 +576,27 @@ def test_a_finished_job_run_again_says_it_is_complete_and_does_nothing_until_res
     assert main([*argv[:-2], "40", "--quiet"]) == 0  # another job into the same output is done, as asked
     assert capsys.readouterr().out.startswith("calibrated 200 rows")
     assert pq.ParquetFile(out).num_row_groups == 5
+
+
+def test_a_text_job_leaves_its_threads_to_the_encoder_and_calibrates_on_one(tmp_path):
+    """A text job's `threads` are its encoder's (batches side by side, one torch thread each): a team of
+    torch threads in the job's own thread would wait for its slowest member. Stored vectors get them all."""
+    import torch
+
+    (tmp_path / "c.txt").write_text("one\ntwo words\nthree\n")
+    np.save(tmp_path / "in.npy", np.ones((3, DIM), dtype=np.float32))
+    seen = []
+
+    def transform(vectors):
+        seen.append(("transform", torch.get_num_threads()))
+        return vectors
+
+    def encode(texts):
+        seen.append(("encode", torch.get_num_threads()))
+        return np.ones((len(texts), DIM), dtype=np.float32)
+
+    CalibrationJob(TextCorpus(tmp_path / "c.txt"), tmp_path / "t.npy", transform, DIM, encode=encode, threads=2,
+                   show_progress_bar=False).run()
+    CalibrationJob(EmbeddingFile(tmp_path / "in.npy"), tmp_path / "v.npy", transform, DIM, threads=2,
+                   show_progress_bar=False).run()
+    assert seen == [("encode", 1), ("transform", 1), ("transform", 2)]
