@@ -90,6 +90,17 @@ def test_streaming_npy_to_npy(benchmark, record, embeddings_job):
     np.testing.assert_allclose(np.load(folder / "out.npy")[:100], calibrator.transform(data[:100]), atol=1e-5)
 
 
+def test_parquet_bytes_per_row(measure, embeddings_job):
+    """The size of the job's parquet output against the raw floats it holds (docs/batch.md: at most 1.05x)."""
+    dim, folder, data, calibrator = embeddings_job
+    out = folder / "out.parquet"
+    CalibrationJob(EmbeddingFile(folder / "in.npy"), out, calibrator.transform, dim, threads=job_threads(text=False),
+                   restart=True, show_progress_bar=False).run()
+    group = f"parquet output bytes per row, d={dim} float32 (calibrated, default chunks)"
+    measure(group, "flowcore calibrate", out.stat().st_size / len(data), "B")
+    measure(group, "the raw floats", dim * 4, "B")
+
+
 @pytest.fixture(scope="module")
 def text_job(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stream-text")
