@@ -1,11 +1,100 @@
-"""When a progress bar shows (`show_progress_bar`, every long library call's option)."""
+"""How long-running work reports progress on stderr, in one place.
+
+- `progress_wanted(show_progress_bar)`: whether a library call draws a bar (None: on a terminal).
+- `ProgressReport`: a long job's progress. On a terminal a bar; anywhere else (a file, a pipe, a
+  log collector) a plain line every `defaults.PROGRESS_INTERVAL_S` seconds (rows done, rows/s, the
+  time left), never a carriage return; notes at its start (where it resumes, a lock it took over)
+  either way. `show_progress_bar=False` (the command line's `--quiet`) silences all of it.
+"""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
-__all__ = ["progress_wanted"]
+from flowcore import defaults
+
+__all__ = ["ProgressReport", "progress_wanted"]
 
 
 def progress_wanted(show_progress_bar: bool | None) -> bool:
     """Whether to show a bar: `show_progress_bar`, or for None whether stderr is a terminal."""
     return sys.stderr.isatty() if show_progress_bar is None else bool(show_progress_bar)
+
+
+class ProgressReport:
+    """A long job's progress on stderr: a bar on a terminal, else a plain line at a steady interval.
+
+    Args:
+        what: the job's name, first on each line (e.g. "calibrate").
+        total: the rows the job has in all.
+        done: the rows an earlier run already did.
+        show_progress_bar: False says nothing at all; True or None report (a bar only on a terminal).
+
+    Example:
+        >>> with ProgressReport("calibrate", total=200_000, done=50_176) as report:
+        ...     report.note("resuming at row 50,176")
+        ...     for rows in chunk_sizes:
+        ...         report.advance(rows)
+    """
+
+    def __init__(self, what: str, total: int, done: int = 0, show_progress_bar: bool | None = None):
+        self.what, self.total, self.done = what, total, done
+        self.mode = "off" if show_progress_bar is False else "bar" if sys.stderr.isatty() else "lines"
+        self._started = self._last_line = time.monotonic()
+        self._done_at_start = done
+        self._bar = None
+        self._lock = threading.Lock()  # a job may advance from its writer thread
+
+    def __enter__(self) -> ProgressReport:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def note(self, message: str) -> None:
+        """One line about the job (not its progress), e.g. where it resumes."""
+        if self.mode == "off":
+            return
+        if self._bar is not None:
+            self._bar.write(f"{self.what}: {message}", file=sys.stderr)
+        else:
+            print(f"{self.what}: {message}", file=sys.stderr, flush=True)
+
+    def advance(self, rows: int) -> None:
+        """Count `rows` more rows done."""
+        with self._lock:
+            self.done += rows
+            if self.mode == "bar":
+                self._draw(rows)
+            elif self.mode == "lines" and time.monotonic() - self._last_line >= defaults.PROGRESS_INTERVAL_S:
+                self._last_line = time.monotonic()
+                print(self.line(), file=sys.stderr, flush=True)
+
+    def line(self) -> str:
+        """The progress as one plain line: rows done of all, the share, rows/s in this run, the time left."""
+        seconds = time.monotonic() - self._started
+        rate = (self.done - self._done_at_start) / seconds if seconds > 0 else 0.0
+        share = f" ({self.done / self.total:.0%})" if self.total else ""
+        left = f", {_duration((self.total - self.done) / rate)} left" if rate > 0 else ""
+        return f"{self.what}: {self.done:,} of {self.total:,} rows{share}, {rate:,.0f} rows/s{left}"
+
+    def _draw(self, rows: int) -> None:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, initial=self.done - rows, unit="rows", unit_scale=True,
+                             dynamic_ncols=True, file=sys.stderr, desc=self.what)
+        self._bar.update(rows)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _duration(seconds: float) -> str:
+    """`seconds` as h:mm:ss (or m:ss under an hour)."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"

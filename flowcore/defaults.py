@@ -8,8 +8,9 @@ __all__ = [
     "ANALYZE_CALIBRATIONS", "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE",
     "BATCH_SIZE", "CALIBRATION", "CHECKPOINT_EVERY", "CHECK_BLOCK_ROWS", "CONFIG", "COUPLING", "CPU_BLOCK_BYTES",
     "DEPTH", "EMBEDDING_CHUNK_BYTES", "LEVELS", "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME",
-    "PERMUTATION", "POOLING", "RANDOM_PAIRS", "RECIPE", "STAT_BLOCK_ROWS", "STS_CALIBRATIONS", "STS_POOLINGS",
-    "TEXT_CHUNK_ROWS", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN", "WHITENING_POWER", "WIDTH",
+    "PERMUTATION", "POOLING", "PROGRESS_INTERVAL_S", "RANDOM_PAIRS", "RECIPE", "SCAN_BLOCK_BYTES", "STAT_BLOCK_ROWS",
+    "STS_CALIBRATIONS", "STS_POOLINGS", "TEXT_CHUNK_ROWS", "TEXT_FIELD", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN",
+    "WHITENING_POWER", "WIDTH",
 ]
 
 # --- the encoder
@@ -49,8 +50,10 @@ CHECKPOINT_EVERY = 1000
 """Optimizer steps between a flow fit's training checkpoints."""
 
 # --- batch jobs and chunking
+TEXT_FIELD = "text"
+"""The JSON key or column holding a row's sentence in a jsonl, CSV or parquet corpus."""
 VECTOR_COLUMN = "embedding"
-"""The vector column of parquet output."""
+"""The vector column of parquet output, and of parquet input holding stored vectors."""
 TEXT_CHUNK_ROWS = 1024
 """Sentences per chunk of a text corpus (the unit of progress and of resumption)."""
 EMBEDDING_CHUNK_BYTES = 8 << 20
@@ -63,6 +66,10 @@ CHECK_BLOCK_ROWS = 65536
 """Rows checked for NaN/Inf at a time (the temporary mask stays small)."""
 CPU_BLOCK_BYTES = 6 << 20
 """About this many bytes of activations per block of CPU flow inference."""
+PROGRESS_INTERVAL_S = 30.0
+"""Seconds between a long job's progress lines when stderr is not a terminal (a log file, a pipe)."""
+SCAN_BLOCK_BYTES = 8 << 20
+"""Bytes read at a time when a text file is scanned for its line ends (its row count, where its chunks start)."""
 LINE_BYTES = 16 << 20
 """The most bytes of one line of a text file held in memory, the rest being skipped as read: a plain-text
 line keeps its start (more than any encoder reads), a jsonl, CSV or STS pairs line is rejected."""

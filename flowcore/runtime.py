@@ -10,8 +10,8 @@ import contextlib
 import os
 from typing import Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["SMALL_BATCH_ROWS", "available_cpus", "check_threads", "encoder_threads", "inference_workers",
-           "job_threads", "parallel_jobs", "pinned_threads", "side_by_side", "training_threads",
+__all__ = ["SMALL_BATCH_ROWS", "available_cpus", "calibration_threads", "check_threads", "encoder_threads",
+           "inference_workers", "job_threads", "parallel_jobs", "pinned_threads", "side_by_side", "training_threads",
            "use_threads_in_this_process"]
 
 Item = TypeVar("Item")
@@ -71,11 +71,26 @@ def inference_workers(blocks: int) -> int:
 
 
 def job_threads(text: bool, actor: bool = False) -> int:
-    """A batch job's default torch thread count (recorded, so a resumed job is byte-identical): 1 for
-    text and per Ray actor, else one fewer than the CPUs (the reader and writer keep a core)."""
-    if text or actor:
+    """A batch job's default torch thread count (recorded, so a resumed job is byte-identical): 1 per
+    Ray actor; for text every CPU this process may use (the encoder does nearly all the work); for
+    stored vectors one fewer than the CPUs (the reader and writer keep a core).
+
+    Example:
+        >>> job_threads(text=True) == available_cpus()
+        True
+    """
+    if actor:
         return 1
+    if text:
+        return available_cpus()
     return max(1, min(_torch_threads(), available_cpus() - 1))
+
+
+def calibration_threads(threads: int | None, text: bool) -> int | None:
+    """torch threads of the thread that calibrates a batch job's chunks: for text 1, since its encoder
+    spreads the batches over the job's `threads` itself (a team of torch threads beside those would wait
+    for its slowest member, and stall whenever a core is busy); for stored vectors `threads`."""
+    return 1 if text and threads is not None else threads
 
 
 def parallel_jobs(requested: int | None = None) -> int:

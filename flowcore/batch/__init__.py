@@ -12,6 +12,7 @@ from flowcore.batch.core import (
     calibrate_chunk,
     check_compatible,
 )
+from flowcore.batch.input_files import InputFiles
 from flowcore.batch.job import CalibrationJob, JobInterrupted, OutputLockedError, OutputWriteError, calibrate_file
 from flowcore.batch.lock import OutputLock
 from flowcore.batch.pipeline import calibrate_chunks, iter_calibrated
@@ -22,8 +23,8 @@ from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 
 __all__ = [
     "CalibratedChunk", "CalibrationJob", "CalibrationSummary", "Chunk", "EmbeddingFile", "InputChangedError",
-    "JobInterrupted", "JobMismatchError", "JobSpec", "NpyMatrix", "OutputLock", "OutputLockedError", "OutputWriteError",
-    "Position", "Reject", "TextCorpus", "TextRow", "calibrate_chunk", "calibrate_chunks", "calibrate_file",
-    "check_compatible", "count_reasons", "iter_calibrated", "read_texts", "sample_row_numbers",
+    "InputFiles", "JobInterrupted", "JobMismatchError", "JobSpec", "NpyMatrix", "OutputLock", "OutputLockedError",
+    "OutputWriteError", "Position", "Reject", "TextCorpus", "TextRow", "calibrate_chunk", "calibrate_chunks",
+    "calibrate_file", "check_compatible", "count_reasons", "iter_calibrated", "read_texts", "sample_row_numbers",
     "sample_stream", "sample_texts",
 ]

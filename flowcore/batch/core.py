@@ -12,6 +12,8 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore._vectors import unit_rows
+from flowcore.batch.input_files import InputFiles
+from flowcore.batch.lock import took_over
 from flowcore.batch.rows import (
     NON_FINITE_OUTPUT,
     NOT_NUMBERS,
@@ -26,8 +28,8 @@ from flowcore.batch.rows import (
     to_float32,
     vector_rejects,
 )
-from flowcore.batch.text_sources import TextCorpus
-from flowcore.batch.vector_sources import EmbeddingFile
+from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
+from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
 from flowcore.runtime import check_threads, job_threads
 
 __all__ = [
@@ -102,8 +104,8 @@ class JobSpec:
 
     Args:
         flow: a calibration file (`flowcore fit`).
-        input / embeddings: exactly one: a txt/jsonl/csv/parquet corpus, or .npy/parquet vectors (for
-            the Ray engine also a folder or a glob).
+        input / embeddings: exactly one: a txt/jsonl/csv/parquet corpus, or .npy/parquet vectors: a file,
+            a folder or a glob of them (read as one input, `InputFiles`).
         text_field, id_field, vector_field: the columns of the text, the id (default: row number), the vector.
         model, pooling, quantize, batch_size: the text encoder (default: the calibration's record).
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
@@ -119,7 +121,7 @@ class JobSpec:
     flow: str | os.PathLike
     input: str | os.PathLike | None = None
     embeddings: str | os.PathLike | None = None
-    text_field: str = "text"
+    text_field: str = defaults.TEXT_FIELD
     id_field: str | None = None
     vector_field: str = defaults.VECTOR_COLUMN
     model: str | None = None
@@ -141,7 +143,7 @@ class JobSpec:
         if (self.input is None) == (self.embeddings is None):
             raise ValueError("give exactly one of a text corpus (input) or stored embeddings (embeddings)")
         self.kind = "text" if self.input is not None else "embeddings"
-        self.path = str(self.input if self.kind == "text" else self.embeddings)  # for Ray also a folder or a glob
+        self.path = str(self.input if self.kind == "text" else self.embeddings)  # a file, a folder or a glob
         if self.kind == "embeddings" and (self.model or self.pooling or self.quantize):
             raise ValueError("--model/--pooling/--quantize apply to text input, not to stored embeddings")
         if self.chunk_rows is not None and self.chunk_rows < 1:
@@ -163,21 +165,23 @@ class JobSpec:
         return EmbeddingFile(path, vector_field=self.vector_field, id_field=self.id_field,
                              keep_columns=self.keep_columns)
 
-    def prepare(self, paths, encoder=None) -> tuple:
-        """(calibrator, sources, encoder) for the input files `paths`, each `check_compatible`;
-        `encoder`: (text) an `Encoder` to use instead of the one the spec names."""
+    def source(self) -> InputFiles:
+        """The input (a file, a folder or a glob) as one source, each file read the way the spec says."""
+        return InputFiles.open(self.path, self.open, TEXT_FORMATS if self.kind == "text" else EMBEDDING_FORMATS)
+
+    def prepare(self, source: InputFiles, encoder=None) -> tuple:
+        """(calibrator, encoder) for `source`, checked to fit it (`check_compatible`); `encoder`: (text) an
+        `Encoder` to use instead of the one the spec names."""
         if encoder is not None and (self.kind == "embeddings" or self.model or self.pooling or self.quantize):
             raise ValueError("an encoder is for text input, instead of model/pooling/quantize")
         from flowcore.calibration.base import load
 
         calibrator = load(self.flow, device=self.device)
-        sources = [self.open(path) for path in paths]
         if self.kind == "text" and encoder is None:  # checked as it is loaded
             encoder = load_encoder(calibrator, self.model, self.pooling, self.quantize, self.threads, self.device)
         else:
-            for source in sources:
-                check_compatible(calibrator, source, encoder)
-        return calibrator, sources, encoder
+            check_compatible(calibrator, source, encoder)
+        return calibrator, encoder
 
     def identity(self, encoder) -> dict:
         """What a job's record pins besides its input and output: the calibration's hash, the device, the encoder."""
@@ -211,16 +215,15 @@ class JobSpec:
         }
 
 
-def check_compatible(calibrator, source: TextCorpus | EmbeddingFile, encoder=None,
-                     requested_model: str | None = None) -> None:
+def check_compatible(calibrator, source: TextCorpus | EmbeddingFile | InputFiles, encoder=None) -> None:
     """Refuse inputs the calibration was not fitted for: embeddings of another width, or text through
-    another encoder or pooling than its record (`requested_model`: the name the encoder was asked for)."""
+    another encoder or pooling than its record."""
     if source.kind == "embeddings":
         source.expect_width(calibrator.dim)
         return
     if encoder is None:
         raise ValueError(f"{source.path} is text: an encoder is needed to embed it")
-    calibrator.check_encoder(encoder, requested_model)
+    calibrator.check_encoder(encoder)
 
 
 def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray], dim: int,
@@ -332,11 +335,19 @@ def check_identity(recorded: dict, requested: dict, record: Path, input_name) ->
         raise InputChangedError(f"{input_name} changed since the unfinished run that {record} records "
                                 f"({'; '.join(changed)}): the rows done so far came from its old content; "
                                 "restore it, or add --restart to start over")
+    threads = recorded.get("threads")
+    hint = f" (with --threads {threads})" if any(change.startswith("threads was") for change in changed) else ""
     raise JobMismatchError(f"{record} records an unfinished run of a different job ({'; '.join(changed)}); "
-                           "rerun the original command to finish it, or add --restart to start over")
+                           f"rerun the original command{hint} to finish it, or add --restart to start over")
 
 
 def _differences(old, new, path: str = "") -> list[str]:
+    if _files(old) and _files(new):  # input files: named by their paths (one added, removed or changed)
+        old_files, new_files = ({file["path"]: file for file in files} for files in (old, new))
+        return ([f"{path}: {name} was added" for name in new_files if name not in old_files]
+                + [f"{path}: {name} was removed" for name in old_files if name not in new_files]
+                + [change for name in old_files if name in new_files
+                   for change in _differences(old_files[name], new_files[name], f"{path}[{name}]")])
     if isinstance(old, dict) and isinstance(new, dict):
         return [change for key in sorted(set(old) | set(new))
                 for change in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))]
@@ -346,9 +357,15 @@ def _differences(old, new, path: str = "") -> list[str]:
     return [] if old == new else [f"{path} was {old!r}, now {new!r}"]
 
 
+def _files(value) -> bool:
+    """Whether `value` lists input files' identities (each a dict with a path)."""
+    return isinstance(value, list) and all(isinstance(item, dict) and "path" in item for item in value)
+
+
 @dataclass
 class CalibrationSummary:
-    """What a finished job did: all rows and rejects, what this run added, and (Ray) its shards."""
+    """What a finished job did: all rows and rejects, what this run added, and (Ray) its shards;
+    `complete`: an earlier run had finished this very job, so this one did nothing."""
 
     rows: int
     rejects: dict[str, int]
@@ -362,6 +379,7 @@ class CalibrationSummary:
     """The holder record of a killed job whose lock file this run took over, if any."""
     shards: int | None = None
     shards_written: int | None = None
+    complete: bool = False
 
     @property
     def rejected(self) -> int:
@@ -375,27 +393,30 @@ class CalibrationSummary:
         reasons = ", ".join(f"{count:,} {reason}" for reason, count in sorted(self.rejects.items()))
         rejected = f"{self.rejected:,} rejected" + (f" ({reasons})" if reasons else "")
         run = f"{self.rows_this_run:,} rows in {self.seconds:.1f} s ({self.rows_per_second:,.0f} rows/s)"
-        if self.shards is not None:
-            run = f"{self.shards_written} of {self.shards} shards written by this run ({run})"
-        elif self.resumed_from:
-            rejected += f", resumed at row {self.resumed_from:,}"
-        stale = self.lock_taken_over
-        took_over = (f"\ntook over the lock of a job that is no longer running (pid {stale.get('pid')} on "
-                     f"{stale.get('host')}, started {stale.get('started')})" if stale else "")
-        return (f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}; {run}\n"
-                f"output: {self.out}\nrejects: {self.rejects_path}"
-                + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else "") + took_over)
+        if self.complete:
+            head = (f"already complete: an earlier run of this same job calibrated its {self.rows:,} rows "
+                    f"({self.rows - self.rejected:,} ok, {rejected}); nothing to do (add --restart to calibrate "
+                    "them again)")
+        else:
+            if self.shards is not None:
+                run = f"{self.shards_written} of {self.shards} shards written by this run ({run})"
+            elif self.resumed_from:
+                rejected += f", resumed at row {self.resumed_from:,}"
+            head = f"calibrated {self.rows:,} rows: {self.rows - self.rejected:,} ok, {rejected}; {run}"
+        return (f"{head}\noutput: {self.out}\nrejects: {self.rejects_path}"
+                + (f"\nmanifest: {self.manifest_path}" if self.manifest_path else "")
+                + (f"\n{took_over(self.lock_taken_over)}" if self.lock_taken_over else ""))
 
 
 def manifest(*, file: str, parquet: Path | None, rows: int, rejects: dict[str, int], rejects_file: str, dim: int,
-             normalized: bool, id_field: str | None, vector_column: str | None, kept_columns, input: dict,
-             description: dict, threads: int | None, chunk_rows: int, versions: dict,
-             id_source: str = "row number") -> dict:
+             normalized: bool, vector_column: str | None, source: InputFiles, description: dict, threads: int | None,
+             chunk_rows: int, versions: dict) -> dict:
     """A finished output's manifest. `parquet`: a part of parquet output, whose schema gives the
-    columns (None: .npy output); `versions`: the engine's record formats; `description`: `JobSpec.describe`'s."""
+    columns (None: .npy output); `source`: the input; `versions`: the engine's record formats;
+    `description`: `JobSpec.describe`'s."""
     import flowcore
 
-    rejected = sum(rejects.values())
+    rejected, id_field = sum(rejects.values()), source.id_field
     if parquet is not None:
         import pyarrow.parquet as pq
 
@@ -412,9 +433,10 @@ def manifest(*, file: str, parquet: Path | None, rows: int, rejects: dict[str, i
         "rejected_rows": "NaN row" if parquet is None else "null vector",
         "id_column": None if parquet is None else "id",
         "id_type": None if parquet is None else "string" if id_field is not None else "int64",
-        "id_source": id_field if id_field is not None else id_source,
-        "vector_column": vector_column, "columns": columns, "kept_columns": list(kept_columns),
-        "input": input,
+        "id_source": id_field if id_field is not None else
+        "row number" if source.single else "row number (files in sorted order)",
+        "vector_column": vector_column, "columns": columns, "kept_columns": list(source.keep_columns),
+        "input": {"kind": source.kind, **source.identity()},
         **{key: value for key, value in description.items() if key != "format_versions"},
         "threads": threads, "chunk_rows": chunk_rows,
         "format_versions": {"manifest": MANIFEST_VERSION, **versions, **description.get("format_versions", {}),

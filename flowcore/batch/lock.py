@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["OutputLock", "OutputLockedError"]
+__all__ = ["OutputLock", "OutputLockedError", "took_over"]
 
 
 class OutputLockedError(ValueError):
@@ -96,8 +96,7 @@ class OutputLock:
         if holder is None or "pid" not in holder:
             who = "another flowcore job (it has not recorded itself yet)"
         else:
-            who = (f"another flowcore job (pid {holder.get('pid')} on {holder.get('host')}, "
-                   f"started {holder.get('started')})")
+            who = f"another flowcore job ({_holder(holder)})"
         return (f"{self.out} is being written by {who}; wait for it to finish or stop it, "
                 f"then rerun (the lock is {self.path})")
 
@@ -109,6 +108,15 @@ class OutputLock:
             self.path.unlink()
         os.close(self._descriptor)  # releases the flock, after the file is gone from the folder
         self._descriptor = None
+
+
+def took_over(holder: dict) -> str:
+    """What a job says of the lock it took over from `holder` (`OutputLock.took_over`), a job killed before."""
+    return f"took over the lock of a job that is no longer running ({_holder(holder)})"
+
+
+def _holder(holder: dict) -> str:
+    return f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
 
 
 def _read_holder(descriptor: int) -> dict | None:

@@ -128,10 +128,10 @@ class BackgroundThread:
 
 
 def calibrate_chunks(chunks: Iterable[Chunk], transform: Callable[[np.ndarray], np.ndarray], dim: int,
-                     encode: Callable[[list[str]], np.ndarray] | None = None, prefetch: int = QUEUE_DEPTH,
-                     output_dim: int | None = None, normalize: bool = False) -> Iterator[CalibratedChunk]:
-    """`calibrate_chunk` over `chunks` in order, read up to `prefetch` chunks ahead in a thread."""
-    with BackgroundThread.reading(chunks, prefetch) as reader:
+                     encode: Callable[[list[str]], np.ndarray] | None = None, output_dim: int | None = None,
+                     normalize: bool = False) -> Iterator[CalibratedChunk]:
+    """`calibrate_chunk` over `chunks` in order, read up to `QUEUE_DEPTH` chunks ahead in a thread."""
+    with BackgroundThread.reading(chunks, QUEUE_DEPTH) as reader:
         for chunk in reader:
             yield calibrate_chunk(chunk, transform, dim, encode, output_dim, normalize)
 

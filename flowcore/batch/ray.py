@@ -1,19 +1,19 @@
 """Calibration on Ray Data (published as `flowcore.ray`): `Calibrate` for `Dataset.map_batches`,
 `calibrate_ray` (`flowcore calibrate --engine ray`) and `moments` (whitening statistics).
 
-Both run `flowcore.batch.core`; the engine adds shards (the local job's chunks, one parquet file
-each, skipped when a rerun finds them written) and actors. See docs/scaling.md.
+`calibrate_ray` runs the lifecycle both engines share (`JobLifecycle`: lock, stop signals, record,
+progress, manifest, summary) and the one calibration core (`flowcore.batch.core`); it adds shards
+(the local job's chunks, one parquet file each, skipped when a rerun finds them written) and
+actors. See docs/scaling.md.
 """
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import logging
 import os
 import re
 import shutil
-import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,44 +21,43 @@ from pathlib import Path
 import numpy as np
 
 from flowcore import defaults
-from flowcore._fs import atomic_write, atomic_write_json
-from flowcore._progress import progress_wanted
+from flowcore._fs import atomic_write
+from flowcore._progress import ProgressReport, progress_wanted
 from flowcore.batch.core import (
     CalibrationSummary,
     InputChangedError,
-    JobMismatchError,
     JobSpec,
     calibrate_chunk,
-    check_identity,
     chunk_of_values,
     default_chunk_rows,
     encode_with,
     load_encoder,
     manifest,
 )
-from flowcore.batch.interrupts import JobInterrupted, StopSignals, interrupts_named
+from flowcore.batch.input_files import InputFiles
+from flowcore.batch.interrupts import JobInterrupted, interrupts_named
+from flowcore.batch.lifecycle import JobLifecycle, JobRecord, job_identity
 from flowcore.batch.lock import OutputLock
-from flowcore.batch.outputs import VECTOR_COLUMN, ParquetOutput, RejectsLog
+from flowcore.batch.outputs import ParquetOutput, RejectsLog
 from flowcore.batch.ray_watchdog import watch_session
-from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, one_line, require_file
-from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
-from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
-from flowcore.runtime import job_threads, use_threads_in_this_process
+from flowcore.batch.rows import CalibratedChunk, Chunk, Position, file_changed, one_line
+from flowcore.batch.text_sources import TextCorpus
+from flowcore.batch.vector_sources import EmbeddingFile
+from flowcore.runtime import calibration_threads, job_threads, use_threads_in_this_process
 
 __all__ = ["JOB_FORMAT", "JOB_VERSION", "REJECT_COLUMN", "Calibrate", "ShardsFailedError", "calibrate_ray",
-           "input_files", "moments", "shard_starts"]
+           "moments", "shard_starts"]
 
 JOB_FORMAT = "flowcore-ray-job"
-JOB_VERSION = 3
-"""`OUT/job.json`, the Ray job's record: its identity, kept after the job finishes; an earlier version's is
-refused (3: each shard's rejects moved from `OUT/shards/` to `OUT/shard-rejects/`)."""
+JOB_VERSION = 4
+"""`OUT/job.json`, the Ray job's record (`JobRecord`: its identity under `job`), kept after the job finishes;
+another version's is refused (4: the record both engines write; 3: each shard's rejects in `OUT/shard-rejects/`)."""
 PARTS = "shards"
 """The folder in `OUT` of the output's parquet parts, one per shard: a parquet dataset."""
 SHARD_REJECTS = "shard-rejects"
 """The folder in `OUT` of each shard's rejects, joined into `OUT/rejects.jsonl` at the end."""
 REJECT_COLUMN = "reject"
 """`Calibrate`'s reject column: the reason a row was rejected, "" for a calibrated row."""
-SCAN_BLOCK_BYTES = 1 << 23
 _ERROR_LINE = re.compile(r"^(flowcore\.batch\.ray\.)?ShardError: ")
 
 
@@ -99,14 +98,14 @@ class Calibrate:
         >>> ds.write_parquet("calibrated/")
     """
 
-    def __init__(self, flow: str | os.PathLike, text_column: str = "text", vector_column: str | None = None,
-                 output_column: str = VECTOR_COLUMN, model: str | None = None, pooling: str | None = None,
-                 batch_size: int = defaults.BATCH_SIZE, normalize: bool = False, threads: int | None = None,
-                 device=None, quantize: str | None = None):
+    def __init__(self, flow: str | os.PathLike, text_column: str = defaults.TEXT_FIELD,
+                 vector_column: str | None = None, output_column: str = defaults.VECTOR_COLUMN,
+                 model: str | None = None, pooling: str | None = None, batch_size: int = defaults.BATCH_SIZE,
+                 normalize: bool = False, threads: int | None = None, device=None, quantize: str | None = None):
         from flowcore.calibration.base import load
 
         self.threads = threads or job_threads(vector_column is None, actor=True)
-        use_threads_in_this_process(self.threads)  # float results depend on the count
+        use_threads_in_this_process(calibration_threads(self.threads, vector_column is None))  # results depend on it
         self.calibrator = load(flow, device=device)
         self.column, self.text = vector_column or text_column, vector_column is None
         self.output_column = output_column
@@ -114,45 +113,32 @@ class Calibrate:
         self.encode = encode_with(encoder, batch_size)
         self.normalize = normalize
 
-    def _calibrated(self, chunk: Chunk) -> CalibratedChunk:
+    def calibrated(self, chunk: Chunk) -> CalibratedChunk:
+        """`chunk` calibrated as the local job calibrates it (`calibrate_chunk`): its rejects come with it."""
         return calibrate_chunk(chunk, self.calibrator.transform, self.calibrator.dim, self.encode,
                                self.calibrator.output_dim, self.normalize)
 
     def __call__(self, batch: dict) -> dict:
         chunk = chunk_of_values(batch[self.column], self.column, None if self.text else self.calibrator.dim)
-        calibrated = self._calibrated(chunk)
+        calibrated = self.calibrated(chunk)
         reasons = np.full(chunk.rows, "", dtype=object)
         for reject in calibrated.rejects:
             reasons[reject.row] = reject.reason
         return {**batch, self.output_column: calibrated.vectors, REJECT_COLUMN: reasons}
 
 
-def input_files(pattern: str | os.PathLike, formats: dict[str, str]) -> list[Path]:
-    """The files an input names, sorted: a file, a folder (its files with a suffix in `formats`) or a glob."""
-    path = Path(pattern)
-    if path.is_file():
-        return [path]
-    if path.exists() and not path.is_dir():
-        require_file(path)  # a pipe or a device, named as such
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in formats)
-    else:
-        files = sorted(Path(p) for p in glob.glob(str(pattern), recursive=True) if Path(p).is_file())
-    if not files:
-        raise FileNotFoundError(f"no input files match {pattern} (expected {', '.join(sorted(formats))} files)")
-    return files
-
-
 def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Position]:
     """Where each chunk of `chunk_rows` rows of `source` starts (newlines counted for txt and jsonl, csv parsed)."""
     rows = source.rows
+    if not rows:
+        return []
     if source.kind == "embeddings" or source.format == "parquet":
         return [Position(row) for row in range(0, rows, chunk_rows)]
     if source.format == "csv":
         return [Position(), *(end for _, end in source.entries() if end.row % chunk_rows == 0 and end.row < rows)]
     starts, seen, offset = [Position()], 0, 0
     with open(source.path, "rb") as handle:
-        while block := handle.read(SCAN_BLOCK_BYTES):
+        while block := handle.read(defaults.SCAN_BLOCK_BYTES):
             newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
             lines = seen + 1 + np.arange(len(newlines))  # the line each newline ends
             for index in np.flatnonzero((lines % chunk_rows == 0) & (lines < rows)):
@@ -164,13 +150,24 @@ def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Po
 
 @dataclass
 class _Shard:
-    """One shard: rows [row_start, row_start + rows) of input file `file`, written as `index`."""
+    """One shard: rows [start.row, start.row + rows) of input file `file`, written as `index`; `global_row`:
+    where they start in the whole input."""
 
     index: int
     file: int
     start: Position
     rows: int
     global_row: int
+
+
+def _plan(source: InputFiles, chunk_rows: int) -> list[_Shard]:
+    """The shards of `source`: each file's chunks, numbered as the local job numbers them."""
+    shards = []
+    for file, part in enumerate(source.sources):
+        for start in shard_starts(part, chunk_rows):
+            shards.append(_Shard(len(shards), file, start, min(chunk_rows, part.rows - start.row),
+                                 source.starts[file] + start.row))
+    return shards
 
 
 def _shard_path(folder: Path, index: int, suffix: str = ".parquet") -> Path:
@@ -182,7 +179,8 @@ STOPPING = ".stopping"
 
 
 class _ShardWriter:
-    """The engine's actor: reads, calibrates (`Calibrate`) and writes whole shards (by index into `shards`)."""
+    """The engine's actor: reads, calibrates (`Calibrate`) and writes whole shards (by index into `shards`);
+    `files`: each input file's identity."""
 
     def __init__(self, spec: JobSpec, files: list[dict], shards: list[_Shard], out: str, device, before_write):
         self.spec, self.files, self.shards, self.before_write = spec, files, shards, before_write
@@ -205,18 +203,21 @@ class _ShardWriter:
         return {"rows": np.array([shard.rows for shard in shards])}
 
     def _write(self, shard: _Shard) -> None:
-        """Read, calibrate and write one shard: its rejects first, then its parquet file (atomically)."""
-        source = self._open(self.files[shard.file]["path"])
+        """Read, calibrate and write one shard: its rejects first (each naming its file), then its parquet file
+        (atomically)."""
+        file = self.files[shard.file]
+        source = self._open(file["path"])
         chunk = next(source.chunks(self.spec.chunk_rows, shard.start))
-        calibrated = self.calibrate._calibrated(chunk)
-        changed = file_changed(self.files[shard.file])
+        calibrated = self.calibrate.calibrated(chunk)
+        changed = file_changed(file)
         if chunk.rows != shard.rows:
             changed = changed or f"shard {shard.index} has {chunk.rows} rows, expected {shard.rows}"
         if changed is not None:
             raise InputChangedError.while_read(source.path, changed)
         shift = shard.global_row - calibrated.row_start
         calibrated = replace(calibrated, index=shard.index, row_start=shard.global_row,
-                             rejects=[replace(reject, row=reject.row + shift) for reject in calibrated.rejects])
+                             rejects=[replace(reject, row=reject.row + shift, file=file["path"])
+                                      for reject in calibrated.rejects])
         log = RejectsLog(_shard_path(self.rejects_folder, shard.index, ".rejects.jsonl"))
         log.open(None)
         log.append(calibrated.rejects)
@@ -224,7 +225,7 @@ class _ShardWriter:
         self.before_write(shard.index)
         output = ParquetOutput(self.folder / "vectors.parquet", shard.rows, self.calibrate.calibrator.output_dim,
                                with_ids=source.id_field is not None,
-                               vector_column=self.spec.vector_column or VECTOR_COLUMN,
+                               vector_column=self.spec.vector_column or defaults.VECTOR_COLUMN,
                                meta_types=source.meta_types(),
                                parts=self.folder)  # shard files are the output's part files
         output.write(calibrated)
@@ -241,7 +242,8 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
 
     Rows and vectors are the local job's on each file; ids are the `id_field` values or the row
     number over the files in sorted order. Like the local job it holds a lock, refuses a changed
-    job or input, and stops on SIGINT/SIGTERM once the shards in flight are written (`JobInterrupted`).
+    job or input, stops on SIGINT/SIGTERM once the shards in flight are written (`JobInterrupted`),
+    and does nothing again for a finished job.
 
     Args:
         flow_path: a calibration file from `flowcore fit`.
@@ -250,7 +252,8 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         num_workers: actors (model copies); default: one per CPU (per GPU with `gpus_per_worker`).
         gpus_per_worker: GPUs per actor (0: CPU).
         restart: ignore the shards of an earlier run and start over.
-        show_progress_bar: Ray Data's progress bars; None shows them when stderr is a terminal.
+        show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere
+            (`ProgressReport`); True or (None) a terminal also shows Ray's own log lines.
         **options: the job, as `flowcore.batch.core.JobSpec` takes it.
 
     Example:
@@ -268,84 +271,91 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         raise ValueError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}")
     if gpus_per_worker and spec.quantize is not None:
         raise ValueError("--quantize is a CPU mode (ONNX Runtime); drop it with --gpus-per-worker")
-    files = input_files(spec.path, TEXT_FORMATS if spec.kind == "text" else EMBEDDING_FORMATS)
+    source = spec.source()
     if out.suffix.lower() == ".npy" or out.is_file():
         raise ValueError(f"{out}: the Ray engine writes a folder (parquet shards, rejects.jsonl, manifest.json); "
                          "give --out a folder name")
-    if any(out.resolve() in path.resolve().parents for path in files):
+    folder, rejects_folder = out / PARTS, out / SHARD_REJECTS
+    if any(out.resolve() in part.path.resolve().parents for part in source.sources):
         raise ValueError(f"the output folder {out} holds the input; choose another --out")
-    calibrator, sources, encoder = spec.prepare(files)
-    spec.chunk_rows = spec.chunk_rows or default_chunk_rows(sources[0], calibrator.dim)  # what the actors cut
-    inputs = [source.identity() for source in sources]
-    identity = {"format": JOB_FORMAT, "version": JOB_VERSION, "input": {"files": inputs},
-                "output": {"path": str(out.resolve()), "vector_column": spec.vector_column or VECTOR_COLUMN},
-                "dim": calibrator.dim, "chunk_rows": spec.chunk_rows, "normalize": spec.normalize,
-                "threads": spec.threads, **spec.identity(encoder)}
+    if not source.single and source.reaches(_shard_path(folder, 0)):
+        raise ValueError(f"the output folder {out} is where the input {source.path} finds its files, so a rerun "
+                         "would read its shards as input; choose another --out")
+    calibrator, encoder = spec.prepare(source)
+    spec.chunk_rows = spec.chunk_rows or default_chunk_rows(source, calibrator.dim)  # what the actors cut
+    files = [part.identity() for part in source.sources]
+    identity = job_identity(source, out, "parquet", spec.vector_column or defaults.VECTOR_COLUMN, calibrator.dim,
+                            calibrator.output_dim, spec.chunk_rows, spec.normalize, spec.threads,
+                            **spec.identity(encoder))
     out.mkdir(parents=True, exist_ok=True)
-    with OutputLock(out, out / "job.lock") as lock, StopSignals() as stop:
-        folder, rejects_folder, job_path = out / PARTS, out / SHARD_REJECTS, out / "job.json"
-        if job_path.exists() and not restart:
-            _check_job(json.loads(job_path.read_text(encoding="utf-8")), identity, job_path, spec.path)
-        else:
+    record = JobRecord(out / "job.json", JOB_FORMAT, JOB_VERSION, "Ray job file", kept=True)
+    lifecycle = JobLifecycle(folder, OutputLock(out, out / "job.lock"), record, identity, spec.path, restart,
+                             out / "rejects.jsonl", out / "manifest.json")
+    with lifecycle as job:
+        if job.earlier is None:  # a new job, or --restart
             for stale in (folder, rejects_folder):
                 if stale.exists():
                     shutil.rmtree(stale)
         folder.mkdir(exist_ok=True)
         rejects_folder.mkdir(exist_ok=True)
-        atomic_write_json(job_path, identity, indent=1)
-
-        shards, global_row = [], 0
-        for file, source in enumerate(sources):
-            for start in shard_starts(source, spec.chunk_rows):
-                rows = min(spec.chunk_rows, source.rows - start.row)
-                shards.append(_Shard(len(shards), file, start, rows, global_row + start.row))
-            global_row += source.rows
+        job.commit()
+        shards = _plan(source, spec.chunk_rows)
         pending = [shard for shard in shards if not _shard_path(folder, shard.index).is_file()]
-        started = time.perf_counter()
-        if pending:
-            _run_shards(ray, spec, inputs, shards, pending, out, address, num_workers, gpus_per_worker,
-                        progress_wanted(show_progress_bar), stop)
+        if not pending:
+            _clear_leftovers(folder, rejects_folder)
+            if done := job.complete(True, shards=len(shards), shards_written=0):
+                return done
+        rows_this_run = sum(shard.rows for shard in pending)
+        done = source.rows - rows_this_run
+        resumed = (f"resuming {out}: {len(shards) - len(pending)} of {len(shards)} shards ({done:,} rows) are "
+                   "written" if 0 < len(pending) < len(shards) else None)
+        with job.report(source.rows, done, show_progress_bar, resumed) as report:
+            if pending:
+                _run_shards(ray, spec, files, shards, pending, out, address, num_workers, gpus_per_worker,
+                            progress_wanted(show_progress_bar), job, report)
         missing = [shard.index for shard in shards if not _shard_path(folder, shard.index).is_file()]
         if missing:
             raise ShardsFailedError(f"{len(missing)} shard(s) were not written (first: {missing[0]}); rerun the same "
                                     "command to write them")
-        seconds = time.perf_counter() - started
-        for written in (folder, rejects_folder):  # writes cut short by a killed worker
-            for leftover in [*written.glob(".*"), *written.glob("*.partial")]:
-                leftover.unlink(missing_ok=True)
-        rejects = _join_rejects(out, rejects_folder, shards, [input["path"] for input in inputs])
+        _clear_leftovers(folder, rejects_folder)
+        rejects = _join_rejects(out, rejects_folder, shards)
         described = manifest(
-            file=PARTS, parquet=_shard_path(folder, 0), rows=global_row, rejects=rejects,
+            file=PARTS, parquet=_shard_path(folder, 0), rows=source.rows, rejects=rejects,
             rejects_file="rejects.jsonl", dim=calibrator.output_dim, normalized=spec.normalize,
-            id_field=spec.id_field, vector_column=spec.vector_column or VECTOR_COLUMN, kept_columns=spec.keep_columns,
-            input={"kind": spec.kind, "files": inputs}, description=spec.describe(calibrator, encoder),
-            threads=spec.threads, chunk_rows=spec.chunk_rows, versions={"job": JOB_VERSION},
-            id_source="row number (files in sorted order)")
+            vector_column=spec.vector_column or defaults.VECTOR_COLUMN, source=source,
+            description=spec.describe(calibrator, encoder), threads=spec.threads, chunk_rows=spec.chunk_rows,
+            versions={"job": JOB_VERSION})
         described["shards"] = [{"file": f"{PARTS}/{_shard_path(folder, shard.index).name}",
-                                "input": inputs[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
+                                "input": files[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
                                 "first_id_row": shard.global_row} for shard in shards]
         described["resume_granularity"] = "one shard"
-        atomic_write_json(out / "manifest.json", described, indent=1)
-    rows_this_run = sum(shard.rows for shard in pending)  # every shard is written by now
-    return CalibrationSummary(global_row, rejects, seconds, rows_this_run, global_row - rows_this_run, folder,
-                              out / "rejects.jsonl", out / "manifest.json", lock.took_over, len(shards), len(pending))
+        job.finish(described)
+        return job.summary(source.rows, rejects, rows_this_run, shards=len(shards), shards_written=len(pending))
 
 
-def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
-                address, num_workers, gpus_per_worker, progress: bool, stop: StopSignals) -> None:
-    """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`)."""
+def _clear_leftovers(*folders: Path) -> None:
+    """Remove writes cut short by a killed worker (hidden temporaries, partial files)."""
+    for written in folders:
+        for leftover in [*written.glob(".*"), *written.glob("*.partial")]:
+            leftover.unlink(missing_ok=True)
+
+
+def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pending: list[_Shard], out: Path,
+                address, num_workers, gpus_per_worker, verbose: bool, job: JobLifecycle,
+                report: ProgressReport) -> None:
+    """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`).
+    `verbose`: Ray's own log lines."""
     def stopped() -> JobInterrupted:
-        done = sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file())
-        return JobInterrupted(done, stop.signum)
+        return job.interrupted(sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file()))
 
-    if stop.requested:
+    if job.stop.requested:
         raise stopped()
     if not ray.is_initialized():
-        context = ray.init(address=address, include_dashboard=False, log_to_driver=progress,
-                           logging_level=logging.INFO if progress else logging.ERROR)
+        context = ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
+                           logging_level=logging.INFO if verbose else logging.ERROR)
         if address is None:  # a local Ray this process started (not one it joined) ends with it, even on SIGKILL
             watch_session((getattr(context, "address_info", None) or {}).get("session_dir"))
-    ray.data.DataContext.get_current().enable_progress_bars = progress
+    ray.data.DataContext.get_current().enable_progress_bars = False  # the job's own report shows the progress
     if num_workers is None:
         resources = ray.cluster_resources()
         available = resources.get("GPU", 0) if gpus_per_worker else resources.get("CPU", 1)
@@ -353,21 +363,23 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     num_workers = min(num_workers, len(pending))
     dataset = ray.data.from_items([{"shard": shard.index} for shard in pending], override_num_blocks=len(pending))
     resources_per_worker = {"num_cpus": spec.threads, **({"num_gpus": gpus_per_worker} if gpus_per_worker else {})}
-    writer = {"spec": spec, "files": inputs, "shards": shards, "out": str(out),
+    writer = {"spec": spec, "files": files, "shards": shards, "out": str(out),
               "device": "cuda" if gpus_per_worker > 0 else None, "before_write": _before_shard_write}
     dataset = dataset.map_batches(_ShardWriter, fn_constructor_kwargs=writer, batch_size=1, batch_format="numpy",
                                   compute=ray.data.ActorPoolStrategy(size=num_workers), **resources_per_worker)
-    if stop.requested:  # a signal while Ray started: no shard is begun
+    if job.stop.requested:  # a signal while Ray started: no shard is begun
         raise stopped()
     done, stopping = 0, out / STOPPING
     stopping.unlink(missing_ok=True)
-    logger = logging.getLogger("ray.data")  # its INFO and WARNING lines (execution plans) only with progress on
+    logger = logging.getLogger("ray.data")  # its INFO and WARNING lines (execution plans) only when verbose
     level = logger.level
-    logger.setLevel(level if progress else logging.ERROR)
+    logger.setLevel(level if verbose else logging.ERROR)
     try:
         for batch in dataset.iter_batches(batch_size=None):
-            done += int(batch["rows"].sum())
-            if stop.requested and not stopping.exists():  # the shards in flight finish, no new one begins
+            rows = int(batch["rows"].sum())
+            done += rows
+            report.advance(rows)
+            if job.stop.requested and not stopping.exists():  # the shards in flight finish, no new one begins
                 stopping.touch()
     except Exception as error:  # a worker's error reaches the driver as text inside Ray's: one line for the user
         reasons = [line.strip() for line in str(error).splitlines() if _ERROR_LINE.match(line.strip())]
@@ -378,33 +390,20 @@ def _run_shards(ray, spec: JobSpec, inputs: list[dict], shards: list[_Shard], pe
     finally:
         logger.setLevel(level)
         stopping.unlink(missing_ok=True)
-    if stop.requested and done < sum(shard.rows for shard in pending):
+    if job.stop.requested and done < sum(shard.rows for shard in pending):
         raise stopped()
 
 
-def _check_job(recorded: dict, identity: dict, job_path: Path, input_name) -> None:
-    """Refuse to continue a job `job_path` records unless it is `identity`; an earlier version's in one line."""
-    version = recorded.get("version")
-    if recorded.get("format") == JOB_FORMAT and version != JOB_VERSION:
-        which = "an earlier" if isinstance(version, int) and version < JOB_VERSION else "another"
-        raise JobMismatchError(f"{job_path} records a run of {which} flowcore (Ray job version {version}, this one "
-                               f"writes {JOB_VERSION}), whose shard files this version cannot continue; add --restart "
-                               "to start over")
-    check_identity(recorded, identity, job_path, input_name)
-
-
-def _join_rejects(out: Path, folder: Path, shards: list[_Shard], inputs: list[str]) -> dict[str, int]:
-    """`OUT/rejects.jsonl`: every shard's rejects (in `folder`) in row order, each naming its input file; the counts
+def _join_rejects(out: Path, folder: Path, shards: list[_Shard]) -> dict[str, int]:
+    """`OUT/rejects.jsonl`: every shard's rejects (in `folder`, each naming its input file) in row order; the counts
     by reason."""
     counts: Counter[str] = Counter()
-    lines = []
+    parts = []
     for shard in shards:
-        with open(_shard_path(folder, shard.index, ".rejects.jsonl"), encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                counts[record["reason"]] += 1
-                lines.append(json.dumps({**record, "file": inputs[shard.file]}, ensure_ascii=False) + "\n")
-    payload = "".join(lines).encode("utf-8")
+        part = _shard_path(folder, shard.index, ".rejects.jsonl").read_bytes()
+        counts.update(json.loads(line)["reason"] for line in part.splitlines())
+        parts.append(part)
+    payload = b"".join(parts)
     atomic_write(out / "rejects.jsonl", lambda stream: stream.write(payload))
     return dict(sorted(counts.items()))
 
@@ -417,7 +416,7 @@ def _batch_moments(batch: dict, column: str) -> dict:
     return {"count": np.array([moments.count]), "mean": moments.mean[None], "comoment": moments.comoment[None]}
 
 
-def moments(dataset, column: str = VECTOR_COLUMN):
+def moments(dataset, column: str = defaults.VECTOR_COLUMN):
     """The float64 `Moments` of a Ray Dataset's vector column, each block summarised where it lives and
     merged on the driver, e.g. for `Whitening.from_moments` of a distributed corpus.
 

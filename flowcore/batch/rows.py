@@ -56,18 +56,20 @@ PARQUET_BATCH_ROWS = 8192
 
 @dataclass(frozen=True)
 class Reject:
-    """One unusable input row: its 0-based row, 1-based file line (line formats) and id when one could be read."""
+    """One unusable input row: its 0-based row, 1-based file line (line formats), id when one could be read,
+    and the file it is in when the input is several files."""
 
     row: int
     reason: str
     detail: str = ""
     line: int | None = None
     id: str | None = None
+    file: str | None = None
 
     def to_json(self) -> dict:
-        record = {"row": self.row, "id": self.id, "line": self.line, "reason": self.reason}
-        record = {key: value for key, value in record.items() if value is not None}
-        return {**record, "detail": self.detail} if self.detail else record
+        record = {"row": self.row, "id": self.id, "line": self.line, "reason": self.reason,
+                  "detail": self.detail or None, "file": self.file}
+        return {key: value for key, value in record.items() if value is not None}
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ class TextCorpus:
 
     kind = "text"
 
-    def __init__(self, path: str | os.PathLike, text_field: str = "text", id_field: str | None = None,
+    def __init__(self, path: str | os.PathLike, text_field: str = defaults.TEXT_FIELD, id_field: str | None = None,
                  keep_columns=()):
         self.path = Path(path)
         require_file(self.path)
@@ -189,7 +189,7 @@ class TextCorpus:
             return sum(1 for _ in self._csv_rows(Position()))
         newlines, last = 0, b"\n"
         with open(self.path, "rb") as handle:
-            while block := handle.read(1 << 23):
+            while block := handle.read(defaults.SCAN_BLOCK_BYTES):
                 newlines += block.count(b"\n")
                 last = block[-1:]
         return newlines + (last != b"\n")
@@ -362,7 +362,7 @@ def _json_text(value) -> str | None:
     return json.dumps(value, ensure_ascii=False)
 
 
-def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str | None = None,
+def read_texts(path: str | os.PathLike, text_field: str = defaults.TEXT_FIELD, id_field: str | None = None,
                rejects: list[Reject] | None = None) -> Iterator[tuple[int, str | None, str]]:
     """Stream the good rows of a corpus as (row number, id, text); rejected rows go to `rejects` if given."""
     for entry, _ in TextCorpus(path, text_field, id_field).entries():
@@ -372,7 +372,7 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
             rejects.append(entry.reject)
 
 
-def sample_texts(path: str | os.PathLike, max_rows: int | None, seed: int = 0, text_field: str = "text",
+def sample_texts(path: str | os.PathLike, max_rows: int | None, seed: int = 0, text_field: str = defaults.TEXT_FIELD,
                  rejects: list[Reject] | None = None) -> list[str]:
     """A reproducible uniform random sample of at most `max_rows` good texts (all when None), in file
     order, in one pass (`sample_stream`); rejected rows go to `rejects` as in `read_texts`."""

@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from flowcore import defaults
 from flowcore.batch.rows import (
     NULL,
     Chunk,
@@ -129,7 +130,7 @@ class EmbeddingFile:
 
     kind = "embeddings"
 
-    def __init__(self, path: str | os.PathLike, vector_field: str = "embedding", id_field: str | None = None,
+    def __init__(self, path: str | os.PathLike, vector_field: str = defaults.VECTOR_COLUMN, id_field: str | None = None,
                  keep_columns=()):
         self.dim: int | None
         self.path = Path(path)

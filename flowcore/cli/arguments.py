@@ -21,7 +21,7 @@ __all__ = ["HelpFormatter", "MODEL_HELP", "POOLING_DEFAULT", "QUANTIZE_HELP", "a
            "add_device_argument", "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments",
            "add_progress_arguments", "add_quantize_argument", "add_renamed", "build_encoder", "calibration_settings",
            "check_data_dir", "check_input", "check_output", "check_pairs_options", "check_positive", "comma_names",
-           "embedding_cache", "pair_columns", "recipe_values", "show_progress"]
+           "embedding_cache", "pair_columns", "progress_choice", "recipe_values", "show_progress"]
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
@@ -157,6 +157,12 @@ def add_progress_arguments(parser) -> None:
 def show_progress(args: argparse.Namespace) -> bool:
     """Whether this run shows progress (`add_progress_arguments`)."""
     return not args.quiet and (args.progress or sys.stderr.isatty())
+
+
+def progress_choice(args: argparse.Namespace) -> bool | None:
+    """The `show_progress_bar` of a long job (`flowcore._progress.ProgressReport`): False for --quiet, True for
+    --progress, else None (a bar on a terminal, progress lines when stderr is a file or a pipe)."""
+    return False if args.quiet else True if args.progress else None
 
 
 QUANTIZE_HELP = ("int8: a fast CPU mode, the encoder's matrix products in int8 on ONNX Runtime (pip install "

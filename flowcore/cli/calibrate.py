@@ -10,7 +10,7 @@ from flowcore.cli.arguments import (
     add_quantize_argument,
     add_renamed,
     check_output,
-    show_progress,
+    progress_choice,
 )
 
 
@@ -23,7 +23,10 @@ def register(subparsers) -> None:
         "boundary; exit status 130/143), the same command resumes after the last completed chunk "
         "(OUT.progress.json). Rejected rows, NaN/Inf after calibration included, are listed in OUT.rejects.jsonl and "
         "are NaN rows (.npy) or null vectors (.parquet); OUT.manifest.json describes a finished output; one job at "
-        "a time writes it (OUT.lock). docs/faults.md lists every fault and what you see.",
+        "a time writes it (OUT.lock). Progress: a bar on a terminal; when stderr is a file or a pipe, a plain line "
+        f"every {defaults.PROGRESS_INTERVAL_S:g} s (rows, rows/s, time left), and at the start where the job "
+        "resumes (--quiet: none). "
+        "docs/faults.md lists every fault and what you see.",
     )
     calibrator = parser.add_mutually_exclusive_group(required=True)
     calibrator.add_argument("--calibrator", metavar="FILE",
@@ -31,15 +34,18 @@ def register(subparsers) -> None:
     add_renamed(calibrator, "--flow", "--calibrator")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input",
-                        help="text corpus: .txt (one sentence per line), .jsonl, .csv (with header) or .parquet")
-    source.add_argument("--embeddings", help="stored embeddings: a 2-D .npy, or .parquet with a vector column")
+                        help="text corpus: .txt (one sentence per line), .jsonl, .csv (with header) or .parquet; a "
+                        "file, or a folder or quoted glob of such files of one format, read in sorted order as one")
+    source.add_argument("--embeddings", help="stored embeddings: a 2-D .npy, or .parquet with a vector column; a "
+                        "file, a folder or a quoted glob")
     parser.add_argument("--out", required=True,
                         help="output: .npy (float32, row i = input row i) or .parquet (id, a "
                         "fixed_size_list<float32>[dim] vector column, the kept columns)")
-    parser.add_argument("--text-field", default="text", help="JSON key / column holding the sentence")
+    parser.add_argument("--text-field", default=defaults.TEXT_FIELD, help="JSON key / column holding the sentence")
     parser.add_argument("--id-field", default=None,
                         help="JSON key / column holding the row id (default: the row number)")
-    parser.add_argument("--vector-field", default="embedding", help="parquet column holding stored embeddings")
+    parser.add_argument("--vector-field", default=defaults.VECTOR_COLUMN,
+                        help="parquet column holding stored embeddings")
     parser.add_argument("--vector-column", default=defaults.VECTOR_COLUMN,
                         help="name of the vector column of .parquet output")
     parser.add_argument("--keep-columns", default=None, type=_column_list, metavar="A,B",
@@ -58,15 +64,15 @@ def register(subparsers) -> None:
                         f"{defaults.TEXT_CHUNK_ROWS} sentences, or ~{defaults.EMBEDDING_CHUNK_BYTES >> 20} MiB "
                         "of vectors")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (pinned for resuming: float results depend on it); default: 1 for "
-                        "text and per Ray worker, else one fewer than the CPUs")
+                        help="torch CPU threads (pinned for resuming: float results depend on it); default: the CPUs "
+                        "this process may use for text, one fewer for stored vectors, 1 per Ray worker")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
     add_device_argument(parser)
     add_progress_arguments(parser)
     add_renamed(parser, "--no-progress", "--quiet")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
-                        help="local: this process, one output file; ray: a Ray Data actor pool over a file, folder "
-                        "or glob, writing OUT/ as a folder of parquet shards (docs/scaling.md)")
+                        help="local: this process, one output file; ray: a Ray Data actor pool, writing OUT/ as a "
+                        "folder of parquet shards (docs/scaling.md)")
     parser.add_argument("--address", default=None,
                         help="(ray) a running Ray cluster, e.g. auto or ray://head:10001; default: a local one")
     parser.add_argument("--num-workers", type=int, default=None,
@@ -87,7 +93,7 @@ def job_options(args: argparse.Namespace) -> dict:
     return dict(input=args.input, embeddings=args.embeddings, text_field=args.text_field, id_field=args.id_field,
                 vector_field=args.vector_field, model=args.model, pooling=args.pooling, quantize=args.quantize,
                 batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart,
-                show_progress_bar=show_progress(args), threads=args.threads, keep_columns=args.keep_columns or (),
+                show_progress_bar=progress_choice(args), threads=args.threads, keep_columns=args.keep_columns or (),
                 vector_column=None if args.vector_column == defaults.VECTOR_COLUMN else args.vector_column,
                 normalize=args.normalize, device=args.device)
 

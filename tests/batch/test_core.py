@@ -107,9 +107,28 @@ def test_the_job_spec_refuses_contradictions_before_any_work(tmp_path):
         JobSpec(flow, embeddings="e.npy", threads=0)
     with pytest.raises(ValueError, match="the vector column needs a non-empty name"):
         JobSpec(flow, embeddings="e.npy", vector_column="")
-    spec = JobSpec(flow, input="c.txt", quantize="int8", batch_size=8)
+    spec = JobSpec(flow, input="c.txt", quantize="int8", batch_size=8, threads=1)
     assert (spec.kind, spec.threads, spec.quantize, spec.batch_size, spec.path) == ("text", 1, "int8", 8, "c.txt")
-    assert JobSpec(flow, embeddings="e.npy", actor=True).threads == 1
+
+
+def test_a_text_job_runs_on_every_cpu_it_may_use_unless_told_otherwise(tmp_path, monkeypatch):
+    """The encoder does nearly all of a text job's work, so it gets every CPU the process may use (its
+    affinity and cgroup quota: `available_cpus`); a Ray actor gets one; `threads` wins."""
+    import flowcore.runtime as runtime
+
+    (tmp_path / "model.flow").write_bytes(b"not read before the arguments are checked")
+    monkeypatch.setattr(runtime, "available_cpus", lambda: 3)
+    assert JobSpec(tmp_path / "model.flow", input="c.txt").threads == 3
+    assert JobSpec(tmp_path / "model.flow", input="c.txt", threads=2).threads == 2
+    assert JobSpec(tmp_path / "model.flow", input="c.txt", actor=True).threads == 1
+    assert JobSpec(tmp_path / "model.flow", embeddings="e.npy", actor=True).threads == 1
+
+
+def test_a_resume_with_another_thread_count_is_refused_naming_the_one_that_finishes_it(tmp_path):
+    recorded = {"input": {"path": "in.txt", "size": 5}, "threads": 2}
+    with pytest.raises(JobMismatchError, match=r"\(threads was 2, now 4\); rerun the original command \(with "
+                                               r"--threads 2\) to finish it, or add --restart"):
+        check_identity(recorded, {**recorded, "threads": 4}, tmp_path / "out.npy.progress.json", "in.txt")
 
 
 def test_one_identity_check_tells_a_changed_input_from_a_different_job(tmp_path):

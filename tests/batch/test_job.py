@@ -20,6 +20,7 @@ from flowcore import FlowCalibrator
 from flowcore.batch import outputs
 from flowcore.batch.job import CalibrationJob, JobMismatchError, calibrate_file
 from flowcore.batch.rows import EMPTY_LINE, NON_FINITE
+from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 from flowcore.calibration.file import EncoderProvenance
 
@@ -547,3 +548,55 @@ def test_text_with_another_encoder_or_pooling_is_refused_before_any_work(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
     assert main(base + ["--quiet"]) == 0
     assert "calibrated 1 rows: 1 ok, 0 rejected" in capsys.readouterr().out
+
+
+def test_a_finished_job_run_again_says_it_is_complete_and_does_nothing_until_restart(tmp_path, flow, capsys):
+    from flowcore.cli import main
+
+    flow_path, _ = flow
+    embeddings_with_bad_rows(tmp_path / "in.npy", rows=200)
+    out = tmp_path / "out.parquet"
+    argv = ["calibrate", "--calibrator", str(flow_path), "--embeddings", str(tmp_path / "in.npy"), "--out", str(out),
+            "--chunk-rows", "50", "--quiet"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    written = {path: path.stat().st_mtime_ns for path in tmp_path.iterdir()}
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "already complete: an earlier run of this same job calibrated its 200 rows (197 ok, 3 rejected (3 NaN/Inf)); "
+        "nothing to do (add --restart to calibrate them again)")
+    assert {path: path.stat().st_mtime_ns for path in tmp_path.iterdir()} == written  # nothing touched
+    summary = calibrate_file(flow_path, out, embeddings=tmp_path / "in.npy", chunk_rows=50, show_progress_bar=False)
+    assert summary.complete and (summary.rows, summary.rows_this_run, summary.rejected) == (200, 0, 3)
+
+    before = out.read_bytes()
+    assert main([*argv, "--restart"]) == 0
+    assert capsys.readouterr().out.startswith("calibrated 200 rows: 197 ok, 3 rejected (3 NaN/Inf); 200 rows in")
+    assert out.stat().st_mtime_ns != written[out] and out.read_bytes() == before
+    assert main([*argv[:-2], "40", "--quiet"]) == 0  # another job into the same output is done, as asked
+    assert capsys.readouterr().out.startswith("calibrated 200 rows")
+    assert pq.ParquetFile(out).num_row_groups == 5
+
+
+def test_a_text_job_leaves_its_threads_to_the_encoder_and_calibrates_on_one(tmp_path):
+    """A text job's `threads` are its encoder's (batches side by side, one torch thread each): a team of
+    torch threads in the job's own thread would wait for its slowest member. Stored vectors get them all."""
+    import torch
+
+    (tmp_path / "c.txt").write_text("one\ntwo words\nthree\n")
+    np.save(tmp_path / "in.npy", np.ones((3, DIM), dtype=np.float32))
+    seen = []
+
+    def transform(vectors):
+        seen.append(("transform", torch.get_num_threads()))
+        return vectors
+
+    def encode(texts):
+        seen.append(("encode", torch.get_num_threads()))
+        return np.ones((len(texts), DIM), dtype=np.float32)
+
+    CalibrationJob(TextCorpus(tmp_path / "c.txt"), tmp_path / "t.npy", transform, DIM, encode=encode, threads=2,
+                   show_progress_bar=False).run()
+    CalibrationJob(EmbeddingFile(tmp_path / "in.npy"), tmp_path / "v.npy", transform, DIM, threads=2,
+                   show_progress_bar=False).run()
+    assert seen == [("encode", 1), ("transform", 1), ("transform", 2)]

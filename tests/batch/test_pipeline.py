@@ -9,7 +9,7 @@ import pytest
 
 from flowcore import FlowCalibrator
 from flowcore.batch.core import check_compatible
-from flowcore.batch.pipeline import BackgroundThread, calibrate_chunks, iter_calibrated
+from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chunks, iter_calibrated
 from flowcore.batch.rows import Chunk, Position
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
@@ -55,7 +55,6 @@ def test_check_compatible_reads_the_flows_provenance(tmp_path, calibrator):
     fitted = reloaded_with(calibrator, EncoderProvenance("stand-in", "mean"), tmp_path / "text.flow")
     assert fitted.provenance == EncoderProvenance("stand-in", "mean")
     check_compatible(fitted, corpus, StandInEncoder())
-    check_compatible(fitted, corpus, StandInEncoder(model="/models/stand-in"), requested_model="stand-in")
     with pytest.raises(ValueError, match="fitted on embeddings from encoder 'stand-in', not 'other'"):
         check_compatible(fitted, corpus, StandInEncoder(model="other"))
     with pytest.raises(ValueError, match="fitted on 'mean' pooling, not 'cls'"):
@@ -66,6 +65,23 @@ def test_check_compatible_reads_the_flows_provenance(tmp_path, calibrator):
         check_compatible(fitted, corpus)
     unknown = reloaded_with(calibrator, None, tmp_path / "raw.flow")
     check_compatible(unknown, corpus, StandInEncoder(model="any", pooling="cls"))  # nothing recorded to contradict
+
+
+def test_the_encoder_a_job_loads_may_name_its_model_by_the_name_the_calibrator_records(tmp_path, calibrator,
+                                                                                        monkeypatch):
+    """A model found at a path (its `model_id`) still fits a calibrator that records the name it was asked by."""
+    import flowcore.text.encoder
+    from flowcore.batch.core import load_encoder
+
+    class FoundAtAPath(StandInEncoder):
+        def __init__(self, model, pooling, **options):
+            super().__init__(model=f"/models/{model}", pooling=pooling)
+
+    monkeypatch.setattr(flowcore.text.encoder, "Encoder", FoundAtAPath)
+    fitted = reloaded_with(calibrator, EncoderProvenance("stand-in", "mean"), tmp_path / "text.flow")
+    assert load_encoder(fitted).model_id == "/models/stand-in"
+    with pytest.raises(ValueError, match="fitted on embeddings from encoder 'stand-in', not '/models/other'"):
+        load_encoder(fitted, model="other")
 
 
 def embedding_chunks(count: int, rows: int = 3, log: list | None = None):
@@ -83,12 +99,12 @@ def embedding_chunks(count: int, rows: int = 3, log: list | None = None):
 
 def test_calibrate_chunks_stopped_early_closes_its_reader_in_the_reader_thread():
     log = []
-    calibrated = calibrate_chunks(embedding_chunks(10**6, log=log), lambda x: x + 1.0, DIM, prefetch=2)
+    calibrated = calibrate_chunks(embedding_chunks(10**6, log=log), lambda x: x + 1.0, DIM)
     first = next(calibrated)
     np.testing.assert_array_equal(first.vectors, np.ones((3, DIM)))
     calibrated.close()
     assert log[-1] == ("closed", "flowcore-reader")
-    assert len(log) - 1 <= 1 + 2 + 1  # the chunk taken, the queue's 2, and one in the reader's hands
+    assert len(log) - 1 <= 1 + QUEUE_DEPTH + 1  # the chunk taken, the queue's, and one in the reader's hands
     assert not any(thread.name == "flowcore-reader" for thread in threading.enumerate())
 
 

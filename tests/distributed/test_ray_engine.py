@@ -110,6 +110,10 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert [(r["row"], r["reason"], Path(r["file"]).name) for r in rejects] == [
         (7, "NaN/Inf", "part0.npy"), (320, "NaN/Inf", "part1.npy")]
+    folder = tmp_path / "single-folder.parquet"  # the local engine reads the folder as one input too
+    calibrate_file(vector_flow, folder, embeddings=parts, chunk_rows=64, threads=1, show_progress_bar=False)
+    assert _as_matrix(pq.read_table(folder).column("embedding")).tobytes() == ray_vectors.tobytes()
+    assert Path(f"{folder}.rejects.jsonl").read_bytes() == (out / "rejects.jsonl").read_bytes()
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["rows"], manifest["rejected"], len(manifest["shards"]), manifest["dim"]) == (450, 2, 8, DIM)
     local = json.loads(Path(f"{tmp_path / 'single1.npy'}.manifest.json").read_text())  # one manifest format
@@ -120,13 +124,14 @@ def test_embeddings_equal_the_single_process_job_byte_for_byte_after_a_failed_ru
     assert set(manifest["format_versions"]) == {"manifest", "job", "flow_file", "parquet"}
 
     again = calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, show_progress_bar=False)
-    assert again.shards_written == 0 and again.rows == 450  # a finished job: nothing to redo
+    assert again.shards_written == 0 and again.rows == 450 and again.complete  # a finished job: nothing to redo
+    assert str(again).startswith("already complete: an earlier run of this same job calibrated its 450 rows")
     with pytest.raises(JobMismatchError, match=r"job.json records an unfinished run of a different job "
                        r"\(chunk_rows was 64, now 32\)"):
         calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=32, show_progress_bar=False)
     os.utime(parts / "part1.npy", ns=(1, 1))  # an input rewritten since: its shards would mix two contents
     with pytest.raises(InputChangedError, match=r"parts changed since the unfinished run that .*job.json records "
-                       r"\(input.files\[1\].mtime_ns was \d+, now 1\)"):
+                       r"\(input.files\[.*part1.npy\].mtime_ns was \d+, now 1\)"):
         calibrate_ray(vector_flow, out, embeddings=str(parts), chunk_rows=64, threads=1, show_progress_bar=False)
     assert main([*command[:-3], "--num-workers", "0"]) == 2
     assert "--num-workers must be at least 1" in capsys.readouterr().err
@@ -211,6 +216,8 @@ def test_the_output_is_one_parquet_dataset_and_an_earlier_layout_is_refused(ray_
     table = pq.read_table(summary.out)
     assert table.column("id").to_pylist() == list(range(100))  # the parts' names sort in row order
     assert table.column("embedding").null_count == 2 and ds.dataset(summary.out).count_rows() == 100
+    floats = pq.ParquetFile(summary.out / "part-00000000.parquet").metadata.row_group(0).column(1)
+    assert floats.encodings == ("RLE", "BYTE_STREAM_SPLIT") and floats.compression == "ZSTD"  # the local job's
     parts = [f"part-{index:08d}.parquet" for index in range(7)]
     assert sorted(path.name for path in summary.out.iterdir()) == parts
     assert sorted(path.name for path in (out / "shard-rejects").iterdir()) == [
@@ -231,9 +238,8 @@ def test_the_output_is_one_parquet_dataset_and_an_earlier_layout_is_refused(ray_
     for rejects in (out / "shard-rejects").iterdir():
         rejects.rename(summary.out / rejects.name)
     (out / "shard-rejects").rmdir()
-    with pytest.raises(JobMismatchError, match=r"job.json records a run of an earlier flowcore \(Ray job version 2, "
-                       r"this one writes 3\), whose shard files this version cannot continue; add --restart to start "
-                       r"over$"):
+    with pytest.raises(JobMismatchError, match=r"job.json records a run of an earlier flowcore \(Ray job file version "
+                       r"2, this one writes 4\), which this version cannot continue; add --restart to start over$"):
         calibrate_ray(vector_flow, out, **options)
     assert len(list(summary.out.iterdir())) == 14 and json.loads((out / "job.json").read_text())["version"] == 2
     restarted = calibrate_ray(vector_flow, out, restart=True, **options)
@@ -277,11 +283,12 @@ def test_the_ray_engine_refuses_and_stops_as_the_local_job_does(ray_session, vec
         with pytest.raises(OutputLockedError, match=r"out is being written by another flowcore job .*job.lock"):
             calibrate_ray(vector_flow, out, **options)
 
+    installed = signal.getsignal(signal.SIGINT)  # Python's own, or "ignored" under nohup or `&`
     with monkeypatch.context() as patch, pytest.raises(JobInterrupted) as stopped:
         patch.setattr(ray_engine, "_before_shard_write", signal_driver_at_shard(os.getpid(), at_shard=1))
         calibrate_ray(vector_flow, out, **options)
     assert str(stopped.value).startswith("SIGINT: stopped at row ") and stopped.value.exit_status == 130
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+    assert signal.getsignal(signal.SIGINT) is installed  # the handler is given back
     written = len(list((out / "shards").glob("part-*.parquet")))
     assert 0 < written < 8 and not (out / "manifest.json").exists()
     summary = calibrate_ray(vector_flow, out, **options)
@@ -323,7 +330,7 @@ def test_quantize_works_on_the_ray_engine_as_on_the_local_job(ray_session, text_
         _as_matrix(expected).tobytes()
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["encoder"]["quantize"] == "int8"
-    assert json.loads((tmp_path / "out" / "job.json").read_text())["encoder"]["quantize"] == "int8"
+    assert json.loads((tmp_path / "out" / "job.json").read_text())["job"]["encoder"]["quantize"] == "int8"
 
 
 class _Records(logging.Handler):
@@ -357,3 +364,29 @@ def test_ctrl_c_on_the_ray_engine_says_where_it_stopped(ray_session, vector_flow
     assert main([*argv[:8], str(tmp_path / "other"), *argv[9:]]) == 130
     assert capsys.readouterr().err.strip() == ("flowcore calibrate: SIGINT: stopped before the job began; rerun the "
                                                "same command to resume")
+
+
+def test_off_a_terminal_the_ray_engine_writes_progress_lines_and_where_it_resumes(ray_session, vector_flow, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """The local engine's policy (`ProgressReport`): stderr not a terminal, a plain line per interval and none
+    of Ray Data's carriage-return bars; a rerun says first which shards are written already."""
+    import re
+
+    from flowcore import defaults
+
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    np.save(tmp_path / "in.npy", np.random.default_rng(3).normal(size=(128, DIM)).astype(np.float32))
+    options = dict(embeddings=str(tmp_path / "in.npy"), chunk_rows=16, num_workers=1)
+    with monkeypatch.context() as patch, pytest.raises(ShardsFailedError):
+        patch.setattr(ray_engine, "_before_shard_write", fail_at_shard(3))
+        calibrate_ray(vector_flow, tmp_path / "out", show_progress_bar=False, **options)
+    capsys.readouterr()
+    monkeypatch.setattr(defaults, "PROGRESS_INTERVAL_S", 0.0)
+    summary = calibrate_ray(vector_flow, tmp_path / "out", **options)
+    lines = capsys.readouterr().err.splitlines()
+    written = summary.shards - summary.shards_written
+    assert lines[0] == (f"calibrate: resuming {tmp_path / 'out'}: {written} of 8 shards ({written * 16} rows) are "
+                        "written")
+    assert lines[-1].startswith("calibrate: 128 of 128 rows (100%), ")
+    assert all(re.fullmatch(r"calibrate: [\d,]+ of 128 rows \(\d+%\), [\d,]+ rows/s(, \d+:\d\d left)?", line)
+               for line in lines[1:]), lines

@@ -15,6 +15,7 @@ import pytest
 from faults_support import REPO, at_stage, chunks_done, embeddings, fitted_flow, leftovers, same_result
 
 import flowcore.batch.job as job
+import flowcore.batch.lifecycle as lifecycle
 import flowcore.batch.lock as lock
 import flowcore.batch.outputs as outputs
 from flowcore._fs import OutputWriteError
@@ -68,14 +69,14 @@ def inject(monkeypatch, site: str, faults: Faults) -> None:
 
         monkeypatch.setattr(outputs.RejectsLog, "append", append)
     else:
-        real_json = job.atomic_write_json
+        real_json = lifecycle.atomic_write_json
 
         def atomic_write_json(path, payload, **options):
             if str(path).endswith(".progress.json"):
                 faults.hit()
             return real_json(path, payload, **options)
 
-        monkeypatch.setattr(job, "atomic_write_json", atomic_write_json)
+        monkeypatch.setattr(lifecycle, "atomic_write_json", atomic_write_json)
 
 
 @pytest.mark.parametrize("site, code, suffix, path, problem", [
