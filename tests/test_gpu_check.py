@@ -3,9 +3,10 @@ it is stopped), a failing phase costs the others nothing and the summary is on d
 phase, and a machine without CUDA gets a summary saying so."""
 import json
 
-import pytest
+from helpers.bench_modules import import_bench
 
-gpu_check = pytest.importorskip("gpu_check")  # bench/, on pytest's path (pyproject.toml)
+gpu_check = import_bench("gpu_check")
+gpu_workloads = import_bench("gpu_workloads")  # gpu_check imports it inside its phases
 
 
 def test_the_test_phase_streams_each_result(tmp_path):
@@ -40,8 +41,6 @@ def test_the_benchmark_phases_run_at_a_small_size_on_the_cpu(tmp_path, monkeypat
     """Each benchmark phase, on the CPU at a small size (Triton in the interpreter; CPU timers
     for CUDA events; torch.compile left out), fills its part of the summary and its goals."""
     import time
-
-    import gpu_workloads
 
     def cpu_timer(calls, rounds=2, inner=1):
         result = {}

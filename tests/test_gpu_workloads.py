@@ -2,9 +2,12 @@
 Triton kernels in the interpreter: every implementation a GPU run times (torch.compile aside)
 computes the same thing, so the GPU check measures equal work and cannot fail on a slip that
 only a GPU run would show; and the byte counter counts."""
-import gpu_workloads  # bench/, on pytest's path (pyproject.toml)
 import pytest
 import torch
+
+from helpers.bench_modules import import_bench
+
+gpu_workloads = import_bench("gpu_workloads")
 
 BUILDERS = {"flow step forward+backward": gpu_workloads.flow_step_train,
             **gpu_workloads.ELEMENTWISE}
