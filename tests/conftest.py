@@ -1,10 +1,16 @@
 """Test setup. TRITON_INTERPRET must be set before any kernel module is imported, so that the
-Triton kernels run on the CPU in the interpreter."""
+Triton kernels run on the CPU in the interpreter. The embedding cache is a folder of the session's
+own, removed at its end: tests never read or fill the user's."""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ["FLOWCORE_CACHE"] = tempfile.mkdtemp(prefix="flowcore-test-cache-")
+atexit.register(shutil.rmtree, os.environ["FLOWCORE_CACHE"], ignore_errors=True)
 
 from pathlib import Path  # noqa: E402
 

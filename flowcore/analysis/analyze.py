@@ -22,8 +22,8 @@ from flowcore.analysis.lexical import edit_distances, lexical_bias
 from flowcore.calibration.auto import AutoCalibration
 from flowcore.calibration.corpus_size import small_corpus_warning
 from flowcore.sts.baselines import CALIBRATIONS, CalibrationSettings, build_calibrator, reported, settings_record
-from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.metrics import cosine_similarity, score_pairs
+from flowcore.text.cache import EmbeddingCache
 from flowcore.validation import check_matrix
 
 __all__ = ["analyze"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,13 +40,16 @@ from flowcore.batch.outputs import NpyOutput, ParquetOutput, RejectsLog
 from flowcore.batch.pipeline import QUEUE_DEPTH, BackgroundThread, calibrate_chunks
 from flowcore.batch.rows import CalibratedChunk, Position, count_reasons, detect_format
 from flowcore.batch.text_sources import TextCorpus
-from flowcore.batch.vector_sources import EmbeddingFile
+from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 from flowcore.runtime import calibration_threads, check_threads, pinned_threads
+from flowcore.text.cache import encoder_key
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "PROGRESS_FORMAT", "PROGRESS_VERSION", "CalibrationJob",
-    "CalibrationSummary", "InputChangedError", "JobInterrupted", "JobMismatchError", "OutputLockedError",
-    "OutputWriteError", "calibrate_file",
+    "CalibrationSummary", "EncodedCorpus", "InputChangedError", "JobInterrupted", "JobMismatchError",
+    "OutputLockedError", "OutputWriteError", "calibrate_file", "encode_corpus",
 ]
 
 OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
@@ -123,6 +127,7 @@ class CalibrationJob:
             (`flowcore._progress.ProgressReport`).
         threads: the run's CPU threads (for text, the encoder's: `runtime.calibration_threads`); part of the
             identity (results depend on it).
+        what: the job's name in its progress lines ("calibrate"; "encode" for an identity `transform`).
 
     A rerun of a finished job does nothing and says so (`CalibrationSummary.complete`).
 
@@ -136,7 +141,8 @@ class CalibrationJob:
                  encode: Callable[[list[str]], np.ndarray] | None = None, identity: dict | None = None,
                  chunk_rows: int | None = None, restart: bool = False, show_progress_bar: bool | None = None,
                  threads: int | None = None, normalize: bool = False, vector_column: str | None = None,
-                 description: dict | None = None, output_dim: int | None = None):
+                 description: dict | None = None, output_dim: int | None = None, what: str = "calibrate"):
+        self.what = what
         self.source, self.dim, self.encode = InputFiles.of(source), dim, encode
         self.output_dim = output_dim or dim
         self.normalize = bool(normalize)
@@ -219,7 +225,7 @@ class CalibrationJob:
                     if earlier is None:
                         job.commit(rows=rows, done=progress.__dict__)
                 resumed = f"resuming {self.out} at row {progress.rows:,} of {rows:,}" if earlier else None
-                with job.report(rows, progress.rows, self.show_progress_bar, resumed) as report, \
+                with job.report(rows, progress.rows, self.show_progress_bar, resumed, self.what) as report, \
                         pinned_threads(calibration_threads(self.threads, self.source.kind == "text")):
                     self._stream(output, rejects, job, rows, progress, report)
             if job.stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
@@ -304,3 +310,53 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
                          vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
                          output_dim=calibrator.output_dim)
     return job.run()
+
+
+@dataclass
+class EncodedCorpus:
+    """A corpus as `encode_corpus` leaves it: `vectors` (memory-mapped, row i the corpus's row i, a rejected
+    row's vector undefined), `good` (the numbers of the rows to use; None: all) and the job's `summary`."""
+
+    vectors: np.ndarray
+    good: np.ndarray | None
+    summary: CalibrationSummary
+
+
+def encode_corpus(source: TextCorpus | InputFiles, out: str | os.PathLike, encoder, *,
+                  batch_size: int = defaults.BATCH_SIZE, restart: bool = False,
+                  show_progress_bar: bool | None = None) -> EncodedCorpus:
+    """Encode the text corpus `source` with `encoder` into `out` (.npy) as a resumable job ("encode" in its
+    progress lines): a rerun reuses a finished `out` of the same corpus and encoder, resumes an unfinished
+    one, and encodes again one made from another version of the corpus or by another encoder.
+    `flowcore fit --input` keeps `out` in the embedding cache (`EmbeddingCache.corpus_file`).
+
+    Args:
+        source: the corpus: a `TextCorpus`, or several files as `InputFiles`.
+        out: the .npy file (its manifest and rejects list beside it).
+        encoder: a `flowcore.Encoder`; its `threads` are the job's.
+        batch_size: sentences per encoder batch.
+        restart: encode again, whatever `out` holds.
+        show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere.
+
+    Example:
+        >>> corpus = encode_corpus(TextCorpus("corpus.jsonl"), "corpus.npy", Encoder())
+        >>> corpus.vectors.shape, corpus.summary.rejected
+    """
+    model, pooling = encoder_key(encoder)
+    identity = {"encoder": {"model": model, "pooling": pooling, "batch_size": batch_size}}
+
+    def job(again: bool) -> CalibrationJob:
+        return CalibrationJob(source, out, lambda vectors: vectors, encoder.dim, encode_with(encoder, batch_size),
+                              identity=identity, restart=again, show_progress_bar=show_progress_bar,
+                              threads=encoder.threads, description=identity, what="encode")
+
+    try:
+        summary = job(restart).run()
+    except (JobMismatchError, InputChangedError) as reason:  # an unfinished encoding of something else
+        logger.warning(f"encoding {out} again: {reason}")
+        summary = job(True).run()
+    vectors, good = NpyMatrix(out).read(), None
+    if summary.rejected:  # the good rows' numbers (8 bytes a row), never a copy of their vectors
+        with open(summary.rejects_path, encoding="utf-8") as lines:
+            good = np.delete(np.arange(len(vectors)), [json.loads(line)["row"] for line in lines])
+    return EncodedCorpus(vectors, good, summary)

@@ -128,11 +128,11 @@ class JobLifecycle:
             return None
         return self.summary(manifest["rows"], manifest["rejects"], 0, complete=True, **more)
 
-    def report(self, total: int, done: int, show_progress_bar: bool | None, resumed: str | None = None
-               ) -> ProgressReport:
-        """The job's `ProgressReport`, which first says whose lock the job took over and (`resumed`) where it
-        resumes."""
-        report = ProgressReport("calibrate", total, done, show_progress_bar)
+    def report(self, total: int, done: int, show_progress_bar: bool | None, resumed: str | None = None,
+               what: str = "calibrate") -> ProgressReport:
+        """The job's `ProgressReport` (its lines begin with `what`), which first says whose lock the job took
+        over and (`resumed`) where it resumes."""
+        report = ProgressReport(what, total, done, show_progress_bar)
         if self.lock.took_over is not None:
             report.note(took_over(self.lock.took_over))
         if resumed is not None:

@@ -13,9 +13,9 @@ from flowcore._fs import OutputWriteError, check_replaceable, write_problem
 from flowcore._lines import require_file
 from flowcore.cli import CLIError
 from flowcore.sts.baselines import CalibrationSettings
-from flowcore.sts.cache import EmbeddingCache, default_cache_dir
 from flowcore.sts.data import DATA_ENV
 from flowcore.sts.pairs import PairColumns
+from flowcore.text.cache import EmbeddingCache, default_cache_dir
 
 __all__ = ["HelpFormatter", "MODEL_HELP", "POOLING_DEFAULT", "QUANTIZE_HELP", "add_calibration_arguments",
            "add_device_argument", "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments",

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True,
                         help="output: .npy (float32, row i = input row i) or .parquet (id, a "
                         "fixed_size_list<float32>[dim] vector column, the kept columns)")
-    parser.add_argument("--text-field", default=defaults.TEXT_FIELD, help="JSON key / column holding the sentence")
+    parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
+                        help="the JSON key / column of a .jsonl, .csv or .parquet corpus holding the sentence")
     parser.add_argument("--id-field", default=None,
                         help="JSON key / column holding the row id (default: the row number)")
     parser.add_argument("--vector-field", default=defaults.VECTOR_COLUMN,

@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--input", required=True, help="text file, one sentence per line (UTF-8), or a .jsonl, "
                         ".csv or .parquet corpus (its --text-field is encoded)")
-    parser.add_argument("--text-field", default="text", help="the JSON key / column of a corpus holding the sentence")
+    parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
+                        help="the JSON key / column of a .jsonl, .csv or .parquet corpus holding the sentence")
     parser.add_argument("--out", required=True, help="output .npy file: float32 (lines, dim)")
     parser.add_argument("--model", default=defaults.MODEL, help=MODEL_HELP)
     parser.add_argument("--pooling", default=None,

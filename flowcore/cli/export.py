@@ -75,7 +75,9 @@ def register(subparsers) -> None:
     parser.add_argument("--max-rows", type=int, default=None,
                         help="with --whitening: fit on a reproducible random sample of this many rows "
                         "(default: all rows)")
-    parser.add_argument("--text-field", default="text", help="with --whitening: text column/field")
+    parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
+                        help="with --whitening: the JSON key / column of a .jsonl, .csv or .parquet corpus holding "
+                        "the sentence")
     parser.add_argument("--seed", type=int, default=0, help="with --whitening: seed of the --max-rows sample")
     add_device_argument(parser)
     add_progress_arguments(parser)

@@ -4,8 +4,8 @@ killed run resumes to the same model (docs/batch.md)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from flowcore.cli.arguments import (
     check_input,
     check_output,
     check_positive,
+    embedding_cache,
     recipe_values,
     show_progress,
 )
@@ -51,7 +52,8 @@ def register(subparsers) -> None:
         "flow). Every saved file is used alike: flowcore calibrate, sts and export --calibrator, flowcore.load.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--embeddings", type=Path, help="a (rows, dim) .npy array of sentence vectors")
-    source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet), encoded first")
+    source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet): a file, a folder or "
+                        "a quoted glob of files of one format, encoded first")
     parser.add_argument("--out", type=Path, required=True, help="where to write the calibrator file")
     parser.add_argument("--calibration", default=defaults.CALIBRATION, choices=NAMES, metavar="CALIBRATION",
                         help="auto (whitening of the leading directions or none, chosen by the hubness of the "
@@ -100,15 +102,22 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE,
                         help="sentences per encoder batch, for --input")
     add_quantize_argument(parser)
-    parser.add_argument("--text-field", default="text", help="text column/field for .jsonl/.csv/.parquet input")
+    parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
+                        help="the JSON key / column of a .jsonl, .csv or .parquet corpus holding the sentence")
     add_device_argument(parser)
     flow.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
                       help=f"write a training checkpoint (OUT.checkpoint) every STEPS steps (default: "
                       f"{defaults.CHECKPOINT_EVERY}); a rerun resumes from it")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="where --input's vectors are cached (.npy, memory-mapped; default OUT.cache.npy; kept)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="the embedding cache, where --input's vectors are kept and found again (shared with "
+                        "'flowcore sts' and 'flowcore analyze'); if not given, $FLOWCORE_CACHE or "
+                        "~/.cache/flowcore/embeddings")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="encode --input in a temporary folder, removed after the fit")
+    parser.add_argument("--cache", type=Path, default=None, metavar="FILE",
+                        help="a .npy file for --input's vectors instead of the embedding cache (memory-mapped; kept)")
     parser.add_argument("--restart", action="store_true",
-                        help="ignore an earlier run's checkpoint and unfinished cache, and start over")
+                        help="ignore an earlier run's checkpoint, encode --input again, and start over")
     flow.add_argument("--threads", type=int, default=None,
                       help="torch CPU threads for training (default: 1 for batches under 256 rows, else all CPUs "
                       "available)")
@@ -132,13 +141,17 @@ def _load_embeddings(args) -> np.ndarray:
 
 
 def encode_sample(path, args, skipped_to=None, **encoder_options):
-    """The vectors of a `--max-rows` sample of the corpus at `path` (skipped rows reported on `skipped_to`),
-    the `build_encoder(args, **encoder_options)` that made them, and their number of distinct sentences."""
+    """The vectors of a `--max-rows` sample of the corpus at `path` (a file, a folder or a glob; skipped rows
+    reported on `skipped_to`), the `build_encoder(args, **encoder_options)` that made them, and their number
+    of distinct sentences."""
     from flowcore.batch.rows import count_reasons
-    from flowcore.batch.text_sources import sample_texts
+    from flowcore.batch.sampling import sample_stream
+    from flowcore.batch.text_sources import read_texts
 
     rejects = []
-    texts = sample_texts(path, args.max_rows, args.seed, text_field=args.text_field, rejects=rejects)
+    texts = sample_stream((text for corpus in text_input(path, args.text_field).sources
+                           for _, _, text in read_texts(corpus.path, args.text_field, rejects=rejects)),
+                          args.max_rows, args.seed)
     if rejects:
         reasons = ", ".join(f"{count} {reason}" for reason, count in count_reasons(rejects).items())
         print(f"{path}: skipped {len(rejects)} unusable row(s) ({reasons}); first at row {rejects[0].row}",
@@ -151,40 +164,37 @@ def encode_sample(path, args, skipped_to=None, **encoder_options):
     return vectors, encoder, len(set(texts))
 
 
-def _cached_corpus(args):
-    """The whole corpus's vectors, memory-mapped from the resumable cache (the batch job's .npy output,
-    reused when finished for the same corpus and encoder), its good rows (None: all) and the `Encoder`."""
-    from flowcore.batch.job import CalibrationJob
-    from flowcore.batch.pipeline import encode_with
-    from flowcore.batch.text_sources import TextCorpus
-    from flowcore.batch.vector_sources import NpyMatrix
+def text_input(path, text_field: str):
+    """The corpus at `path` (a file, a folder or a glob, of one format) as one source, each file's `text_field`."""
+    from flowcore.batch.input_files import InputFiles
+    from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
 
-    cache = args.cache or args.out.with_name(args.out.name + ".cache.npy")
-    source = TextCorpus(args.input, text_field=args.text_field)
-    encoder = build_encoder(args, threads=1)
-    identity = {"encoder": {"model": encoder.model_id, "pooling": encoder.pooling, "batch_size": args.batch_size,
-                            **({"max_length": encoder.max_length} if args.max_length != defaults.MAX_LENGTH else {}),
-                            **({"quantize": encoder.quantize} if encoder.quantize else {})}}
-    job = CalibrationJob(source, cache, lambda vectors: vectors, encoder.dim, encode_with(encoder, args.batch_size),
-                         identity=identity, restart=args.restart, show_progress_bar=show_progress(args), threads=1,
-                         description=identity)
-    reusable = not args.restart and cache.exists() and job.manifest_path.exists()
-    finished = json.loads(job.manifest_path.read_text(encoding="utf-8")) if reusable else {}
-    made_for = {"input": {"kind": "text", **source.identity()}, **identity}
-    if any(finished.get(key) != value for key, value in made_for.items()):  # unfinished, another corpus or encoder
-        job.run()
-        finished = json.loads(job.manifest_path.read_text(encoding="utf-8"))
-    vectors, good = NpyMatrix(cache).read(), None
-    if finished["rejected"]:  # the good rows' numbers (8 bytes a row), never a copy of their vectors
-        reasons = ", ".join(f"{count} {reason}" for reason, count in finished["rejects"].items())
-        print(f"{args.input}: skipped {finished['rejected']} unusable row(s) ({reasons}); listed in "
-              f"{job.rejects_path}")
-        with open(job.rejects_path, encoding="utf-8") as lines:
-            good = np.delete(np.arange(len(vectors)), [json.loads(line)["row"] for line in lines])
-    usable = len(vectors) if good is None else len(good)
+    return InputFiles.open(path, lambda file: TextCorpus(file, text_field=text_field), TEXT_FORMATS)
+
+
+def _cached_corpus(args, scratch: Path):
+    """The whole corpus's vectors, memory-mapped from the embedding cache (`EmbeddingCache.corpus_file`; --cache
+    FILE; with --no-cache, the folder `scratch`), where a resumable job encodes them once (`encode_corpus`); its
+    good rows (None: all) and the `Encoder`."""
+    from flowcore.batch.job import encode_corpus
+    from flowcore.runtime import job_threads
+
+    source = text_input(args.input, args.text_field)
+    encoder = build_encoder(args, threads=job_threads(text=True))
+    cache = args.cache or (scratch / "corpus.npy" if args.no_cache else
+                           embedding_cache(args).corpus_file(encoder, args.input, args.text_field))
+    corpus = encode_corpus(source, cache, encoder, batch_size=args.batch_size, restart=args.restart,
+                           show_progress_bar=show_progress(args))
+    if corpus.summary.complete and not args.no_cache:
+        print(f"{args.input}: its vectors are already in {cache} (--restart encodes it again)")
+    if corpus.summary.rejected:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in corpus.summary.rejects.items())
+        print(f"{args.input}: skipped {corpus.summary.rejected} unusable row(s) ({reasons}); listed in "
+              f"{corpus.summary.rejects_path}")
+    usable = len(corpus.vectors) if corpus.good is None else len(corpus.good)
     if usable < 2:
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {usable}")
-    return vectors, good, encoder
+    return corpus.vectors, corpus.good, encoder
 
 
 def _distinct_rows(data: np.ndarray, rows: np.ndarray | None) -> int:
@@ -233,7 +243,14 @@ def _fit_options(args) -> dict:
 def run(args) -> int:
     check_output(args.out, inputs=[args.embeddings, args.input])
     if args.cache is not None:
+        if args.no_cache or args.cache_dir is not None:
+            raise CLIError("--cache FILE is instead of the embedding cache: give it without --cache-dir and --no-cache")
         check_output(args.cache, inputs=[args.embeddings, args.input, args.out], suffixes=(".npy",), flag="--cache")
+    with tempfile.TemporaryDirectory(prefix="flowcore-fit-") as scratch:  # --no-cache's encoded corpus
+        return _fit(args, Path(scratch))
+
+
+def _fit(args, scratch: Path) -> int:
     started = time.perf_counter()
     check_positive(("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience))
     calibrator = create(args.calibration, **_method_settings(args))  # bad settings fail before any work
@@ -244,7 +261,7 @@ def run(args) -> int:
     elif args.max_rows is not None:
         data, encoder, distinct = encode_sample(args.input, args)
     else:
-        data, rows, encoder = _cached_corpus(args)
+        data, rows, encoder = _cached_corpus(args, scratch)
     if distinct is None:  # counted on the rows themselves, the sentences being unknown or on disk
         distinct = _distinct_rows(data, rows)
     fitted_rows = len(data) if rows is None else len(rows)

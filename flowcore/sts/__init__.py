@@ -9,7 +9,6 @@ from flowcore.sts.baselines import (
     build_calibrator,
     prefitted,
 )
-from flowcore.sts.cache import CACHE_ENV, EmbeddingCache, default_cache_dir
 from flowcore.sts.data import (
     DATA_ENV,
     DATASETS,
@@ -26,6 +25,7 @@ from flowcore.sts.metrics import MULTI_SUBSET, correlations, cosine_similarity, 
 from flowcore.sts.pairs import PairColumns, load_pairs, load_pairs_files
 from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import AGGREGATION_NOTES, AGGREGATIONS, markdown_table, write_json
+from flowcore.text.cache import CACHE_ENV, EmbeddingCache, default_cache_dir
 
 __all__ = [
     "AGGREGATIONS", "AGGREGATION_NOTES", "CACHE_ENV", "CALIBRATIONS", "DATASETS", "DATA_ENV", "MULTI_SUBSET",

@@ -26,9 +26,9 @@ from flowcore.sts.baselines import (
     reported,
     settings_record,
 )
-from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.data import DATASETS, STSPairs, default_data_dir, fit_corpus_sentences, load_test
 from flowcore.sts.metrics import cosine_similarity, score_pairs
+from flowcore.text.cache import EmbeddingCache
 
 __all__ = ["evaluate"]
 

@@ -128,7 +128,8 @@ def test_killed_fit_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monk
     corpus.write_text("".join(f"line {i} of a corpus about {'cats' if i % 3 else 'rivers'}\n" for i in range(60))
                       + "\n")  # 60 sentences and one empty line (a reject)
     command = ["fit", "--input", str(corpus), "--pooling", "mean", "--calibration", "flow", "--config", "l2_d2_w32",
-               "--epochs", "2", "--train-batch-size", "8", "--checkpoint-every", "3", "--patience", "9"]
+               "--epochs", "2", "--train-batch-size", "8", "--checkpoint-every", "3", "--patience", "9",
+               "--cache-dir", str(tmp_path / "cache")]
     uninterrupted = tmp_path / "a" / "model.flow"
     uninterrupted.parent.mkdir()
     assert main([*command, "--out", str(uninterrupted)]) == 0
@@ -155,8 +156,8 @@ def test_killed_fit_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monk
     assert encodes == []  # the finished cache is reused, nothing is encoded again
     assert not checkpoint.exists()
     assert _flow_content(killed) == _flow_content(uninterrupted)  # every tensor byte and header value
-    cache = killed.with_name("model.flow.cache.npy")
-    assert np.load(cache).shape == (61, 384) and cache.with_name("model.flow.cache.npy.rejects.jsonl").exists()
+    [cache] = (tmp_path / "cache" / "corpora").glob("*.npy")
+    assert np.load(cache).shape == (61, 384) and cache.with_name(cache.name + ".rejects.jsonl").exists()
     # the cache's good rows are fitted through their row numbers: the model of a fit on their copy
     vectors = np.load(cache)
     good = vectors[np.isfinite(vectors).all(1)]

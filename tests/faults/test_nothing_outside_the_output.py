@@ -20,7 +20,7 @@ from flowcore._fs import OutputWriteError, atomic_write
 from flowcore.batch.job import calibrate_file
 from flowcore.batch.lock import OutputLock, OutputLockedError
 from flowcore.cli import main
-from flowcore.sts.cache import EmbeddingCache
+from flowcore.text.cache import EmbeddingCache
 
 
 def one_line_error(capsys, command: str) -> str:

@@ -7,11 +7,11 @@ import pytest
 
 from flowcore.calibration.corpus_size import small_corpus_warning
 from flowcore.sts.baselines import Baseline, CalibrationSettings, PreFitted
-from flowcore.sts.cache import EmbeddingCache
 from flowcore.sts.data import load_split
 from flowcore.sts.pairs import load_pairs
 from flowcore.sts.protocol import evaluate
 from flowcore.sts.report import markdown_table
+from flowcore.text.cache import EmbeddingCache
 
 from helpers.sts_stand_ins import HashEncoder, MeanShift
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flowcore.text.quantize as quantize
-from flowcore.sts.cache import EmbeddingCache
+from flowcore.text.cache import EmbeddingCache
 from flowcore.text.encoder import Encoder
 
 from helpers.tiny_models import WORDS, save_tiny_bert

@@ -3,8 +3,9 @@ folder; unreadable or foreign shards are skipped with a warning."""
 import logging
 
 import numpy as np
+import pytest
 
-from flowcore.sts.cache import EmbeddingCache
+from flowcore.text.cache import EmbeddingCache
 
 from helpers.sts_stand_ins import HashEncoder
 
@@ -33,18 +34,37 @@ def test_bad_shards_are_skipped_with_a_warning_and_progress_is_logged(tmp_path, 
     npy, = tmp_path.rglob("*.npy")
     npy.write_bytes(b"not an array")
     encoder = HashEncoder()
-    with caplog.at_level(logging.INFO, logger="flowcore.sts"):
+    with caplog.at_level(logging.INFO, logger="flowcore.text"):
         EmbeddingCache(tmp_path).embed(encoder, ["x"], show_progress_bar=True)
     assert encoder.encoded == ["x"]
-    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "flowcore.sts.cache"]
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "flowcore.text.cache"]
     assert messages[0][0] == logging.WARNING and "skipping unreadable shard" in messages[0][1]
     assert messages[1] == (logging.INFO, "encoding 1 sentences with hash-encoder (mean pooling)")
     caplog.clear()
     wider = HashEncoder(dim=8)
-    with caplog.at_level(logging.INFO, logger="flowcore.sts"):
+    with caplog.at_level(logging.INFO, logger="flowcore.text"):
         EmbeddingCache(tmp_path).embed(wider, ["x"], show_progress_bar=False)
     assert wider.encoded == ["x"]
     assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2  # both 16-wide shards
     texts = [r.getMessage() for r in caplog.records]
     assert sum("skipping unreadable shard" in t for t in texts) == 1
     assert sum("(it belongs to another model or width)" in t for t in texts) == 1
+
+
+def test_a_corpus_has_one_file_per_encoder_and_corpus(tmp_path):
+    cache = EmbeddingCache(tmp_path / "cache")
+    first = cache.corpus_file(HashEncoder(), "corpus.jsonl", "text")
+    assert first.parent == tmp_path / "cache" / "corpora" and first.parent.is_dir() and first.suffix == ".npy"
+    assert cache.corpus_file(HashEncoder(), tmp_path.cwd() / "corpus.jsonl", "text") == first  # the same corpus
+    others = {cache.corpus_file(HashEncoder(pooling="cls"), "corpus.jsonl", "text"),
+              cache.corpus_file(HashEncoder(), "other.jsonl", "text"),
+              cache.corpus_file(HashEncoder(), "corpus.jsonl", "body")}
+    assert len(others) == 3 and first not in others
+
+
+def test_an_unwritable_cache_folder_names_the_way_out(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OSError, match=r"--cache-dir DIR \(or \$FLOWCORE_CACHE\).*--no-cache"):
+        EmbeddingCache(tmp_path / "a-file" / "cache").corpus_file(HashEncoder(), "corpus.jsonl", "text")
+    with pytest.raises(ValueError, match="in memory keeps no corpus file"):
+        EmbeddingCache(None).corpus_file(HashEncoder(), "corpus.jsonl", "text")

@@ -1,5 +1,7 @@
-"""The on-disk embedding cache of `flowcore sts`: sentence vectors stored per (model, pooling,
-sentence), so a sentence is encoded once across datasets, calibrations and runs."""
+"""The one embedding cache: vectors stored per encoder (`encoder_key`), so nothing is encoded twice.
+Sentence sets (`flowcore sts`, `analyze`) are kept per sentence, across datasets, calibrations and
+runs; a whole corpus (`flowcore fit --input`) as one memory-mapped .npy (`EmbeddingCache.corpus_file`),
+which the batch job writes resumably (`flowcore.batch.encode_corpus`)."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +16,7 @@ from flowcore import defaults
 from flowcore._fs import atomic_write, atomic_write_json, write_error
 from flowcore._progress import progress_wanted
 
-__all__ = ["CACHE_ENV", "EmbeddingCache", "default_cache_dir"]
+__all__ = ["CACHE_ENV", "EmbeddingCache", "default_cache_dir", "encoder_key"]
 
 CACHE_ENV = "FLOWCORE_CACHE"
 CACHE_ADVICE = (f"this is the embedding cache: give a writable folder with --cache-dir DIR (or ${CACHE_ENV}), or "
@@ -28,10 +30,28 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowcore" / "embeddings")
 
 
+def encoder_key(encoder) -> tuple[str, str]:
+    """(model, pooling) naming an encoder's vectors: a local model folder by its absolute path, the pooling
+    with the encoder's `max_length` and `quantize` mode (both change the vectors)."""
+    model, pooling = str(encoder.model_id), str(encoder.pooling)
+    model = os.path.abspath(model) if os.path.isdir(model) else model
+    for option in ("max_length", "quantize"):
+        if (value := getattr(encoder, option, None)) is not None:
+            pooling = f"{pooling}@{option}={value}"
+    return model, pooling
+
+
 class EmbeddingCache:
-    """Sentence vectors stored per (model, pooling, sentence), so nothing is encoded twice; the key also
-    carries the encoder's `max_length` and `quantize` mode. On disk, shards (`.npy` + the `.json` of its
-    sentences) are written atomically and never modified, so concurrent runs are safe."""
+    """Vectors stored per encoder (`encoder_key`) in `directory` (None: sentences in memory only).
+
+    Sentences (`embed`) are kept in shards (`.npy` + the `.json` of its sentences) under a folder per
+    encoder, written atomically and never modified, so concurrent runs are safe. A whole corpus has one
+    file (`corpus_file`).
+
+    Example:
+        >>> cache = EmbeddingCache(default_cache_dir())
+        >>> vectors = cache.embed(Encoder(), ["a sentence", "another one"])
+    """
 
     def __init__(self, directory: str | os.PathLike | None):
         self.directory = Path(directory) if directory is not None else None
@@ -40,6 +60,25 @@ class EmbeddingCache:
     def _folder(self, model: str, pooling: str) -> Path:
         digest = hashlib.sha256(json.dumps([model, pooling]).encode()).hexdigest()[:24]
         return self.directory / digest
+
+    def corpus_file(self, encoder, corpus: str | os.PathLike, text_field: str) -> Path:
+        """Where the vectors of the corpus at `corpus` (a file, a folder or a glob; its `text_field`) through
+        `encoder` are kept: `corpora/<key>.npy` (with the batch job's manifest and rejects beside it), which
+        the corpus's next encoding resumes, reuses when complete, or replaces when the corpus changed.
+
+        Example:
+            >>> EmbeddingCache("cache").corpus_file(Encoder(), "corpus.jsonl", "text")
+            PosixPath('cache/corpora/4f0c…d1.npy')
+        """
+        if self.directory is None:
+            raise ValueError("an embedding cache in memory keeps no corpus file")
+        key = [*encoder_key(encoder), os.path.abspath(corpus), text_field]
+        folder = self.directory / "corpora"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise write_error(error, folder, advice=CACHE_ADVICE) from None
+        return folder / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]}.npy"
 
     def _known(self, model: str, pooling: str, dim: int) -> dict[str, np.ndarray]:
         key = (model, pooling)
@@ -89,11 +128,7 @@ class EmbeddingCache:
         Returns:
             float32 (len(sentences), encoder.dim), row i the vector of sentences[i].
         """
-        model, pooling = str(encoder.model_id), str(encoder.pooling)
-        model = os.path.abspath(model) if os.path.isdir(model) else model  # a local folder: by its absolute path
-        for option in ("max_length", "quantize"):
-            if (value := getattr(encoder, option, None)) is not None:
-                pooling = f"{pooling}@{option}={value}"
+        model, pooling = encoder_key(encoder)
         known = self._known(model, pooling, int(encoder.dim))
         missing = [s for s in dict.fromkeys(sentences) if s not in known]
         if missing:
