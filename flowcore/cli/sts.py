@@ -60,20 +60,21 @@ def _flow_input(text: str) -> str:
 
 @contextlib.contextmanager
 def _progress_on_stderr(progress: bool):
-    """The `flowcore.sts` loggers' warnings (and INFO progress lines when `progress`) on stderr as bare lines."""
+    """The warnings (and INFO progress lines when `progress`) of the `flowcore.sts` loggers and of the embedding
+    cache's on stderr as bare lines."""
     level = logging.INFO if progress else logging.WARNING
-    logger = logging.getLogger("flowcore.sts")
     handler = logging.StreamHandler(sys.stderr)  # its default format is the bare message
     handler.setLevel(level)
-    saved = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(min(level, logger.getEffectiveLevel()))
-    logger.propagate = False  # printed once, even where the caller has configured the root logger
-    try:
+    with contextlib.ExitStack() as restore:
+        for name in ("flowcore.sts", "flowcore.text.cache"):
+            logger = logging.getLogger(name)
+            restore.callback(setattr, logger, "propagate", logger.propagate)
+            restore.callback(logger.setLevel, logger.level)
+            restore.callback(logger.removeHandler, handler)
+            logger.addHandler(handler)
+            logger.setLevel(min(level, logger.getEffectiveLevel()))
+            logger.propagate = False  # printed once, even where the caller has configured the root logger
         yield
-    finally:
-        logger.removeHandler(handler)
-        logger.level, logger.propagate = saved
 
 
 def register(subparsers) -> None:
