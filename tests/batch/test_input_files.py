@@ -17,6 +17,8 @@ from flowcore.batch.job import calibrate_file
 from flowcore.calibration.file import EncoderProvenance
 from flowcore.cli import main
 
+from helpers.tiny_models import StandInEncoder
+
 DIM = 8
 SHARD_ROWS = {"a": 7, "b": 0, "c": 12, "d": 5}
 """Rows of each shard (b is empty); row 3 of shard c is an empty text, or a NaN vector."""
@@ -34,13 +36,6 @@ def flow(tmp_path_factory) -> Path:
     return path
 
 
-class StandInEncoder:
-    """The Encoder interface (model_id, pooling, dim, encode) over a fixed function of the text."""
-
-    model_id, pooling, dim = "stand-in", "mean", DIM
-
-    def encode(self, sentences, batch_size=32, show_progress_bar=False):
-        return np.array([[len(s) % 7 + i - 3 for i in range(DIM)] for s in sentences], dtype=np.float32)
 
 
 def write_text_shards(folder: Path, suffix: str) -> None:

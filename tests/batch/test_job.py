@@ -24,7 +24,7 @@ from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 from flowcore.calibration.file import EncoderProvenance
 
-from helpers.tiny_models import save_tiny_bert
+from helpers.tiny_models import StandInEncoder, save_tiny_bert
 
 DIM = 8
 CLI = [sys.executable, "-m", "flowcore"]
@@ -274,14 +274,6 @@ def test_embeddings_of_another_width_are_refused_before_any_work(tmp_path, flow)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npy"]
 
 
-class StandInEncoder:
-    """The Encoder interface (model_id, pooling, dim, encode) over a fixed random projection."""
-
-    def __init__(self, model="stand-in", pooling="mean", dim=DIM, threads=None):
-        self.model_id, self.pooling, self.dim, self.threads = model, pooling, dim, threads
-
-    def encode(self, sentences, batch_size=32, show_progress_bar=False):
-        return np.array([[len(s) % 7 + i for i in range(self.dim)] for s in sentences], dtype=np.float32)
 
 
 def test_text_is_refused_with_another_encoder_pooling_or_width(tmp_path, flow):

@@ -15,6 +15,8 @@ from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
 from flowcore.calibration.file import EncoderProvenance
 
+from helpers.tiny_models import StandInEncoder
+
 DIM = 8
 
 
@@ -35,9 +37,6 @@ def test_iterator_api_streams_calibrated_chunks(tmp_path, calibrator):
     np.testing.assert_allclose(chunks[0].vectors[:5], calibrator.transform(matrix[:5]), rtol=1e-5, atol=1e-5)
 
 
-class StandInEncoder:
-    def __init__(self, model="stand-in", pooling="mean", dim=DIM):
-        self.model_id, self.pooling, self.dim = model, pooling, dim
 
 
 def reloaded_with(calibrator, provenance, path):

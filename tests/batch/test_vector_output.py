@@ -27,7 +27,7 @@ from flowcore.batch.vector_sources import EmbeddingFile
 from flowcore.calibration.file import FORMAT_VERSION, EncoderProvenance
 from flowcore.runtime import available_cpus
 
-from helpers.tiny_models import save_tiny_bert
+from helpers.tiny_models import StandInEncoder, save_tiny_bert
 
 DIM = 8
 
@@ -43,14 +43,6 @@ def flow(tmp_path_factory):
     return path, FlowCalibrator.load(path)
 
 
-class StandInEncoder:
-    """The Encoder interface (model_id, pooling, dim, encode) over a fixed function of the text."""
-
-    def __init__(self, model="stand-in", pooling="mean", dim=DIM, threads=None):
-        self.model_id, self.pooling, self.dim, self.threads = model, pooling, dim, threads
-
-    def encode(self, sentences, batch_size=32, show_progress_bar=False):
-        return np.array([[len(s) % 7 + i - 3 for i in range(self.dim)] for s in sentences], dtype=np.float32)
 
 
 def vector_parquet(path: Path, rows: int = 150) -> tuple[np.ndarray, pa.Table]:

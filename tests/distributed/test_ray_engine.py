@@ -14,37 +14,17 @@ import pyarrow.parquet as pq
 import pytest
 
 import flowcore.batch.ray as ray_engine
-from flowcore import Encoder, FlowCalibrator
 from flowcore.batch.core import InputChangedError, JobMismatchError
 from flowcore.batch.job import calibrate_file
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.cli import main
 from flowcore.ray import ShardsFailedError, calibrate_ray, shard_starts
 
-from helpers.tiny_models import save_tiny_bert
+from helpers.tiny_models import WORDS
 
 DIM = 8
-WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree".split()
 
 
-@pytest.fixture(scope="module")
-def vector_flow(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    path = tmp_path_factory.mktemp("flow") / "model.flow"
-    FlowCalibrator(seed=0, epochs=1).fit(rng.normal(size=(256, DIM)).astype(np.float32),
-                                         show_progress_bar=False).save(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def text_flow(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("text-flow")
-    encoder = Encoder(model=save_tiny_bert(folder / "bert", WORDS, hidden_size=16, num_layers=2), pooling="mean")
-    rng = np.random.default_rng(0)
-    texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 10))) for _ in range(256)]
-    FlowCalibrator(seed=0, epochs=1).fit(encoder.encode(texts), show_progress_bar=False, encoder=encoder).save(
-        folder / "text.flow")
-    return folder / "text.flow"
 
 
 def _vectors(folder: Path, name: str):
