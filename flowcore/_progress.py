@@ -27,9 +27,10 @@ class ProgressReport:
 
     Args:
         what: the job's name, first on each line (e.g. "calibrate").
-        total: the rows the job has in all.
-        done: the rows an earlier run already did.
+        total: the units (rows) the job has in all.
+        done: the units an earlier run already did.
         show_progress_bar: False says nothing at all; True or None report (a bar only on a terminal).
+        unit: what is counted ("rows"; "sentences", "steps").
 
     Example:
         >>> with ProgressReport("calibrate", total=200_000, done=50_176) as report:
@@ -38,8 +39,10 @@ class ProgressReport:
         ...         report.advance(rows)
     """
 
-    def __init__(self, what: str, total: int, done: int = 0, show_progress_bar: bool | None = None):
-        self.what, self.total, self.done = what, total, done
+    def __init__(self, what: str, total: int, done: int = 0, show_progress_bar: bool | None = None,
+                 unit: str = "rows"):
+        self.what, self.total, self.done, self.unit = what, total, done, unit
+        self.detail = ""
         self.mode = "off" if show_progress_bar is False else "bar" if sys.stderr.isatty() else "lines"
         self._started = self._last_line = time.monotonic()
         self._done_at_start = done
@@ -61,10 +64,12 @@ class ProgressReport:
         else:
             print(f"{self.what}: {message}", file=sys.stderr, flush=True)
 
-    def advance(self, rows: int) -> None:
-        """Count `rows` more rows done."""
+    def advance(self, rows: int, detail: str | None = None) -> None:
+        """Count `rows` more units done; `detail` (e.g. "loss 3.2104") is shown beside the count from now on."""
         with self._lock:
             self.done += rows
+            if detail is not None:
+                self.detail = detail
             if self.mode == "bar":
                 self._draw(rows)
             elif self.mode == "lines" and time.monotonic() - self._last_line >= defaults.PROGRESS_INTERVAL_S:
@@ -72,19 +77,24 @@ class ProgressReport:
                 print(self.line(), file=sys.stderr, flush=True)
 
     def line(self) -> str:
-        """The progress as one plain line: rows done of all, the share, rows/s in this run, the time left."""
+        """The progress as one plain line: units done of all, the share, units/s in this run, the time left, the
+        detail."""
         seconds = time.monotonic() - self._started
         rate = (self.done - self._done_at_start) / seconds if seconds > 0 else 0.0
         share = f" ({self.done / self.total:.0%})" if self.total else ""
         left = f", {_duration((self.total - self.done) / rate)} left" if rate > 0 else ""
-        return f"{self.what}: {self.done:,} of {self.total:,} rows{share}, {rate:,.0f} rows/s{left}"
+        detail = f"; {self.detail}" if self.detail else ""
+        unit = self.unit
+        return f"{self.what}: {self.done:,} of {self.total:,} {unit}{share}, {rate:,.0f} {unit}/s{left}{detail}"
 
     def _draw(self, rows: int) -> None:
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total, initial=self.done - rows, unit="rows", unit_scale=True,
+            self._bar = tqdm(total=self.total, initial=self.done - rows, unit=f" {self.unit}", unit_scale=True,
                              dynamic_ncols=True, file=sys.stderr, desc=self.what)
+        if self.detail:
+            self._bar.set_postfix_str(self.detail, refresh=False)
         self._bar.update(rows)
 
     def close(self) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import flowcore  # noqa: E402, F401  (first: it keeps the checkout's kernels/ from passing for Hugging Face's `kernels`)
+
 REPO = Path(__file__).resolve().parents[1]
 STS_DATA = Path(os.environ.get("FLOWCORE_DATA") or REPO.parent / "shared" / "data" / "sts")
 

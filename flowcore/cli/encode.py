@@ -16,7 +16,7 @@ from flowcore.cli.arguments import (
     add_progress_arguments,
     build_encoder,
     check_output,
-    show_progress,
+    progress_choice,
 )
 from flowcore.text.pooling import NAMED_POOLINGS
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     good = [row for row, text in enumerate(sentences) if text is not None]
     if good:
         embeddings[good] = encoder.encode([sentences[row] for row in good], batch_size=args.batch_size,
-                                          normalize=args.normalize, show_progress_bar=show_progress(args))
+                                          normalize=args.normalize, show_progress_bar=progress_choice(args))
     non_finite = [row for row in good if not np.isfinite(embeddings[row]).all()]
     zero = [row for row in good if args.normalize and not embeddings[row].any()]
     try:

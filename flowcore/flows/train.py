@@ -9,11 +9,10 @@ from typing import Callable
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from flowcore import defaults
 from flowcore._fs import atomic_write
-from flowcore._progress import progress_wanted
+from flowcore._progress import ProgressReport
 from flowcore.runtime import check_threads, pinned_threads, training_threads
 from flowcore.validation import as_tensor, check_matrix
 
@@ -55,7 +54,8 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         lr: Adam's learning rate (the paper's 1e-3).
         seed: seeds the batch order.
         device: move the flow there first (the data follows the flow).
-        show_progress_bar: a progress bar on stderr; None shows one when stderr is a terminal.
+        show_progress_bar: progress on stderr (`flowcore._progress.ProgressReport`: a bar on a terminal, else
+            a plain line every 30 s); False: none.
         init_rows: ActNorm is initialised from the first max(batch_size, init_rows) shuffled rows.
         on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch; a true result stops training.
             Its `checkpoint_state`/`restore_checkpoint_state`, if any, are checkpointed too.
@@ -121,8 +121,8 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
         if checkpoint is not None:
             _save_checkpoint(Path(checkpoint), identity, flow, optimizer, generator_state, state, on_epoch)
 
-    bar = tqdm(total=epochs * steps_per_epoch, initial=state.epoch * steps_per_epoch + state.step,
-               desc="fit flow", unit="step", disable=not progress_wanted(show_progress_bar))
+    bar = ProgressReport("fit flow", epochs * steps_per_epoch, state.epoch * steps_per_epoch + state.step,
+                         show_progress_bar, unit="steps")
     try:
         for epoch in range(state.epoch, epochs if not state.finished else 0):
             flow.train()  # an on_epoch that scored held-out rows may have left it in eval mode
@@ -153,8 +153,7 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
                 value = loss.item()
                 state.total += value * batch.shape[0]
                 state.step = step + 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+                bar.advance(1, f"loss {value:.4f}")
                 if (evaluate_every is not None and on_epoch is not None and state.step % evaluate_every == 0
                         and state.step < steps_per_epoch):
                     trained = min(state.step * batch_size, count)

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from flowcore import defaults
-from flowcore._progress import progress_wanted
+from flowcore._progress import ProgressReport
 from flowcore._provenance import record
 from flowcore._vectors import unit_rows
 from flowcore.runtime import check_threads, encoder_threads, pinned_threads, side_by_side
@@ -38,7 +37,7 @@ __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "DEFAULT
 
 DEFAULT_BATCH_SIZE = defaults.BATCH_SIZE
 DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
-PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None: a bar on a terminal, from this many distinct texts
+PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None: progress from this many distinct texts
 _TOKENIZE_WINDOW = 20_000  # texts tokenized, sorted and encoded together (bounds host memory)
 CHARACTERS_PER_TOKEN = 64
 """Texts are cut to max_length x this many characters before tokenizing, so a huge line costs bounded
@@ -120,7 +119,8 @@ class Encoder:
         Args:
             sentences: a list of str (repeats are encoded once).
             batch_size: at most this many sentences per forward pass.
-            show_progress_bar: a progress bar on stderr; None: on a terminal, from 1000 distinct sentences.
+            show_progress_bar: progress on stderr (`flowcore._progress.ProgressReport`: a bar on a terminal, else
+                a plain line every 30 s); None: from 1000 distinct sentences; False: none.
             normalize: scale rows to unit length (norm 1 within ~1e-7; an all-zero row stays zero).
             max_tokens: at most this many padded tokens per forward pass.
 
@@ -138,8 +138,8 @@ class Encoder:
         distinct = list(position_of)
         vectors = np.empty((len(distinct), self.dim), dtype=np.float32)
         truncated = np.zeros(len(distinct), dtype=bool)
-        if show_progress_bar is None:
-            show_progress_bar = progress_wanted(None) and len(distinct) >= PROGRESS_MIN_SENTENCES
+        if show_progress_bar is None and len(distinct) < PROGRESS_MIN_SENTENCES:
+            show_progress_bar = False
         threads, workers = None, 1
         if self.device.type == "cpu":  # n threads: n batches side by side, one torch thread each (not int8)
             threads, workers = encoder_threads(self.threads, quantized=self._quantized is not None)
@@ -152,10 +152,10 @@ class Encoder:
                 pooled = self._pooling(states, attention_mask)
                 vectors[start + rows] = pooled.to("cpu", torch.float32).numpy()
             with counted:
-                bar.update(len(rows))
+                report.advance(len(rows))
 
-        with tqdm(total=len(distinct), unit="sent", desc="encode", disable=not show_progress_bar) as bar, \
-                pinned_threads(threads):
+        with ProgressReport("encode", len(distinct), show_progress_bar=show_progress_bar,
+                            unit="sentences") as report, pinned_threads(threads):
             for start in range(0, len(distinct), _TOKENIZE_WINDOW):
                 window = distinct[start:start + _TOKENIZE_WINDOW]
                 tokens, lengths, truncated[start:start + len(window)] = self._tokenize(window)

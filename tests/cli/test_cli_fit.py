@@ -181,13 +181,13 @@ def test_threads_option_trains_on_that_many_threads(embeddings, tmp_path, capsys
     import flowcore.flows.train as train
 
     seen = []
-    real = train.tqdm
+    real = train.ProgressReport
 
-    def progress_bar(*args, **kwargs):  # made once per train.fit, on its pinned threads
+    def progress(*args, **kwargs):  # made once per train.fit, on its pinned threads
         seen.append(torch.get_num_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train, "tqdm", progress_bar)
+    monkeypatch.setattr(train, "ProgressReport", progress)
     flow = ["--calibration", "flow", "--config", "l2_d2_w32", "--train-batch-size", "32"]
     assert main(["fit", "--embeddings", str(embeddings), "--out", str(tmp_path / "t.flow"), *flow,
                  "--threads", "2"]) == 0

@@ -2,6 +2,7 @@
 against sentence-transformers, and batching, caching, SDPA attention and errors on a tiny random
 BERT. The CUDA path is tests/text/test_encoder_cuda.py."""
 import os
+import re
 import warnings
 
 import numpy as np
@@ -391,9 +392,13 @@ def test_explicit_dtype_runs_the_model_in_it_and_returns_float32(tiny_bert):
         Encoder(tiny_bert, dtype="int8")
 
 
-def test_progress_bar_shows_rate(tiny_bert, capsys):
+def test_progress_shows_rate(tiny_bert, capsys, monkeypatch):
+    from flowcore import defaults
+
+    monkeypatch.setattr(defaults, "PROGRESS_INTERVAL_S", 0.0)  # stderr is not a terminal here: progress lines
     Encoder(tiny_bert).encode(_random_sentences(20), show_progress_bar=True)
-    assert "sent/s" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert re.search(r"^encode: (\d+) of \1 sentences \(100%\), [\d,]+ sentences/s", err, re.M) and "\r" not in err
     Encoder(tiny_bert).encode(_random_sentences(20))
     assert capsys.readouterr().err == ""
 
