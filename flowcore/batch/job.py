@@ -322,18 +322,19 @@ class EncodedCorpus:
     summary: CalibrationSummary
 
 
-def encode_corpus(source: TextCorpus | InputFiles, out: str | os.PathLike, encoder, *,
+def encode_corpus(source: TextCorpus | EmbeddingFile | InputFiles, out: str | os.PathLike, encoder=None, *,
                   batch_size: int = defaults.BATCH_SIZE, restart: bool = False,
                   show_progress_bar: bool | None = None) -> EncodedCorpus:
-    """Encode the text corpus `source` with `encoder` into `out` (.npy) as a resumable job ("encode" in its
-    progress lines): a rerun reuses a finished `out` of the same corpus and encoder, resumes an unfinished
-    one, and encodes again one made from another version of the corpus or by another encoder.
-    `flowcore fit --input` keeps `out` in the embedding cache (`EmbeddingCache.corpus_file`).
+    """Encode the text corpus `source` with `encoder` (stored vectors: gather them as they are) into `out`
+    (.npy, memory-mapped on return) as a resumable job ("encode" in its progress lines): a rerun reuses a
+    finished `out` of the same corpus and encoder, resumes an unfinished one, and encodes again one made
+    from another version of the corpus or by another encoder. `flowcore fit --input` keeps `out` in the
+    embedding cache (`EmbeddingCache.corpus_file`); `fit --embeddings` gathers shards into one matrix.
 
     Args:
-        source: the corpus: a `TextCorpus`, or several files as `InputFiles`.
+        source: the corpus: a `TextCorpus` or an `EmbeddingFile`, or several files as `InputFiles`.
         out: the .npy file (its manifest and rejects list beside it).
-        encoder: a `flowcore.Encoder`; its `threads` are the job's.
+        encoder: (text) a `flowcore.Encoder`; its `threads` are the job's.
         batch_size: sentences per encoder batch.
         restart: encode again, whatever `out` holds.
         show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere.
@@ -342,13 +343,24 @@ def encode_corpus(source: TextCorpus | InputFiles, out: str | os.PathLike, encod
         >>> corpus = encode_corpus(TextCorpus("corpus.jsonl"), "corpus.npy", Encoder())
         >>> corpus.vectors.shape, corpus.summary.rejected
     """
-    model, pooling = encoder_key(encoder)
-    identity = {"encoder": {"model": model, "pooling": pooling, "batch_size": batch_size}}
+    source = InputFiles.of(source)
+    if (source.kind == "text") != (encoder is not None):
+        raise ValueError("text needs an encoder, stored vectors none")
+    if encoder is not None:
+        model, pooling = encoder_key(encoder)
+        identity, dim = {"encoder": {"model": model, "pooling": pooling, "batch_size": batch_size}}, encoder.dim
+    else:
+        dim = next((file.dim for file in source.sources if file.dim is not None), None)
+        if dim is None:
+            raise ValueError(f"{source.path} holds no vector to tell their width")
+        identity = {}
+        source.expect_width(dim)  # every file's vectors as wide as the first's
 
     def job(again: bool) -> CalibrationJob:
-        return CalibrationJob(source, out, lambda vectors: vectors, encoder.dim, encode_with(encoder, batch_size),
+        return CalibrationJob(source, out, lambda vectors: vectors, dim, encode_with(encoder, batch_size),
                               identity=identity, restart=again, show_progress_bar=show_progress_bar,
-                              threads=encoder.threads, description=identity, what="encode")
+                              threads=encoder.threads if encoder is not None else None, description=identity,
+                              what="encode")
 
     try:
         summary = job(restart).run()

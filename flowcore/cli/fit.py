@@ -4,6 +4,7 @@ killed run resumes to the same model (docs/batch.md)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import tempfile
 import time
@@ -28,8 +29,8 @@ from flowcore.cli.arguments import (
     check_output,
     check_positive,
     embedding_cache,
+    progress_choice,
     recipe_values,
-    show_progress,
 )
 from flowcore.flows.configs import CONFIGS, COUPLINGS, PERMUTATIONS
 
@@ -51,7 +52,8 @@ def register(subparsers) -> None:
         "which and why), whitening, zca, center, abtt or none, in one pass, or a BERT-flow Glow (--calibration "
         "flow). Every saved file is used alike: flowcore calibrate, sts and export --calibrator, flowcore.load.")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--embeddings", type=Path, help="a (rows, dim) .npy array of sentence vectors")
+    source.add_argument("--embeddings", type=Path, help="sentence vectors: a (rows, dim) .npy array, or a parquet file "
+                        "with a --vector-field column; or a folder or a quoted glob of such files, of one format")
     source.add_argument("--input", type=Path, help="a text corpus (.txt, .jsonl, .csv, .parquet): a file, a folder or "
                         "a quoted glob of files of one format, encoded first")
     parser.add_argument("--out", type=Path, required=True, help="where to write the calibrator file")
@@ -102,6 +104,8 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE,
                         help="sentences per encoder batch, for --input")
     add_quantize_argument(parser)
+    parser.add_argument("--vector-field", default=defaults.VECTOR_COLUMN,
+                        help="parquet column holding stored embeddings")
     parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
                         help="the JSON key / column of a .jsonl, .csv or .parquet corpus holding the sentence")
     add_device_argument(parser)
@@ -125,19 +129,46 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _load_embeddings(args) -> np.ndarray:
-    """The --embeddings matrix (memory-mapped), or the rows of its --max-rows sample (sorted)."""
+def _load_embeddings(args, scratch: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    """The --embeddings matrix (memory-mapped) and the rows to fit on (None: all; sorted: a --max-rows sample).
+    A .npy file is read where it is; a parquet file, a folder or a glob of shards is gathered into one
+    matrix in `scratch` first. A row that is not a finite vector is refused, naming it."""
     from flowcore.batch.sampling import sample_row_numbers
     from flowcore.batch.vector_sources import NpyMatrix
 
-    check_input(args.embeddings, "--embeddings")
-    matrix = NpyMatrix(args.embeddings)
-    matrix.check_embeddings()  # the rule `flowcore calibrate --embeddings` reads by
-    if args.max_rows is None or args.max_rows >= matrix.rows:
-        return matrix.read()
+    if args.embeddings.suffix.lower() == ".npy" and not any(sign in str(args.embeddings) for sign in "*?["):
+        check_input(args.embeddings, "--embeddings")
+        matrix = NpyMatrix(args.embeddings)
+        matrix.check_embeddings()  # the rule `flowcore calibrate --embeddings` reads by
+        data, rows = matrix.read(), matrix.rows
+    else:
+        data = _gathered(args, scratch)
+        rows = len(data)
+    if args.max_rows is None or args.max_rows >= rows:
+        return data, None
     if args.max_rows < 2:
         raise CLIError(f"--max-rows must be at least 2, got {args.max_rows}")
-    return matrix.read(sample_row_numbers(matrix.rows, args.max_rows, args.seed))
+    return data, sample_row_numbers(rows, args.max_rows, args.seed)
+
+
+def _gathered(args, scratch: Path) -> np.ndarray:
+    """The stored vectors of --embeddings' parquet file or shards as one memory-mapped matrix."""
+    from flowcore.batch.input_files import InputFiles
+    from flowcore.batch.job import encode_corpus
+    from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
+
+    source = InputFiles.open(args.embeddings, lambda path: EmbeddingFile(path, vector_field=args.vector_field),
+                             EMBEDDING_FORMATS)
+    corpus = encode_corpus(source, scratch / "embeddings.npy", show_progress_bar=progress_choice(args))
+    if corpus.summary.rejected:
+        with open(corpus.summary.rejects_path, encoding="utf-8") as lines:
+            first = json.loads(lines.readline())
+        reasons = ", ".join(f"{count} {reason}" for reason, count in corpus.summary.rejects.items())
+        where = f"{first['file']}, row {first['row']}" if "file" in first else f"row {first['row']}"
+        raise CLIError(f"{args.embeddings}: {corpus.summary.rejected} row(s) are not usable vectors ({reasons}; the "
+                       f"first: {where}); fit on finite vectors, e.g. flowcore calibrate's output without its "
+                       "rejected rows")
+    return corpus.vectors
 
 
 def encode_sample(path, args, skipped_to=None, **encoder_options):
@@ -160,7 +191,7 @@ def encode_sample(path, args, skipped_to=None, **encoder_options):
         raise CLIError(f"{path}: needs at least 2 usable sentences, found {len(texts)}")
     encoder = build_encoder(args, **encoder_options)
     vectors = encoder.encode(texts, batch_size=getattr(args, "batch_size", defaults.BATCH_SIZE),
-                             show_progress_bar=show_progress(args))
+                             show_progress_bar=progress_choice(args))
     return vectors, encoder, len(set(texts))
 
 
@@ -184,7 +215,7 @@ def _cached_corpus(args, scratch: Path):
     cache = args.cache or (scratch / "corpus.npy" if args.no_cache else
                            embedding_cache(args).corpus_file(encoder, args.input, args.text_field))
     corpus = encode_corpus(source, cache, encoder, batch_size=args.batch_size, restart=args.restart,
-                           show_progress_bar=show_progress(args))
+                           show_progress_bar=progress_choice(args))
     if corpus.summary.complete and not args.no_cache:
         print(f"{args.input}: its vectors are already in {cache} (--restart encodes it again)")
     if corpus.summary.rejected:
@@ -232,7 +263,7 @@ def _fit_options(args) -> dict:
     accepted = fit_options(args.calibration)
     options = _given(args, _FIT_FLAGS, accepted)
     if "show_progress_bar" in accepted:
-        options["show_progress_bar"] = show_progress(args)
+        options["show_progress_bar"] = progress_choice(args)
     if "checkpoint" in accepted:
         options["checkpoint"] = args.out.with_name(args.out.name + ".checkpoint")
         if args.restart:
@@ -257,7 +288,7 @@ def _fit(args, scratch: Path) -> int:
     options = _fit_options(args)
     rows = distinct = None  # rows: the rows of data to fit on, all unless the cache holds rejected rows
     if args.embeddings is not None:
-        data, encoder = _load_embeddings(args), None
+        (data, rows), encoder = _load_embeddings(args, scratch), None
     elif args.max_rows is not None:
         data, encoder, distinct = encode_sample(args.input, args)
     else:

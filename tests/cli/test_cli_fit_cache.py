@@ -110,3 +110,56 @@ def test_its_progress_lines_say_encode(tiny_bert, corpus, tmp_path, monkeypatch,
     lines = capsys.readouterr().err.splitlines()
     assert any(line.startswith(f"encode: {len(SENTENCES)} of {len(SENTENCES)} rows") for line in lines), lines
     assert not any(line.startswith("calibrate") for line in lines) and "\r" not in "".join(lines)
+
+
+def _parquet(path, vectors):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(vectors))],
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1])}),
+                   path)
+
+
+@pytest.mark.parametrize("layout", ["npy folder", "parquet file", "parquet glob"])
+def test_embeddings_from_shards_fit_as_the_one_matrix_they_hold(tmp_path, layout, capsys):
+    rng = np.random.default_rng(0)
+    vectors = (rng.normal(size=(300, 8)) @ rng.normal(size=(8, 8))).astype(np.float32)
+    np.save(tmp_path / "all.npy", vectors)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for number, start in enumerate(range(0, 300, 70)):
+        if layout == "npy folder":
+            np.save(shards / f"part-{number}.npy", vectors[start:start + 70])
+        else:
+            _parquet(shards / f"part-{number}.parquet", vectors[start:start + 70])
+    if layout == "parquet file":
+        _parquet(tmp_path / "all.parquet", vectors)
+    given = {"npy folder": shards, "parquet file": tmp_path / "all.parquet",
+             "parquet glob": shards / "part-*.parquet"}[layout]
+    field = [] if layout == "npy folder" else ["--vector-field", "emb"]
+    assert main(["fit", "--embeddings", str(tmp_path / "all.npy"), "--calibration", "whitening", "--quiet",
+                 "--out", str(tmp_path / "all.flow")]) == 0
+    assert main(["fit", "--embeddings", str(given), *field, "--calibration", "whitening", "--quiet",
+                 "--out", str(tmp_path / "shards.flow")]) == 0
+    capsys.readouterr()
+    assert main(["fit", "--embeddings", str(given), *field, "--calibration", "whitening", "--quiet",
+                 "--max-rows", "200", "--out", str(tmp_path / "sample.flow")]) == 0
+    assert "fitted on 200 x 8" in capsys.readouterr().out
+    expected = flowcore.load(tmp_path / "all.flow").transform(vectors[:5])
+    np.testing.assert_allclose(flowcore.load(tmp_path / "shards.flow").transform(vectors[:5]), expected, atol=1e-4)
+    assert sorted(path.name for path in tmp_path.iterdir() if path.is_file()) == sorted(
+        ["all.npy", "all.flow", "shards.flow", "sample.flow"] + (["all.parquet"] if layout == "parquet file" else []))
+
+
+def test_a_bad_row_in_embedding_shards_is_refused_naming_its_file_and_row(tmp_path, capsys):
+    vectors = np.random.default_rng(0).normal(size=(60, 8)).astype(np.float32)
+    vectors[45, 3] = np.nan
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    np.save(shards / "a.npy", vectors[:30])
+    np.save(shards / "b.npy", vectors[30:])
+    assert main(["fit", "--embeddings", str(shards), "--out", str(tmp_path / "m.flow")]) == 2
+    error = capsys.readouterr().err
+    assert "1 row(s) are not usable vectors" in error and f"{shards / 'b.npy'}, row 45" in error
+    assert len(error.strip().splitlines()) == 1 and not (tmp_path / "m.flow").exists()

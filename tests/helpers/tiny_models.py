@@ -6,6 +6,8 @@ from pathlib import Path
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = "the a cat dog sat on mat ran fast slow big small red blue house tree runs jumps over under".split()
 """The tiny models' word vocabulary (after the special tokens)."""
+SENTENCE_WORDS = "a man dog cat runs plays guitar the is on with red blue green big small house car tree".split()
+"""The vocabulary of the export tests' tiny BERT: words of STS-like sentences."""
 
 
 def save_tiny_bert(folder: Path, words: list[str], hidden_size: int, num_layers: int, seed: int = 0) -> str:

@@ -16,9 +16,8 @@ from transformers import AutoTokenizer  # noqa: E402
 import flowcore  # noqa: E402
 from flowcore.integrations import onnx as flowcore_onnx  # noqa: E402
 
-from helpers.tiny_models import save_tiny_bert  # noqa: E402
+from helpers.tiny_models import SENTENCE_WORDS, save_tiny_bert  # noqa: E402
 
-WORDS = "a man dog cat runs plays guitar the is on with red blue green big small house car tree".split()
 MIN_COSINE, MAX_ABS = 0.99999, 1e-4
 METHODS = {
     "whitening": lambda: flowcore.Whitening(),
@@ -52,21 +51,12 @@ def assert_parity(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     return worst, largest
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory) -> str:
-    return save_tiny_bert(tmp_path_factory.mktemp("bert"), WORDS, hidden_size=16, num_layers=3)
-
-
-@pytest.fixture(scope="module")
-def sentences() -> list[str]:
-    rng = np.random.default_rng(0)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 10)))) for _ in range(300)]
 
 
 @pytest.fixture(scope="module")
 def held_out() -> list[str]:
     rng = np.random.default_rng(1)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 14)))) for _ in range(40)]
+    return [" ".join(rng.choice(SENTENCE_WORDS, size=int(rng.integers(1, 14)))) for _ in range(40)]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -112,7 +102,7 @@ def test_awkward_inputs(bert, sentences, tmp_path):
     flow = flowcore.FlowCalibrator("l2_d2_w32", epochs=1).fit(encoder.encode(sentences), encoder=encoder,
                                                               show_progress_bar=False)
     flowcore_onnx.export(tmp_path / "onnx", flow, max_length=12)
-    long = " ".join(WORDS * 3)  # 57 words: cut at 12 tokens
+    long = " ".join(SENTENCE_WORDS * 3)  # 57 words: cut at 12 tokens
     batches = {"one sentence": [sentences[0]], "a 1-token sentence": ["dog"], "an empty text": [""],
                "truncated at max length": [long, long + " extra", sentences[1]],
                "batch of 257": (sentences * 2)[:256] + [long]}
@@ -161,9 +151,9 @@ def test_the_folder(bert, sentences, tmp_path):
     hf = AutoTokenizer.from_pretrained(folder)
     texts = ["a man plays the red guitar", "dog"]
     assert hf(texts)["input_ids"] == encoder._loaded.tokenizer(texts)["input_ids"]
-    assert Tokenizer.from_file(str(folder / "tokenizer.json")).encode(" ".join(WORDS * 2)).ids[-1] == \
-        hf(" ".join(WORDS * 2), truncation=True, max_length=20)["input_ids"][-1]
-    assert len(Tokenizer.from_file(str(folder / "tokenizer.json")).encode(" ".join(WORDS * 2)).ids) == 20
+    assert Tokenizer.from_file(str(folder / "tokenizer.json")).encode(" ".join(SENTENCE_WORDS * 2)).ids[-1] == \
+        hf(" ".join(SENTENCE_WORDS * 2), truncation=True, max_length=20)["input_ids"][-1]
+    assert len(Tokenizer.from_file(str(folder / "tokenizer.json")).encode(" ".join(SENTENCE_WORDS * 2)).ids) == 20
 
 
 def test_int8(bert, sentences, tmp_path):
@@ -190,7 +180,7 @@ def test_errors(bert, sentences, tmp_path):
                                                               show_progress_bar=False)
     with pytest.raises(ValueError, match="fitted on 'first-last-avg' pooling, not 'mean'"):
         flowcore_onnx.export(tmp_path / "a", flow, pooling="mean")
-    wide = save_tiny_bert(tmp_path / "wide", WORDS, hidden_size=24, num_layers=3)
+    wide = save_tiny_bert(tmp_path / "wide", SENTENCE_WORDS, hidden_size=24, num_layers=3)
     raw = flowcore.Whitening().fit(encoder.encode(sentences).copy())  # a copy: its encoder is unknown
     with pytest.raises(ValueError, match="24-wide vectors but the whitening calibrator expects 16"):
         flowcore_onnx.export(tmp_path / "b", raw, model=wide)

@@ -15,9 +15,7 @@ import flowcore  # noqa: E402
 from flowcore.calibration.file import CalibratorFileError  # noqa: E402
 from flowcore.integrations import sentence_transformers as fst  # noqa: E402
 
-from helpers.tiny_models import save_tiny_bert  # noqa: E402
-
-WORDS = "a man dog cat runs plays guitar the is on with red blue green big small house car tree".split()
+from helpers.tiny_models import SENTENCE_WORDS, save_tiny_bert  # noqa: E402
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -28,15 +26,6 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory) -> str:
-    return save_tiny_bert(tmp_path_factory.mktemp("bert"), WORDS, hidden_size=16, num_layers=3)
-
-
-@pytest.fixture(scope="module")
-def sentences() -> list[str]:
-    rng = np.random.default_rng(0)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 10)))) for _ in range(300)]
 
 
 @pytest.fixture(scope="module")
@@ -154,14 +143,14 @@ def test_errors(bert, sentences, flow_file, tmp_path):
         fst.export(tmp_path / "a", tmp_path / "missing.flow")
     with pytest.raises(ValueError, match="fitted on 'first-last-avg' pooling, not 'mean'"):
         fst.export(tmp_path / "b", flow_file, pooling="mean")
-    other = save_tiny_bert(tmp_path / "other", WORDS, hidden_size=16, num_layers=3, seed=1)
+    other = save_tiny_bert(tmp_path / "other", SENTENCE_WORDS, hidden_size=16, num_layers=3, seed=1)
     with pytest.raises(ValueError, match="fitted on embeddings from encoder"):
         fst.export(tmp_path / "c", flow_file, model=other)
     foreign = flowcore.Encoder(bert).encode(sentences).copy()  # a copy: vectors whose encoder is unknown
     raw = flowcore.FlowCalibrator("l2_d2_w32").fit(foreign, show_progress_bar=False)
     with pytest.raises(ValueError, match="records no encoder"):
         fst.export(tmp_path / "d", raw)
-    wide = save_tiny_bert(tmp_path / "wide", WORDS, hidden_size=24, num_layers=3)
+    wide = save_tiny_bert(tmp_path / "wide", SENTENCE_WORDS, hidden_size=24, num_layers=3)
     with pytest.raises(ValueError, match="24-wide vectors but the flow calibrator expects 16"):
         fst.export(tmp_path / "e", raw, model=wide)
     whitening = flowcore.Whitening().fit(foreign)
@@ -231,7 +220,7 @@ def test_load_model_refuses_a_foreign_dense_activation(bert, sentences, tmp_path
 
 
 def test_export_refuses_a_model_with_auto_map(tmp_path):
-    bert = save_tiny_bert(tmp_path / "remote", WORDS, hidden_size=16, num_layers=3)
+    bert = save_tiny_bert(tmp_path / "remote", SENTENCE_WORDS, hidden_size=16, num_layers=3)
     config_path = tmp_path / "remote" / "config.json"
     config = json.loads(config_path.read_text())
     config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}

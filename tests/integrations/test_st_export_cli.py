@@ -12,9 +12,7 @@ import flowcore  # noqa: E402
 from flowcore.cli import main  # noqa: E402
 from flowcore.integrations.sentence_transformers import load_model  # noqa: E402
 
-from helpers.tiny_models import save_tiny_bert  # noqa: E402
-
-WORDS = "a man dog cat runs plays guitar the is on with red blue green big small house car tree".split()
+from helpers.tiny_models import SENTENCE_WORDS, save_tiny_bert  # noqa: E402
 
 
 def cosines(a, b):
@@ -24,9 +22,9 @@ def cosines(a, b):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    bert = save_tiny_bert(root / "bert", WORDS, hidden_size=16, num_layers=3)
+    bert = save_tiny_bert(root / "bert", SENTENCE_WORDS, hidden_size=16, num_layers=3)
     rng = np.random.default_rng(2)
-    sentences = [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 10)))) for _ in range(300)]
+    sentences = [" ".join(rng.choice(SENTENCE_WORDS, size=int(rng.integers(2, 10)))) for _ in range(300)]
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(sentences) + "\n")
     flow = root / "model.flow"

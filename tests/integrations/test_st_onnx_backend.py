@@ -18,20 +18,6 @@ import flowcore  # noqa: E402
 from flowcore.integrations import sentence_transformers as fst  # noqa: E402
 
 from helpers import optimum_stand_in  # noqa: E402
-from helpers.tiny_models import save_tiny_bert  # noqa: E402
-
-WORDS = "a man dog cat runs plays guitar the is on with red blue green big small house car tree".split()
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory) -> str:
-    return save_tiny_bert(tmp_path_factory.mktemp("bert"), WORDS, hidden_size=16, num_layers=3)
-
-
-@pytest.fixture(scope="module")
-def sentences() -> list[str]:
-    rng = np.random.default_rng(0)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 12)))) for _ in range(300)]
 
 
 def _agree(got, want):
