@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
+KEPT = "<!-- measured apart: generate.py keeps what follows -->"
+"""benchmarks.md's sections below this line (figures of their own runs, with their own how) survive a regeneration."""
 HELP_WIDTH = "100"
 
 
@@ -113,7 +115,10 @@ def main(argv: list[str]) -> int:
     else:
         if not args.results:
             parser.error("benchmarks needs the bench JSON files")
-        (DOCS / "benchmarks.md").write_text(benchmarks_page(args.results), encoding="utf-8")
+        page, kept = DOCS / "benchmarks.md", ""
+        if page.exists() and KEPT in (earlier := page.read_text(encoding="utf-8")):
+            kept = "\n" + earlier[earlier.index(KEPT):]  # the sections measured apart, kept as they are
+        page.write_text(benchmarks_page(args.results) + kept, encoding="utf-8")
     return 0
 
 

@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 import flowcore
-import flowcore.calibration.file as calibrator_file
 from flowcore.calibration.file import FORMAT_VERSION, CalibratorFileError, EncoderProvenance
+
+from helpers.calibrator_files import rewritten
 
 
 @pytest.fixture(scope="module")
@@ -17,19 +17,6 @@ def fitted():
     data = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
     return data, flowcore.FlowCalibrator(config="l2_d2_w32", batch_size=64).fit(data, show_progress_bar=False)
 
-
-def _rewrite_header(source, target, version: str, edit, rehash: bool = False) -> None:
-    """Copy a flow file with its header's format version and info changed (tensors kept); `rehash`: with the
-    checksum a file of that version would carry (version 3's covers the tensors only), else the old one."""
-    with safe_open(str(source), framework="pt") as reader:
-        metadata = dict(reader.metadata())
-        tensors = {name: reader.get_tensor(name) for name in reader.keys()}
-    info = json.loads(metadata["info"])
-    edit(info)
-    metadata.update(format_version=version, info=json.dumps(info, sort_keys=True))
-    if rehash:
-        metadata["sha256"] = calibrator_file._digest(tensors, None if version == "3" else info)
-    save_file(tensors, str(target), metadata=metadata)
 
 
 class _FakeEncoder:
@@ -64,7 +51,7 @@ def test_a_file_of_another_format_version_says_how_to_refit(fitted, tmp_path, ve
     """Versions 1 and 2 (earlier flowcore releases) and unknown ones: one error naming the file."""
     _, calibrator = fitted
     calibrator.save(tmp_path / "current.flow")
-    _rewrite_header(tmp_path / "current.flow", tmp_path / f"v{version}.flow", version, lambda info: None)
+    rewritten(tmp_path / "current.flow", tmp_path / f"v{version}.flow", lambda info: None, version, rehash=False)
     message = (rf"v{version}.flow: calibrator file format version {version}; this flowcore reads versions 3, 4. "
                r"Refit it with this flowcore \(`flowcore fit`\)")
     for load in (flowcore.load, flowcore.FlowCalibrator.load):
@@ -78,7 +65,7 @@ def test_a_version_3_file_still_loads_and_maps_alike(fitted, tmp_path, kind):
     data, flow = fitted
     calibrator = flow if kind == "flow" else flowcore.Whitening(keep=4).fit(data)
     calibrator.save(tmp_path / "current.flow")
-    _rewrite_header(tmp_path / "current.flow", tmp_path / "v3.flow", "3", lambda info: None, rehash=True)
+    rewritten(tmp_path / "current.flow", tmp_path / "v3.flow", lambda info: None, "3")
     loaded = flowcore.load(tmp_path / "v3.flow")
     assert loaded.name == kind
     np.testing.assert_array_equal(loaded.transform(data[:5]), calibrator.transform(data[:5]))
@@ -88,8 +75,8 @@ def test_the_checksum_covers_the_header(fitted, tmp_path):
     """A version 4 header edited after the fit (here: the recorded encoder) is refused, naming the file."""
     _, calibrator = fitted
     calibrator.save(tmp_path / "m.flow")
-    _rewrite_header(tmp_path / "m.flow", tmp_path / "edited.flow", "4",
-                    lambda info: info.update(encoder={"model": "other", "pooling": "cls"}))
+    rewritten(tmp_path / "m.flow", tmp_path / "edited.flow",
+              lambda info: info.update(encoder={"model": "other", "pooling": "cls"}), rehash=False)
     with pytest.raises(CalibratorFileError,
                        match=r"edited.flow: corrupted calibrator file \(its weights or header do not match"):
         flowcore.load(tmp_path / "edited.flow")

@@ -21,6 +21,8 @@ from flowcore import FlowCalibrator
 from flowcore.calibration.file import CalibratorFileError
 from flowcore.cli import main
 
+from helpers.calibrator_files import rewritten
+
 
 def refused(path) -> str:
     with pytest.raises(CalibratorFileError) as error:
@@ -157,21 +159,6 @@ def test_no_code_path_in_flowcore_can_run_code_from_a_file():
                         found.append(f"{where} passes {keyword.arg}=True")
     assert found == []
 
-
-def rewritten(source: Path, target: Path, edit, version: str = "4", rehash: bool = True) -> Path:
-    """`source` with its info edited by `edit(info)`, saved at `target` with the checksum a writer of that format
-    version gives it (as a stranger who edited the header and recomputed the checksum would)."""
-    from safetensors import safe_open
-
-    with safe_open(str(source), framework="pt") as reader:
-        metadata, tensors = dict(reader.metadata()), {name: reader.get_tensor(name) for name in reader.keys()}
-    info = json.loads(metadata["info"])
-    edit(info)
-    metadata.update(format_version=version, info=json.dumps(info, sort_keys=True))
-    if rehash:
-        metadata["sha256"] = calibrator_file._digest(tensors, None if version == "3" else info)
-    save_file(tensors, str(target), metadata=metadata)
-    return target
 
 
 def fitted_linear(tmp_path: Path, kind: str, **settings) -> Path:
