@@ -163,9 +163,9 @@ def _gathered(args, scratch: Path) -> np.ndarray:
     if corpus.summary.rejected:
         with open(corpus.summary.rejects_path, encoding="utf-8") as lines:
             first = json.loads(lines.readline())
-        reasons = ", ".join(f"{count} {reason}" for reason, count in corpus.summary.rejects.items())
         where = f"{first['file']}, row {first['row']}" if "file" in first else f"row {first['row']}"
-        raise CLIError(f"{args.embeddings}: {corpus.summary.rejected} row(s) are not usable vectors ({reasons}; the "
+        raise CLIError(f"{args.embeddings}: {corpus.summary.rejected} row(s) are not usable vectors "
+                       f"({_reasons(corpus.summary.rejects)}; the "
                        f"first: {where}); fit on finite vectors, e.g. flowcore calibrate's output without its "
                        "rejected rows")
     return corpus.vectors
@@ -184,8 +184,8 @@ def encode_sample(path, args, skipped_to=None, **encoder_options):
                            for _, _, text in read_texts(corpus.path, args.text_field, rejects=rejects)),
                           args.max_rows, args.seed)
     if rejects:
-        reasons = ", ".join(f"{count} {reason}" for reason, count in count_reasons(rejects).items())
-        print(f"{path}: skipped {len(rejects)} unusable row(s) ({reasons}); first at row {rejects[0].row}",
+        print(f"{path}: skipped {len(rejects)} unusable row(s) ({_reasons(count_reasons(rejects))}); first at row "
+              f"{rejects[0].row}",
               file=skipped_to)
     if len(texts) < 2:
         raise CLIError(f"{path}: needs at least 2 usable sentences, found {len(texts)}")
@@ -219,13 +219,17 @@ def _cached_corpus(args, scratch: Path):
     if corpus.summary.complete and not args.no_cache:
         print(f"{args.input}: its vectors are already in {cache} (--restart encodes it again)")
     if corpus.summary.rejected:
-        reasons = ", ".join(f"{count} {reason}" for reason, count in corpus.summary.rejects.items())
-        print(f"{args.input}: skipped {corpus.summary.rejected} unusable row(s) ({reasons}); listed in "
-              f"{corpus.summary.rejects_path}")
+        print(f"{args.input}: skipped {corpus.summary.rejected} unusable row(s) ({_reasons(corpus.summary.rejects)}); "
+              f"listed in {corpus.summary.rejects_path}")
     usable = len(corpus.vectors) if corpus.good is None else len(corpus.good)
     if usable < 2:
         raise CLIError(f"{args.input}: needs at least 2 usable sentences, found {usable}")
     return corpus.vectors, corpus.good, encoder
+
+
+def _reasons(counts: dict[str, int]) -> str:
+    """Rejected rows counted by reason, as "3 empty text, 1 broken JSON"."""
+    return ", ".join(f"{count} {reason}" for reason, count in counts.items())
 
 
 def _distinct_rows(data: np.ndarray, rows: np.ndarray | None) -> int:
