@@ -1,8 +1,6 @@
-"""The flow's execution plan and its ops, each beside its pure-PyTorch twin; imported as `flowcore.kernels`.
-
-The bottom layer of flowcore: it imports torch, Triton (optional) and nothing else of flowcore.
-`plan` chooses, once per flow call, how every step runs (`PATHS`); `reference` holds the twins.
-Row log-dets and squared norms are float32 whatever the activations' dtype (float64 for float64).
+"""The flow's execution plan and its ops, each beside its pure-PyTorch twin; imported as `flowcore.kernels`, the
+bottom layer of flowcore (it imports torch and, optionally, Triton). `plan` chooses, once per flow call, how every
+step runs (`PATHS`); `reference` holds the twins. Row log-dets and squared norms are float32 (float64 for float64).
 """
 from ._utils import accumulation_dtype
 from .dispatch import HAS_TRITON
@@ -23,24 +21,7 @@ from .squared_norm import squared_norm_ref
 from .triangular import lu_factors, lu_product, lu_product_ref, lu_solve
 
 __all__ = [
-    "HAS_TRITON",
-    "PATHS",
-    "SCALE_OFFSET",
-    "Plan",
-    "StepParameters",
-    "accumulation_dtype",
-    "actnorm_inverse_ref",
-    "actnorm_ref",
-    "couple_ref",
-    "fold",
-    "folded_step_ref",
-    "inverse_step_ref",
-    "lu_factors",
-    "lu_product",
-    "lu_product_ref",
-    "lu_solve",
-    "plan",
-    "squared_norm_ref",
-    "step_ref",
-    "uncouple_ref",
+    "HAS_TRITON", "PATHS", "SCALE_OFFSET", "Plan", "StepParameters", "accumulation_dtype", "actnorm_inverse_ref",
+    "actnorm_ref", "couple_ref", "fold", "folded_step_ref", "inverse_step_ref", "lu_factors", "lu_product",
+    "lu_product_ref", "lu_solve", "plan", "squared_norm_ref", "step_ref", "uncouple_ref",
 ]

@@ -1,6 +1,4 @@
-"""Helpers shared by every backend: argument checks, the accumulation dtype, the error a backend
-that cannot run raises, and the table in which `kernels/triton/` registers its ops when imported
-(so that nothing here imports the Triton files, and they import nothing that imports them)."""
+"""Helpers shared by every backend: argument checks, the accumulation dtype, the backend error, the Triton ops."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,19 +6,11 @@ from typing import Callable
 import torch
 
 TRITON_OPS: dict[str, Callable] = {}
-"""The Triton entry points by name, filled by `register_triton_op` as `kernels/triton/` is imported."""
+"""The Triton entry points by name, filled by `kernels/triton/__init__.py`."""
 
 
 class BackendUnavailableError(RuntimeError):
     """The requested backend cannot run here."""
-
-
-def register_triton_op(name: str) -> Callable:
-    """Record the decorated function in `TRITON_OPS` under `name`."""
-    def record(function: Callable) -> Callable:
-        TRITON_OPS[name] = function
-        return function
-    return record
 
 
 def require_matrix(name: str, tensor: torch.Tensor, width: int | None = None) -> None:

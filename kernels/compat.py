@@ -1,6 +1,4 @@
-"""Every probe of torch internals flowcore relies on, in one place, so that a torch upgrade that
-moves one of them breaks here and nowhere else.
-"""
+"""Every probe of torch internals flowcore relies on, in one place: a torch upgrade that moves one breaks here."""
 from __future__ import annotations
 
 import torch
@@ -15,23 +13,20 @@ def functorch_transforms_active() -> bool:
 
 
 def composed_autograd_only(tensor: torch.Tensor) -> bool:
-    """True inside `torch.func` transforms and under autocast for the tensor's device: there the
-    custom autograd Functions give way to composed PyTorch ops, which those know how to handle."""
+    """Inside `torch.func` transforms or under autocast: there the custom Functions give way to composed ops."""
     return functorch_transforms_active() or torch.is_autocast_enabled(tensor.device.type)
 
 
 def composed_backward(outputs, inputs, needs_input_grad, grads) -> tuple:
-    """A custom Function's backward under create_graph=True: gradients of `outputs` (recomputed
-    from composed ops) w.r.t. the `inputs` flagged in `needs_input_grad` (None for the others),
-    with a graph, so that higher-order gradients are exact."""
+    """A custom Function's backward under create_graph=True: gradients, with a graph, of `outputs` (recomputed
+    from composed ops) w.r.t. the `inputs` flagged in `needs_input_grad` (None for the others)."""
     wanted = [t for t, needed in zip(inputs, needs_input_grad) if needed]
     computed = iter(torch.autograd.grad(outputs, wanted, grads, create_graph=True, allow_unused=True))
     return tuple(next(computed) if needed else None for needed in needs_input_grad)
 
 
 def version_key(tensors) -> tuple:
-    """A key that changes whenever one of `tensors` is replaced or updated in place (autograd's
-    version counter), so caches built from them know when to rebuild."""
+    """A key that changes whenever one of `tensors` is replaced or updated in place (for caches built from them)."""
     return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
@@ -41,8 +36,7 @@ def relu_backward(grad: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
 
 
 def has_forward_hooks(module: nn.Module, recurse: bool = True) -> bool:
-    """Forward (pre-)hooks on `module`, on its children (unless `recurse=False`), or registered
-    globally for all modules (`torch.nn.modules.module.register_module_forward_hook`)."""
+    """Forward (pre-)hooks on `module`, on its children (unless `recurse=False`), or global ones."""
     if _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
         return True
     modules = module.modules() if recurse else (module,)
@@ -50,14 +44,12 @@ def has_forward_hooks(module: nn.Module, recurse: bool = True) -> bool:
 
 
 def plain_tensors(args) -> bool:
-    """True when no torch.compile/export traces a call with `args` and its tensors are plain
-    (no fake or functional tensors, no subclasses)."""
+    """No torch.compile/export traces a call with `args`, and its tensors are plain (not fake, no subclasses)."""
     if torch.compiler.is_compiling():
         return False
     return all(type(a) in (torch.Tensor, nn.Parameter) for a in args if isinstance(a, torch.Tensor))
 
 
 def plain_eager(args) -> bool:
-    """`plain_tensors(args)` and no TorchDispatchMode intercepting the call either, so a custom
-    op's implementation may run directly, without the dispatcher."""
+    """`plain_tensors(args)` and no TorchDispatchMode either: a custom op's implementation may run directly."""
     return plain_tensors(args) and _get_current_dispatch_mode() is None  # compiling first: Dynamo can't trace the mode

@@ -1,8 +1,7 @@
-"""The default step (LU 1x1, affine coupling) on the CPU: one autograd Function with a hand-written
-backward (the paper's batch-32 fit is bound by op calls, not flops). Its linear part is either
-ActNorm folded into W (one GEMM + bias) or the LU factors applied to the batch one by one; the MLP
-and the coupling run in place. Under `create_graph=True` it differentiates the composed twin, so
-higher-order gradients stay exact.
+"""The default step (LU 1x1, affine coupling) on the CPU: one autograd Function with a hand-written backward
+(the paper's batch-32 fit is bound by op calls, not flops). Its linear part is ActNorm folded into W (one GEMM
++ bias) or the LU factors applied to the batch one by one; the MLP and the coupling run in place. Under
+`create_graph=True` it differentiates the composed twin.
 """
 from __future__ import annotations
 
@@ -11,35 +10,24 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import reference
 from .compat import composed_backward, has_forward_hooks, relu_backward
-from .reference import (
-    SCALE_OFFSET,
-    affine_coupling_backward,
-    affine_coupling_forward,
-    coupled_ref,
-    folded_linear_backward,
-    folded_linear_ref,
-)
 from .triangular import factored_backward, factored_forward, factored_linear_ref
 
 
 def mlp_layers(conditioner) -> list[torch.Tensor] | None:
-    """[W1, b1, W2, b2, ...] when `conditioner` is a plain, hook-free nn.Sequential of Linear (-> ReLU ->
-    Linear)*, else None. Called at every step: Linear and ReLU have no children, so each layer's
-    own hooks are read directly instead of walking `modules()`."""
+    """[W1, b1, W2, b2, ...] when `conditioner` is a plain, hook-free nn.Sequential of Linear (-> ReLU -> Linear)*,
+    else None. Called at every step: Linear and ReLU have no children, so their hooks are read directly."""
     if (type(conditioner) is not nn.Sequential or len(conditioner) % 2 == 0
             or has_forward_hooks(conditioner, recurse=False)):
         return None
     layers = []
     for index, module in enumerate(conditioner):
-        if module._forward_hooks or module._forward_pre_hooks:
+        linear = index % 2 == 0
+        if (module._forward_hooks or module._forward_pre_hooks or type(module) is not (nn.Linear if linear else nn.ReLU)
+                or linear and module.bias is None):
             return None
-        if index % 2:
-            if type(module) is not nn.ReLU:
-                return None
-        elif type(module) is not nn.Linear or module.bias is None:
-            return None
-        else:
+        if linear:
             layers += [module.weight, module.bias]
     return layers
 
@@ -51,18 +39,17 @@ class Folded:
 
     @staticmethod
     def forward(x, weight, bias):
-        return folded_linear_ref(x, weight, bias), ()
+        return reference.folded_linear_ref(x, weight, bias), ()
 
     @staticmethod
     def backward(dy, x, inputs, saved, needs):
-        return folded_linear_backward(dy, x, inputs[0], needs)
+        return reference.folded_linear_backward(dy, x, inputs[0], needs)
 
-    ref = staticmethod(folded_linear_ref)
+    ref = staticmethod(reference.folded_linear_ref)
 
 
 class Factored:
-    """The linear part applied factor by factor (`triangular.factored_forward`):
-    y = ((x + loc) * exp(logs)) @ (P L U).T, U's diagonal sign * exp(log_s)."""
+    """The linear part factor by factor (`triangular.factored_forward`): y = ((x + loc) * exp(logs)) @ (P L U).T."""
 
     arity = 6
 
@@ -85,8 +72,7 @@ class Factored:
 
 
 def cpu_step(linear, split: int, x, inputs: tuple, conditioner):
-    """(z, coupling logdet) of the step with `linear` (`Folded` or `Factored`) of `inputs`: the
-    Function when a gradient is wanted, else its forward alone."""
+    """(z, coupling logdet) of the step with `linear` (`Folded` or `Factored`) of `inputs`."""
     layers = mlp_layers(conditioner)
     if layers is None:
         raise ValueError("the CPU step paths need a plain MLP conditioner (nn.Sequential of Linear and ReLU, "
@@ -103,23 +89,23 @@ def cpu_step(linear, split: int, x, inputs: tuple, conditioner):
 
 
 def _coupling_forward(y, split: int, layers):
-    """The MLP on y's first half, then the affine coupling in place on its second half: y becomes
-    z. Returns (z, coupling logdet, scale, the MLP's hidden activations)."""
+    """(z, coupling logdet, scale, the MLP's hidden activations); the coupling runs in place: y becomes z."""
     hidden, a = [], y[:, :split]
     for index in range(0, len(layers) - 2, 2):
         a = torch.addmm(layers[index + 1], a, layers[index].T).relu_()
         hidden.append(a)
     weight, bias = layers[-2], layers[-1]  # the last layer as two GEMMs: shift and logit come out contiguous
     shift = torch.addmm(bias[0::2], a, weight[0::2].T)
-    logit = torch.addmm(bias[1::2], a, weight[1::2].T).add_(SCALE_OFFSET)
-    _, logdet, scale = affine_coupling_forward(y[:, split:], shift, logit, inplace=True)
+    logit = torch.addmm(bias[1::2], a, weight[1::2].T).add_(reference.SCALE_OFFSET)
+    _, logdet, scale = reference.affine_coupling_forward(y[:, split:], shift, logit, inplace=True)
     return y, logdet, scale, hidden
 
 
 def _coupling_backward(dz, dlogdet, z, scale, hidden, layers, split: int, needs):
     """(dy, the MLP layers' gradients) of `_coupling_forward`, by hand; `needs` flags the layers'."""
     dy = torch.empty_like(z)
-    dshift, dlogit = affine_coupling_backward(dz[:, split:], dlogdet, z[:, split:], scale, dx2_out=dy[:, split:])
+    dshift, dlogit = reference.affine_coupling_backward(dz[:, split:], dlogdet, z[:, split:], scale,
+                                                        dx2_out=dy[:, split:])
     grad = torch.stack([dshift, dlogit], dim=2).flatten(1)  # dh, interleaved as h
     inputs, depth = [z[:, :split], *hidden], len(layers) // 2
     layer_grads = [None] * len(layers)
@@ -138,7 +124,7 @@ def _coupling_backward(dz, dlogdet, z, scale, hidden, layers, split: int, needs)
 
 
 def _mlp(layers) -> Callable:
-    """The MLP of `layers` as composed differentiable ops (for the twin under create_graph)."""
+    """The MLP of `layers` as composed differentiable ops."""
     def conditioner(a):
         for index in range(0, len(layers), 2):
             a = torch.nn.functional.linear(torch.relu(a) if index else a, layers[index], layers[index + 1])
@@ -147,7 +133,7 @@ def _mlp(layers) -> Callable:
 
 
 class _AffineStep(torch.autograd.Function):
-    """The CPU step, either linear part, the MLP and the coupling in place, with a hand-written backward."""
+    """The CPU step (either linear part, the MLP, the coupling in place) with a hand-written backward."""
 
     @staticmethod
     def forward(ctx, linear, split: int, x, *tensors):
@@ -166,7 +152,7 @@ class _AffineStep(torch.autograd.Function):
         saved, (z, scale, *hidden) = rest[arity + depth:arity + depth + saved_count], rest[arity + depth + saved_count:]
         needs, linear, split = ctx.needs_input_grad[2:], ctx.linear, ctx.split
         if torch.is_grad_enabled():  # create_graph=True: differentiate the composed twin
-            twin = coupled_ref(linear.ref(x, *inputs), split, _mlp(layers))
+            twin = reference.coupled_ref(linear.ref(x, *inputs), split, _mlp(layers))
             return (None, None, *composed_backward(twin, (x, *inputs, *layers), needs, (dz, dlogdet)))
         dy, layer_grads = _coupling_backward(dz, dlogdet, z, scale, hidden, layers, split, needs[1 + arity:])
         return (None, None, *linear.backward(dy, x, inputs, saved, needs[:1 + arity]), *layer_grads)

@@ -1,10 +1,9 @@
 """Which implementation runs the flow ops: fused Triton kernels or plain PyTorch.
 
-Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then the
-`FLOWCORE_BACKEND` environment variable (read whenever a plan is made: once per flow call), then `auto`.
-
-`auto` runs Triton on CUDA tensors when Triton is installed, PyTorch otherwise; `triton` on CPU tensors
-needs the interpreter (`TRITON_INTERPRET=1`), else a `BackendUnavailableError` says why.
+Choice, in order of precedence: `use_backend(name)` / `set_backend(name)`, then the `FLOWCORE_BACKEND`
+environment variable (read whenever a plan is made: once per flow call), then `auto`. `auto` runs Triton
+on CUDA tensors when Triton is installed, PyTorch otherwise; `triton` on CPU tensors needs the interpreter
+(`TRITON_INTERPRET=1`), else a `BackendUnavailableError` says why.
 """
 from __future__ import annotations
 
@@ -35,9 +34,7 @@ def _check_name(name: str) -> str:
 
 def get_backend() -> str:
     """The requested backend name (`auto`, `triton` or `torch`), before resolution."""
-    if _override is not None:
-        return _override
-    return _check_name(os.environ.get(ENV_VAR, "auto") or "auto")
+    return _override or _check_name(os.environ.get(ENV_VAR, "auto") or "auto")
 
 
 def set_backend(name: str | None) -> None:
@@ -57,24 +54,19 @@ def use_backend(name: str) -> Iterator[None]:
         set_backend(previous)
 
 
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def resolve(tensor: torch.Tensor) -> str:
     """The backend that will actually run the ops on `tensor`: `triton` or `torch`."""
     name = get_backend()
     if name == "torch":
         return "torch"
-    on_gpu = tensor.is_cuda
     if name == "auto":
-        return "triton" if on_gpu and HAS_TRITON else "torch"
+        return "triton" if tensor.is_cuda and HAS_TRITON else "torch"
     if not HAS_TRITON:
         raise BackendUnavailableError(
             "the Triton backend was requested (FLOWCORE_BACKEND=triton or use_backend('triton')) but Triton is "
             "not installed; pip install triton (Linux), or use the 'auto' or 'torch' backend"
         )
-    if not on_gpu and not interpreter_enabled():
+    if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise BackendUnavailableError(
             f"FLOWCORE_BACKEND=triton on a {tensor.device.type} tensor needs a CUDA GPU, or the Triton "
             "interpreter (set TRITON_INTERPRET=1 before importing flowcore); use FLOWCORE_BACKEND=auto "
@@ -84,8 +76,7 @@ def resolve(tensor: torch.Tensor) -> str:
 
 
 def triton_ops() -> dict:
-    """The Triton ops by name (`_utils.TRITON_OPS`), which `kernels/triton/` registers when imported,
-    here by its name when a Triton op first runs."""
+    """The Triton ops by name (`_utils.TRITON_OPS`), importing `kernels/triton/` by name on the first call."""
     if not TRITON_OPS:
         importlib.import_module(f"{__package__}.triton")
     return TRITON_OPS

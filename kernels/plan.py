@@ -7,21 +7,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import reference
 from ._utils import require_matrix, require_vector
 from .compat import composed_autograd_only, plain_tensors
 from .cpu import Factored, Folded, cpu_step, mlp_layers
 from .dispatch import resolve, triton_ops
-from .reference import (
-    StepParameters,
-    actnorm_inverse_ref,
-    actnorm_ref,
-    couple_ref,
-    folded_step_ref,
-    inverse_step_ref,
-    reversed_step,
-    step_ref,
-    uncouple_ref,
-)
 from .squared_norm import squared_norm, squared_norm_ref
 
 PATHS = {
@@ -34,12 +24,10 @@ PATHS = {
     "triton": "the Triton backend: an LU step is the folded GEMMs with the coupling in the second's epilogue "
               "(`triton/step.py`); a reversal step and every inverse run the Triton ActNorm and coupling kernels",
 }
-"""Every way a flow runs, by name. On the CPU paths the variants (additive coupling, reversal) compose
-the twins, an LU step from its folded weight."""
+"""Every way a flow runs. On the CPU paths the variants compose the twins, an LU step from its folded weight."""
 
 FACTORED_ROWS_PER_FEATURE = 0.5
-"""Training batches of fewer than this many rows per feature apply the LU factors to the batch instead
-of assembling W (below the flop counts' crossover)."""
+"""Training batches of fewer rows per feature apply the LU factors, not W (below the flop counts' crossover)."""
 
 
 def plan(x: torch.Tensor, dim: int, conditioners, training: bool) -> Plan:
@@ -86,13 +74,13 @@ class Plan:
     def __repr__(self) -> str:
         return f"Plan({self.path!r})"
 
-    def step(self, x: torch.Tensor, p: StepParameters):
+    def step(self, x: torch.Tensor, p: reference.StepParameters):
         """(z, logdet per row) of the step with parameters `p`."""
         _check(x, p)
         if self.path == "reference":
-            return step_ref(x, p)
+            return reference.step_ref(x, p)
         if p.lu is None:
-            return reversed_step(x, p, self.actnorm, self.couple)
+            return reference.reversed_step(x, p, self.actnorm, self.couple)
         if self.path == "factored" and p.coupling == "affine":
             z, logdet = cpu_step(Factored, p.split, x, (p.loc, p.logs, p.lu, p.log_s, p.sign, p.perm), p.conditioner)
             return z, logdet + (p.logs.sum() + p.log_s.sum()).to(logdet.dtype)
@@ -101,18 +89,17 @@ class Plan:
         return z, logdet + constant.to(logdet.dtype)
 
     def folded_step(self, x, weight, bias, split: int, conditioner, coupling: str = "affine"):
-        """(z, coupling logdet) of a step whose linear part is folded into y = x @ weight.T + bias
-        (`reference.fold`): the Triton step, the CPU Function ("folded", affine), else the twin."""
+        """(z, coupling logdet) of a step folded into y = x @ weight.T + bias: the Triton step, CPU Function or twin."""
         if self._triton is not None:
             return self._triton["step"](x, weight, bias, split, conditioner, coupling)
         if self.path == "folded" and coupling == "affine":
             return cpu_step(Folded, split, x, (weight, bias), conditioner)
-        return folded_step_ref(x, weight, bias, split, conditioner, coupling)
+        return reference.folded_step_ref(x, weight, bias, split, conditioner, coupling)
 
-    def inverse(self, z: torch.Tensor, p: StepParameters):
+    def inverse(self, z: torch.Tensor, p: reference.StepParameters):
         """(x, log-det of the inverse map per row) of the step with parameters `p`."""
         _check(z, p)
-        return inverse_step_ref(z, p, self.uncouple, self.actnorm_inverse)
+        return reference.inverse_step_ref(z, p, self.uncouple, self.actnorm_inverse)
 
     def squared_norm(self, z: torch.Tensor) -> torch.Tensor:
         """Each row's sum of squares, in float32 (float64 for float64)."""
@@ -120,26 +107,30 @@ class Plan:
 
     def actnorm(self, x, loc, logs):
         """(x + loc) * exp(logs) on this plan's backend."""
-        return actnorm_ref(x, loc, logs) if self._triton is None else self._triton["actnorm"](x, loc, logs, False)
+        if self._triton is None:
+            return reference.actnorm_ref(x, loc, logs)
+        return self._triton["actnorm"](x, loc, logs, False)
 
     def actnorm_inverse(self, y, loc, logs):
         """y * exp(-logs) - loc on this plan's backend."""
         if self._triton is None:
-            return actnorm_inverse_ref(y, loc, logs)
+            return reference.actnorm_inverse_ref(y, loc, logs)
         return self._triton["actnorm"](y, loc, logs, True)
 
     def couple(self, x2, h, coupling: str = "affine"):
         """(z2, log-det per row) of the coupling (`reference.couple_ref`) on this plan's backend."""
-        return couple_ref(x2, h, coupling) if self._triton is None else self._triton["couple"](x2, h, coupling, False)
+        if self._triton is None:
+            return reference.couple_ref(x2, h, coupling)
+        return self._triton["couple"](x2, h, coupling, False)
 
     def uncouple(self, z2, h, coupling: str = "affine"):
         """(x2, log-det of the forward map per row) of the coupling's inverse on this plan's backend."""
         if self._triton is None:
-            return uncouple_ref(z2, h, coupling)
+            return reference.uncouple_ref(z2, h, coupling)
         return self._triton["couple"](z2, h, coupling, True)
 
 
-def _check(x: torch.Tensor, p: StepParameters) -> None:
+def _check(x: torch.Tensor, p: reference.StepParameters) -> None:
     d = p.logs.shape[0] if p.lu is None else p.lu.shape[0]
     require_matrix("step input", x, d)
     tensors = (("loc", p.loc), ("logs", p.logs), ("log_s", p.log_s), ("sign", p.sign), ("perm", p.perm))

@@ -1,6 +1,5 @@
-"""The PyTorch twins of the flow's ops, written once: the math every backend implements, composed
-under autograd, and the pieces the CPU and Triton steps share. Every path of a `Plan` is tested
-against these, in the same dtype and in float64.
+"""The PyTorch twins of the flow's ops, written once: the math every backend implements, composed under
+autograd, and the pieces the CPU and Triton steps share. Every path of a `Plan` is tested against these.
 
 One step, data -> latent (`StepParameters` holds its tensors):
 
@@ -60,18 +59,14 @@ class StepParameters(NamedTuple):
 
 
 # --- the coupling
-
-
 def shift_and_logit(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h[:, 0::2], h[:, 1::2] + SCALE_OFFSET): one unbind, whose backward is a single stack
-    instead of two zero-filled full-size slice gradients."""
+    """(h[:, 0::2], h[:, 1::2] + SCALE_OFFSET) by one unbind: its backward is one stack, not two zero-filled slices."""
     shift, logit = h.unflatten(1, (-1, 2)).unbind(-1)
     return shift, logit + SCALE_OFFSET
 
 
 def coupling_logdet(logit: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """sum(log sigmoid(logit)) per row, in float32 (float64 for float64): the log of a given `scale`
-    (one cheap pass) unless 16-bit or underflowed, else log-sigmoid (no data-dependent branch)."""
+    """sum(log sigmoid(logit)) per row: the log of a given `scale` (one pass) unless 16-bit or underflowed."""
     if scale is not None and scale.dtype not in (torch.float16, torch.bfloat16):
         logdet = torch.log(scale).sum(dim=1)
         if bool(torch.isfinite(logdet).all()):
@@ -80,8 +75,7 @@ def coupling_logdet(logit: torch.Tensor, scale: torch.Tensor | None = None) -> t
 
 
 def affine_coupling_forward(x2, shift, logit, inplace: bool = False):
-    """(z2, logdet, scale) of the affine coupling from shift and logit. With `inplace`, z2
-    overwrites x2 (no autograd: the CPU step's own forward)."""
+    """(z2, logdet, scale) of the affine coupling; with `inplace` z2 overwrites x2 (the CPU step, no autograd)."""
     scale = torch.sigmoid(logit)
     if inplace:
         return x2.add_(shift).mul_(scale), coupling_logdet(logit, scale), scale
@@ -96,14 +90,14 @@ def affine_coupling_backward(dz2, dlogdet, z2, scale, dx2_out=None) -> tuple[tor
     return dx2, dlogit.addcmul_(dlogit, scale, value=-1.0)
 
 
-def _no_logdet(x2: torch.Tensor) -> torch.Tensor:
+def zero_logdet(x2: torch.Tensor) -> torch.Tensor:
     return x2.new_zeros(x2.shape[0], dtype=accumulation_dtype(x2))
 
 
 def couple_ref(x2: torch.Tensor, h: torch.Tensor, coupling: str = "affine"):
     """(z2, log-det per row) of the coupling of x2 with the conditioner's output h."""
     if coupling == "additive":
-        return x2 + h, _no_logdet(x2)
+        return x2 + h, zero_logdet(x2)
     z2, logdet, _ = affine_coupling_forward(x2, *shift_and_logit(h))
     return z2, logdet
 
@@ -111,22 +105,19 @@ def couple_ref(x2: torch.Tensor, h: torch.Tensor, coupling: str = "affine"):
 def uncouple_ref(z2: torch.Tensor, h: torch.Tensor, coupling: str = "affine"):
     """(x2, log-det of the *forward* map per row) of the coupling's inverse (its own log-det is the negative)."""
     if coupling == "additive":
-        return z2 - h, _no_logdet(z2)
+        return z2 - h, zero_logdet(z2)
     shift, logit = shift_and_logit(h)
     return z2 / torch.sigmoid(logit) - shift, coupling_logdet(logit)
 
 
 def coupled_ref(y: torch.Tensor, split: int, conditioner: Callable, coupling: str = "affine", couple=couple_ref):
-    """(z, coupling log-det) of y's halves, the first conditioning the second, through `couple` (the
-    twin by default; a plan passes its backend's op)."""
+    """(z, coupling log-det) of y's halves, the first conditioning the second, through `couple` (a plan's op)."""
     y1, y2 = y.split([split, y.shape[1] - split], dim=1)
     z2, logdet = couple(y2, conditioner(y1), coupling)
     return torch.cat([y1, z2], dim=1), logdet
 
 
 # --- ActNorm and the 1x1
-
-
 def actnorm_ref(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor) -> torch.Tensor:
     return (x + loc) * torch.exp(logs)
 
@@ -148,22 +139,18 @@ def folded_linear_ref(x, weight, bias):
 
 
 def folded_linear_backward(dy, x, weight, needs) -> tuple:
-    """(dx, dweight, dbias) of `folded_linear_ref`, None where `needs` (3 flags) says not wanted: the
-    backward the CPU and Triton steps share (three cuBLAS calls)."""
+    """(dx, dweight, dbias) of `folded_linear_ref`, None where `needs` says not wanted (the CPU and Triton steps')."""
     return (dy @ weight if needs[0] else None, dy.T @ x if needs[1] else None, dy.sum(dim=0) if needs[2] else None)
 
 
 # --- whole steps
-
-
 def folded_step_ref(x, weight, bias, split: int, conditioner: Callable, coupling: str = "affine"):
     """(z, coupling log-det) of the step from its folded weight, composed under autograd."""
     return coupled_ref(folded_linear_ref(x, weight, bias), split, conditioner, coupling)
 
 
 def reversed_step(x, p: StepParameters, actnorm=actnorm_ref, couple=couple_ref):
-    """(z, logdet) of a step with the reversal for its 1x1, from the elementwise ops `actnorm` and
-    `couple` (the twins by default; a plan passes its backend's)."""
+    """(z, logdet) of a step with the reversal for its 1x1, from the elementwise ops `actnorm` and `couple`."""
     z, logdet = coupled_ref(actnorm(x, p.loc, p.logs).flip(1), p.split, p.conditioner, p.coupling, couple)
     return z, logdet + p.logs.sum().to(logdet.dtype)
 
@@ -178,9 +165,8 @@ def step_ref(x, p: StepParameters):
 
 
 def inverse_step_ref(z, p: StepParameters, uncouple=uncouple_ref, actnorm_inverse=actnorm_inverse_ref):
-    """(x, log-det of the inverse map per row) of the step: the coupling undone, then the 1x1 (two
-    triangular solves, or the reversal), then ActNorm, from the elementwise ops `uncouple` and
-    `actnorm_inverse` (the twins by default; a plan passes its backend's)."""
+    """(x, log-det of the inverse map per row) of the step: the coupling undone, then the 1x1 (two triangular
+    solves, or the reversal), then ActNorm, from the elementwise ops `uncouple` and `actnorm_inverse`."""
     z1, z2 = z.split([p.split, z.shape[1] - p.split], dim=1)
     y2, coupling_logdet = uncouple(z2, p.conditioner(z1), p.coupling)
     y = torch.cat([z1, y2], dim=1)

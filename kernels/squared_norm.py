@@ -1,7 +1,5 @@
 """Each row's sum of squares (the Gaussian prior's term), in float32 for 16-bit z, float64 for float64.
-
-`squared_norm`'s forward makes no (batch x d) temporary and its backward is one pass, 2 z * grad; a
-plan's reference path (torch.func transforms, autocast, compile) takes the composed `squared_norm_ref`.
+`squared_norm` makes no (batch x d) temporary and its backward is one pass; a plan's reference path takes the twin.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The LU ops of `LULinear`, with L = tril(lower, -1) + I and U = triu(upper, 1) + diag(diagonal),
-all pure PyTorch, each beside its composed `_ref` twin.
-
-`lu_product` (W = L @ U, rebuilt at every training step) skips the zero blocks of L and U. The
-factored linear map ((x + loc) * exp(logs)) @ (P L U).T never forms W, so a batch much smaller than
-d costs O(B d^2) instead of O(d^3).
+"""The LU ops of `LULinear`, L = tril(lower, -1) + I and U = triu(upper, 1) + diag(diagonal), in PyTorch, each
+beside its composed `_ref` twin. `lu_product` (W = L @ U, rebuilt at every training step) skips the zero blocks
+of L and U; the factored linear map ((x + loc) * exp(logs)) @ (P L U).T never forms W (O(B d^2), not O(d^3)).
 """
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ from .compat import composed_autograd_only, composed_backward
 
 
 def lu_factors(lower: torch.Tensor, upper: torch.Tensor, diagonal: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L, U): unit lower-triangular L from the strict lower part of `lower`, upper-triangular U
-    from the strict upper part of `upper` with `diagonal` on its diagonal."""
+    """(L, U) = (tril(lower, -1) + I, triu(upper, 1) + diag(diagonal))."""
     eye = torch.eye(lower.shape[0], dtype=lower.dtype, device=lower.device)
     return torch.tril(lower, -1) + eye, torch.triu(upper, 1) + torch.diag(diagonal)
 
@@ -79,8 +75,7 @@ def _blocks(matrix: torch.Tensor):
 
 
 def lu_solve(z: torch.Tensor, lu: torch.Tensor, diagonal: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """x with z = x @ (P L U).T: two triangular solves, never an explicit inverse (L and U packed in `lu`
-    as in `factored_linear_ref`)."""
+    """x with z = x @ (P L U).T by two triangular solves (L and U packed in `lu` as in `factored_linear_ref`)."""
     lower, upper = lu_factors(lu, lu, diagonal)
     y = z[:, torch.argsort(perm)]
     # x (L U)^T = y  <=>  (x U^T) L^T = y: solve against L^T (upper, unit), then U^T (lower).
@@ -89,8 +84,7 @@ def lu_solve(z: torch.Tensor, lu: torch.Tensor, diagonal: torch.Tensor, perm: to
 
 
 def factored_linear_ref(x, loc, logs, lu, diagonal, perm):
-    """((x + loc) * exp(logs)) @ (P L U).T, composed under autograd; L and U packed in `lu` (its own
-    diagonal unused), U's diagonal `diagonal`, W[i] = (L U)[perm[i]]."""
+    """((x + loc) * exp(logs)) @ (P L U).T under autograd: L and U packed in `lu`, W[i] = (L U)[perm[i]]."""
     return ((x + loc) * torch.exp(logs)) @ lu_product_ref(lu, lu, diagonal)[perm].T
 
 
@@ -121,8 +115,7 @@ def _right_of(blocks: tuple[torch.Tensor, ...], matrix: torch.Tensor, index: int
 
 
 def factored_forward(x, loc, logs, lu, diagonal, perm):
-    """(y, saved) of the factored linear map without autograd: t = a @ U.T, then v = t @ L.T, a block
-    row at a time; `saved` is what `factored_backward` needs."""
+    """(y, saved for `factored_backward`) of the factored map: t = a @ U.T, v = t @ L.T, a block row at a time."""
     scale = torch.exp(logs)
     a = torch.add(x, loc).mul_(scale)
     d = lu.shape[0]
@@ -145,8 +138,7 @@ def factored_forward(x, loc, logs, lu, diagonal, perm):
 
 
 def factored_backward(dy, lu, perm, saved, needs):
-    """(dx, d loc, d logs, d lu, d diagonal) of the factored linear map, without autograd; `needs` flags
-    the wanted ones (None for the others). d L = dv.T @ t, d U = dt.T @ a, strict triangles only."""
+    """(dx, d loc, d logs, d lu, d diagonal) of the factored map, None where `needs` says not wanted."""
     scale, a, t, *factors = saved
     blocks = len(factors) // 2
     lowers, uppers = factors[:blocks], factors[blocks:]
@@ -207,7 +199,6 @@ def _strict_triangles(lower: torch.Tensor, upper: torch.Tensor, out: torch.Tenso
 
 @functools.lru_cache(maxsize=32)
 def _masks(d: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The (strictly lower, strictly upper) 0/1 masks and the identity of a (d, d) matrix, cached:
-    multiplying by a mask is faster than `tril`, `triu` or `torch.where`."""
+    """The (strictly lower, strictly upper) 0/1 masks and the identity, cached (faster than `tril` or `triu`)."""
     ones = torch.ones(d, d, dtype=dtype, device=device)
     return torch.tril(ones, -1), torch.triu(ones, 1), torch.eye(d, dtype=dtype, device=device)

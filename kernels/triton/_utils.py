@@ -1,8 +1,6 @@
-"""Helpers shared by the Triton kernel files: op registration, device checks, GEMM routing, grid
-sizing, every launcher's tile table, and the `@triton.jit` helpers used by more than one kernel.
-
-The Triton decorators pick the interpreter or the GPU compiler when a kernel module is imported, so
-`INTERPRETED` is read once, here, at that same moment.
+"""Helpers shared by the Triton kernel files: op registration, device checks, GEMM routing, grid sizing, the
+tile tables, and the `@triton.jit` helpers used by more than one kernel. `INTERPRETED` is read once, as the
+kernel modules are imported: that is when Triton's decorators pick the interpreter or the GPU compiler.
 """
 from __future__ import annotations
 
@@ -17,14 +15,15 @@ from torch.library import triton_op
 
 from .._utils import BackendUnavailableError
 from ..compat import plain_eager
+from ..reference import SCALE_OFFSET
 
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+LOGIT_OFFSET = tl.constexpr(SCALE_OFFSET)
 
 
 def registered_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
-    """Register a host launcher as the custom op `name` (`torch.library.triton_op`, traceable by
-    torch.compile and torch.export) and return a function that calls the launcher directly in plain
-    eager mode, skipping the custom-op layers' host cost; otherwise the registered op runs."""
+    """Register a host launcher as the custom op `name` (`torch.library.triton_op`, traced by torch.compile
+    and torch.export); the returned function calls the launcher directly in plain eager mode (less host cost)."""
     def decorate(launcher: Callable) -> Callable:
         @functools.wraps(launcher)
         def guarded(*args):
@@ -43,8 +42,7 @@ def registered_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
 
 
 def device_guard(tensor: torch.Tensor):
-    """Launch on `tensor`'s GPU: Triton launches on the current device, so a tensor on cuda:1
-    while cuda:0 is current would be an illegal memory access."""
+    """Launch on `tensor`'s GPU: Triton launches on the current device (cuda:1 data from cuda:0 would fault)."""
     if tensor.device.type == "cuda" and tensor.device.index not in (None, torch.cuda.current_device()):
         return torch.cuda.device(tensor.device)
     return contextlib.nullcontext()
@@ -61,8 +59,7 @@ def require_launchable(tensor: torch.Tensor, op: str) -> None:
 
 @torch.compiler.assume_constant_result
 def _float32_matmul_precision() -> str:
-    """torch's float32 matmul precision, a constant to torch.compile (reading it would break the
-    graph; a compiled graph keeps the routing it was traced with)."""
+    """torch's float32 matmul precision, a constant to torch.compile (a graph keeps the routing it was traced with)."""
     return torch.get_float32_matmul_precision()
 
 
@@ -72,8 +69,7 @@ def allow_tf32(tensor: torch.Tensor) -> bool:
 
 
 def triton_gemm(tensor: torch.Tensor) -> bool:
-    """Whether a GEMM over `tensor` runs as a Triton kernel: only where `tl.dot` uses tensor cores
-    (16-bit, or float32 with TF32 allowed); strict float32 and float64 go to cuBLAS."""
+    """A GEMM over `tensor` runs as a Triton kernel only where `tl.dot` uses tensor cores (16-bit, or TF32)."""
     return INTERPRETED or tensor.dtype in (torch.float16, torch.bfloat16) or allow_tf32(tensor)
 
 
@@ -83,55 +79,36 @@ def _sm_count(index: int | None) -> int:
 
 
 def row_splits(row_blocks: int, other_programs: int, device: torch.device) -> int:
-    """Number of row ranges a batch reduction is split into (one fp32 partial each), so that the
-    programs keep the device busy: 8 per SM (a short tail wave); a handful in the interpreter."""
+    """Row ranges a batch reduction is split into (one partial each): 8 programs per SM, a few in the interpreter."""
     programs = 4 if INTERPRETED else 8 * _sm_count(device.index)
     return max(1, min(row_blocks, triton.cdiv(programs, max(other_programs, 1))))
 
 
-# --- tile tables: (BLOCK_B, BLOCK_D) for elementwise kernels, (BLOCK_B, BLOCK_N, BLOCK_K,
-# launch options) for the step's GEMMs. In the interpreter: few, large programs (it pays per program). The
-# GPU GEMM tables cover float32 (TF32) and 16-bit only: other GEMMs run on cuBLAS (`triton_gemm`).
+# --- tile tables: (BLOCK_B, BLOCK_D) for elementwise kernels, (BLOCK_B, BLOCK_N, BLOCK_K, launch options) for the
+# step's GEMMs. In the interpreter: few, large programs (it pays per program). The GPU GEMM tables cover float32
+# (TF32) and 16-bit only: other GEMMs run on cuBLAS (`triton_gemm`).
+ELEMENTWISE_BLOCK_D = {"actnorm": 256, "actnorm_bwd": 128, "coupling": 64}
+"""The widest BLOCK_D of each elementwise kernel on a GPU (16 rows): narrower for the ActNorm backward, whose two
+partial-sum tiles live across its row loop, and the coupling (16 x 128 spilled registers in the fp32 backward)."""
 
 
-def actnorm_tiles(D: int) -> tuple[int, int]:
-    """(BLOCK_B, BLOCK_D) of the ActNorm kernels for D features."""
+def elementwise_tiles(kernel: str, D: int) -> tuple[int, int]:
+    """(BLOCK_B, BLOCK_D) of the elementwise `kernel` (a key of `ELEMENTWISE_BLOCK_D`) over D columns."""
     if INTERPRETED:
         return 128, min(triton.next_power_of_2(D), 512)
-    return 16, min(triton.next_power_of_2(D), 256)
-
-
-def actnorm_bwd_tiles(D: int) -> tuple[int, int]:
-    """(BLOCK_B, BLOCK_D) of the ActNorm backward, narrower: its two partial-sum tiles live across its row loop."""
-    if INTERPRETED:
-        return actnorm_tiles(D)
-    return 16, min(triton.next_power_of_2(D), 128)
-
-
-def coupling_tiles(D2: int) -> tuple[int, int]:
-    """(BLOCK_B, BLOCK_D) of the coupling kernels for a coupled half of width D2."""
-    if INTERPRETED:
-        return 128, min(triton.next_power_of_2(D2), 512)
-    return 16, min(triton.next_power_of_2(D2), 64)  # 16 x 128 spilled registers in the fp32 backward
-
-
-def interpreter_gemm_tiles(B: int, D: int) -> tuple[int, int, int, dict]:
-    """Few, large tiles (the interpreter pays per program), shrunk to small inputs (it pays per padded element)."""
-    block_b = min(max(triton.next_power_of_2(B), 16), 128)
-    block_d = min(max(triton.next_power_of_2(D), 16), 128)
-    return block_b, block_d, block_d, {}
+    return 16, min(triton.next_power_of_2(D), ELEMENTWISE_BLOCK_D[kernel])
 
 
 def fused_step_tiles(dtype: torch.dtype, B: int, D: int) -> tuple[int, int, int, dict]:
-    """Tiles of the step's GEMMs (narrow column blocks: the coupling epilogue)."""
+    """Tiles of the step's GEMMs (narrow column blocks: the coupling epilogue), shrunk for small interpreted inputs."""
     if INTERPRETED:
-        return interpreter_gemm_tiles(B, D)
+        block_b = min(max(triton.next_power_of_2(B), 16), 128)
+        block_d = min(max(triton.next_power_of_2(D), 16), 128)
+        return block_b, block_d, block_d, {}
     return 128, 64, 32 if dtype == torch.float32 else 64, {"num_warps": 8, "num_stages": 3}
 
 
 # --- @triton.jit helpers shared by kernels
-
-
 @triton.jit
 def row_block(block, BLOCK_B: tl.constexpr):
     """Rows block * BLOCK_B + [0, BLOCK_B) as int64, so that row x stride offsets past 2**31 do not wrap."""
@@ -141,15 +118,15 @@ def row_block(block, BLOCK_B: tl.constexpr):
 @triton.jit
 def load_shift_logit(
     h_ptr, rows, col_start, B, D2, stride_hb, stride_hd,
-    offset: tl.constexpr, compute: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+    compute: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """shift = h[rows, 2c], logit = h[rows, 2c + 1] + offset (the coupling's `SCALE_OFFSET`) for the
-    BLOCK_D columns c from col_start, read as one contiguous (BLOCK_B, 2 * BLOCK_D) tile of h."""
+    """shift = h[rows, 2c], logit = h[rows, 2c + 1] + `SCALE_OFFSET` for the BLOCK_D columns c from col_start,
+    read as one contiguous (BLOCK_B, 2 * BLOCK_D) tile of h."""
     cols2 = 2 * col_start + tl.arange(0, 2 * BLOCK_D)
     mask = (rows[:, None] < B) & (cols2[None, :] < 2 * D2)
     h = tl.load(h_ptr + rows[:, None] * stride_hb + cols2[None, :] * stride_hd, mask=mask, other=0.0)
     shift, logit = tl.split(tl.reshape(h.to(compute), (BLOCK_B, BLOCK_D, 2)))
-    return shift, logit + offset
+    return shift, logit + LOGIT_OFFSET
 
 
 @triton.jit

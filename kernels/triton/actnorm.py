@@ -1,7 +1,5 @@
-"""The Triton ActNorm kernels (the math: `reference.actnorm_ref`): launchers, the autograd Function
-and the entry point `actnorm`, forward and inverse.
-
-The backward's batch reductions are per-program partial sums, summed in a fixed order (deterministic).
+"""The Triton ActNorm kernels (the math: `reference.actnorm_ref`), forward and inverse, and the entry point
+`actnorm`. The backward's batch reductions are per-program partial sums, summed in a fixed order (deterministic).
 """
 from __future__ import annotations
 
@@ -10,7 +8,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from .._utils import accumulation_dtype, is_fp64, register_triton_op, require_matrix, require_vector
+from .._utils import accumulation_dtype, is_fp64, require_matrix, require_vector
 from . import _utils
 from ._utils import row_block
 
@@ -42,8 +40,8 @@ def _actnorm_bwd_kernel(
     B, D, stride_gb, stride_gd, stride_ib, stride_id, stride_loc, stride_logs,
     INVERSE: tl.constexpr, FP64: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Program (split, column block) walks row blocks split, split + splits, ... and writes
-    dinp plus its own partial column sums for dloc and dlogs."""
+    """Program (split, column block) walks row blocks split, split + splits, ... and writes dinp plus its own
+    partial column sums for dloc and dlogs."""
     compute = tl.float64 if FP64 else tl.float32
     split = tl.program_id(0)
     splits = tl.num_programs(0)
@@ -59,10 +57,8 @@ def _actnorm_bwd_kernel(
     for block in range(split, tl.cdiv(B, BLOCK_B), splits):
         rows = row_block(block, BLOCK_B)
         mask = (rows[:, None] < B) & col_ok[None, :]
-        g = tl.load(grad_ptr + rows[:, None] * stride_gb + cols[None, :] * stride_gd, mask=mask, other=0.0)
-        inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0)
-        g = g.to(compute)
-        inp = inp.to(compute)
+        g = tl.load(grad_ptr + rows[:, None] * stride_gb + cols[None, :] * stride_gd, mask=mask, other=0.0).to(compute)
+        inp = tl.load(inp_ptr + rows[:, None] * stride_ib + cols[None, :] * stride_id, mask=mask, other=0.0).to(compute)
         dinp = g * scale[None, :]
         tl.store(dinp_ptr + rows[:, None] * D + cols[None, :], dinp.to(dinp_ptr.dtype.element_ty), mask=mask)
         if INVERSE:
@@ -80,7 +76,7 @@ def _actnorm_bwd_kernel(
 def _actnorm_fwd(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor, inverse: bool) -> torch.Tensor:
     B, D = x.shape
     y = torch.empty((B, D), dtype=x.dtype, device=x.device)
-    block_b, block_d = _utils.actnorm_tiles(D)
+    block_b, block_d = _utils.elementwise_tiles("actnorm", D)
     grid = (triton.cdiv(B, block_b), triton.cdiv(D, block_d))
     wrap_triton(_actnorm_fwd_kernel)[grid](
         x, loc, logs, y, B, D, x.stride(0), x.stride(1), loc.stride(0), logs.stride(0),
@@ -90,21 +86,17 @@ def _actnorm_fwd(x: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor, inverse
 
 
 @_utils.registered_op("flowcore::actnorm_bwd", mutates_args=())
-def _actnorm_bwd(
-    grad: torch.Tensor, inp: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor, inverse: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients for the input, loc and logs of actnorm (or its inverse) given grad of the output."""
+def _actnorm_bwd(grad: torch.Tensor, inp: torch.Tensor, loc: torch.Tensor, logs: torch.Tensor,
+                 inverse: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, D = inp.shape
     dinp = torch.empty((B, D), dtype=inp.dtype, device=inp.device)
-    block_b, block_d = _utils.actnorm_bwd_tiles(D)
+    block_b, block_d = _utils.elementwise_tiles("actnorm_bwd", D)
     col_blocks = triton.cdiv(D, block_d)
     splits = _utils.row_splits(triton.cdiv(B, block_b), col_blocks, inp.device)
-    part_loc = torch.empty((splits, D), dtype=accumulation_dtype(inp), device=inp.device)
-    part_logs = torch.empty((splits, D), dtype=accumulation_dtype(inp), device=inp.device)
+    part_loc, part_logs = torch.empty((2, splits, D), dtype=accumulation_dtype(inp), device=inp.device)
     wrap_triton(_actnorm_bwd_kernel)[(splits, col_blocks)](
-        grad, inp, loc, logs, dinp, part_loc, part_logs,
-        B, D, grad.stride(0), grad.stride(1), inp.stride(0), inp.stride(1), loc.stride(0), logs.stride(0),
-        INVERSE=inverse, FP64=is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
+        grad, inp, loc, logs, dinp, part_loc, part_logs, B, D, *grad.stride(), *inp.stride(), loc.stride(0),
+        logs.stride(0), INVERSE=inverse, FP64=is_fp64(inp), BLOCK_B=block_b, BLOCK_D=block_d,
     )
     return dinp, part_loc.sum(dim=0).to(loc.dtype), part_logs.sum(dim=0).to(logs.dtype)
 
@@ -118,12 +110,9 @@ class _ActNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        inp, loc, logs = ctx.saved_tensors
-        dinp, dloc, dlogs = _actnorm_bwd(grad, inp, loc, logs, ctx.inverse)
-        return dinp, dloc, dlogs, None
+        return (*_actnorm_bwd(grad, *ctx.saved_tensors, ctx.inverse), None)
 
 
-@register_triton_op("actnorm")
 def actnorm(inp, loc, logs, inverse: bool):
     """ActNorm (or its inverse) on the Triton kernels, arguments checked."""
     op = "actnorm_inverse" if inverse else "actnorm"

@@ -1,10 +1,7 @@
 """The step with an LU 1x1 on the Triton kernels, ActNorm folded into the 1x1 weight (`reference.fold`):
-y = x @ weight.T + bias, then the affine or additive coupling of y's halves.
-
-The second GEMM applies the coupling in its epilogue, so y2 never touches memory; where a Triton
-GEMM would not use tensor cores, cuBLAS computes y and the coupling runs in place after it. The
-backward works from z (no y2 is kept): one elementwise kernel (none for the additive coupling), the
-conditioner's own backward and the two weight GEMMs on cuBLAS.
+y = x @ weight.T + bias, then the coupling of y's halves, in the second GEMM's epilogue (y2 never touches memory);
+where a Triton GEMM would not use tensor cores, cuBLAS computes y and the coupling runs in place after it. The
+backward works from z: one elementwise kernel (none if additive), the conditioner's, the weight GEMMs on cuBLAS.
 """
 from __future__ import annotations
 
@@ -14,9 +11,9 @@ import triton.language as tl
 from torch import nn
 from torch.library import wrap_triton
 
-from .._utils import accumulation_dtype, is_fp64, register_triton_op, require_matrix
+from .._utils import accumulation_dtype, is_fp64, require_matrix
 from ..compat import composed_backward
-from ..reference import SCALE_OFFSET, folded_linear_backward, folded_step_ref
+from ..reference import folded_linear_backward, folded_step_ref, zero_logdet
 from . import _utils
 from ._utils import INTERPRETED, affine_couple, load_shift_logit, row_block
 from .coupling import _affine_bwd_from_output, _affine_fwd_into
@@ -31,7 +28,7 @@ float32 (`dot_operand`): the same products and accumulation as a 16-bit MMA."""
 
 @triton.jit
 def dot_operand(t, dtype: tl.constexpr):
-    """`t` rounded to `dtype`, a GEMM's operand type (widened again in the interpreter: `INTERPRETER_DOT_UPCAST`)."""
+    """`t` rounded to `dtype`, a GEMM's operand type (widened again in the interpreter)."""
     t = t.to(dtype)
     if INTERPRETER_DOT_UPCAST:
         if dtype.is_fp16() or dtype.is_bf16():
@@ -40,13 +37,21 @@ def dot_operand(t, dtype: tl.constexpr):
 
 
 @triton.jit
-def linear_tile(
-    x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias,
-    compute: tl.constexpr, TF32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _folded_gemm_kernel(
+    x_ptr, w_ptr, bias_ptr, h_ptr, z_ptr, part_logdet_ptr,
+    B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias, stride_hb, stride_hd, stride_zb,
+    COUPLING: tl.constexpr, FP64: tl.constexpr, TF32: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
-    """x[rows] @ W[ns].T + bias[ns] as a (BLOCK_B, BLOCK_N) tile in `compute` precision; the caller masks
-    rows past B and columns past N."""
+    """z[rows, ns] = x[rows] @ W[ns].T + bias[ns], then (`EPILOGUES`) for COUPLING 1 the affine coupling
+    with h[rows, 2 ns], h[rows, 2 ns + 1], this column block's log-det partial of each row written to
+    part_logdet[column block, rows]; for COUPLING 2 the additive coupling, + h[rows, ns]."""
+    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
     operand: tl.constexpr = x_ptr.dtype.element_ty
+    col_blocks = tl.cdiv(N, BLOCK_N)
+    col_block = tl.program_id(0) % col_blocks
+    rows = row_block(tl.program_id(0) // col_blocks, BLOCK_B)
+    ns = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=compute)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -56,30 +61,11 @@ def linear_tile(
                     mask=(ns[None, :] < N) & (ks[:, None] < K), other=0.0)
         acc = tl.dot(dot_operand(x, operand), dot_operand(w, operand), acc,
                      input_precision="tf32" if TF32 else "ieee", out_dtype=compute)
-    return acc + tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]
-
-
-@triton.jit
-def _folded_gemm_kernel(
-    x_ptr, w_ptr, bias_ptr, h_ptr, z_ptr, part_logdet_ptr,
-    B, N, K, stride_xb, stride_xk, stride_wn, stride_wk, stride_bias, stride_hb, stride_hd, stride_zb,
-    SCALE_OFFSET: tl.constexpr, COUPLING: tl.constexpr, FP64: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """z[rows, ns] = x[rows] @ W[ns].T + bias[ns], then (`EPILOGUES`) for COUPLING 1 the affine coupling
-    with h[rows, 2 ns], h[rows, 2 ns + 1], this column block's log-det partial of each row written to
-    part_logdet[column block, rows]; for COUPLING 2 the additive coupling, + h[rows, ns]."""
-    compute: tl.constexpr = tl.float64 if FP64 else tl.float32
-    col_blocks = tl.cdiv(N, BLOCK_N)
-    col_block = tl.program_id(0) % col_blocks
-    rows = row_block(tl.program_id(0) // col_blocks, BLOCK_B)
-    ns = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = linear_tile(x_ptr, w_ptr, bias_ptr, rows, ns, B, N, K, stride_xb, stride_xk, stride_wn, stride_wk,
-                      stride_bias, compute, TF32, BLOCK_B, BLOCK_N, BLOCK_K)
+    acc = acc + tl.load(bias_ptr + ns * stride_bias, mask=ns < N, other=0.0).to(compute)[None, :]
     mask = (rows[:, None] < B) & (ns[None, :] < N)
     if COUPLING == 1:
-        shift, logit = load_shift_logit(h_ptr, rows, col_block * BLOCK_N, B, N, stride_hb, stride_hd,
-                                        SCALE_OFFSET, compute, BLOCK_B, BLOCK_N)
+        shift, logit = load_shift_logit(h_ptr, rows, col_block * BLOCK_N, B, N, stride_hb, stride_hd, compute,
+                                        BLOCK_B, BLOCK_N)
         acc, log_scale = affine_couple(acc, shift, logit, False)
         partial = tl.sum(tl.where(mask, log_scale, 0.0), axis=1)
         tl.store(part_logdet_ptr + col_block * B + rows, partial, mask=rows < B)
@@ -93,14 +79,10 @@ def _launch_gemm(x, weight, bias, h, z, coupling: str | None) -> torch.Tensor:
     N = weight.shape[0]
     block_b, block_n, block_k, options = _utils.fused_step_tiles(x.dtype, B, max(N, K))
     col_blocks = triton.cdiv(N, block_n)
-    affine = coupling == "affine"
-    part_logdet = torch.empty((col_blocks, B), dtype=accumulation_dtype(x), device=x.device) if affine else bias
-    grid = (triton.cdiv(B, block_b) * col_blocks,)
-    wrap_triton(_folded_gemm_kernel)[grid](
-        x, weight, bias, h, z, part_logdet,
-        B, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), bias.stride(0),
-        h.stride(0), h.stride(1), z.stride(0),
-        SCALE_OFFSET=SCALE_OFFSET, COUPLING=EPILOGUES[coupling], FP64=is_fp64(x), TF32=_utils.allow_tf32(x),
+    part_logdet = x.new_empty((col_blocks, B), dtype=accumulation_dtype(x)) if coupling == "affine" else bias
+    wrap_triton(_folded_gemm_kernel)[(triton.cdiv(B, block_b) * col_blocks,)](
+        x, weight, bias, h, z, part_logdet, B, N, K, *x.stride(), *weight.stride(), bias.stride(0), *h.stride(),
+        z.stride(0), COUPLING=EPILOGUES[coupling], FP64=is_fp64(x), TF32=_utils.allow_tf32(x),
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, **options,
     )
     return part_logdet
@@ -108,8 +90,7 @@ def _launch_gemm(x, weight, bias, h, z, coupling: str | None) -> torch.Tensor:
 
 @_utils.registered_op("flowcore::folded_gemm_into", mutates_args=("z",))
 def _folded_gemm_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, z: torch.Tensor) -> None:
-    """z[:, :n] = x @ weight.T + bias, n = weight.shape[0] (z's other columns untouched)."""
-    # No coupling here: bias stands in for the h and log-det pointers, which are never read.
+    """z[:, :n] = x @ weight.T + bias, n = weight.shape[0]; bias stands in for h and the log-dets (never read)."""
     _launch_gemm(x, weight, bias, bias[None, :], z, coupling=None)
 
 
@@ -128,8 +109,7 @@ def _folded_gemm_additive_into(x: torch.Tensor, weight: torch.Tensor, bias: torc
 
 
 def _first_half(x, weight, bias, split: int) -> torch.Tensor:
-    """z with y1 = x @ W[:split].T + b[:split] in its first `split` columns; with cuBLAS (see
-    `_utils.triton_gemm`), all of y = x @ W.T + b."""
+    """z with y1 = x @ W[:split].T + b[:split] in its first `split` columns; on cuBLAS, all of y = x @ W.T + b."""
     if _utils.triton_gemm(x):
         z = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
         _folded_gemm_into(x, weight[:split], bias[:split], z)
@@ -139,25 +119,21 @@ def _first_half(x, weight, bias, split: int) -> torch.Tensor:
 
 def _second_half(x, weight, bias, split: int, h, z, coupling: str) -> torch.Tensor:
     """z[:, split:] = the coupling of y2 with h (after `_first_half`); returns the row log-dets."""
-    d2 = weight.shape[0] - split
+    require_matrix("step conditioner output", h, (1 if coupling == "additive" else 2) * (weight.shape[0] - split))
     if coupling == "additive":
-        require_matrix("step conditioner output", h, d2)
         if _utils.triton_gemm(x):
             _folded_gemm_additive_into(x, weight[split:], bias[split:], h, z[:, split:])
         else:
             z[:, split:].add_(h)
-        return z.new_zeros(x.shape[0], dtype=accumulation_dtype(x))
-    require_matrix("step conditioner output", h, 2 * d2)
+        return zero_logdet(x)
     if _utils.triton_gemm(x):
         return _folded_gemm_coupling_into(x, weight[split:], bias[split:], h, z[:, split:])
     return _affine_fwd_into(z[:, split:], h, z[:, split:])
 
 
 class _TritonStep(torch.autograd.Function):
-    """The Triton training step with a hand-written backward.
-
-    The conditioner's graph is built from `z.data`'s first half, whose version counter is its own, so
-    the in-place writes into z's second half that follow leave it valid."""
+    """The Triton training step with a hand-written backward. The conditioner's graph is built from `z.data`'s
+    first half, whose version counter is its own: the in-place writes into z's second half leave it valid."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, split: int, coupling: str, conditioner: nn.Module, *params):
@@ -196,7 +172,6 @@ class _TritonStep(torch.autograd.Function):
         return (*folded_linear_backward(dy, x, weight, needs), None, None, None, *param_grads)
 
 
-@register_triton_op("step")
 def folded_step(x, weight, bias, split: int, conditioner, coupling: str = "affine"):
     """(z, coupling logdet) of the folded step on the Triton kernels (the other arguments checked by the plan)."""
     _utils.require_launchable(x, "step")
