@@ -1,7 +1,6 @@
 """`auto`: the calibration chosen from the fit corpus alone, without labels: whitening of the fewest
 leading directions holding 90 % of the variance when the corpus's hubness (`flowcore.calibration.hubness`)
-reaches a threshold, the raw vectors otherwise (docs/calibration.md explains the rule).
-"""
+reaches a threshold, the raw vectors otherwise (docs/calibration.md explains the rule)."""
 from __future__ import annotations
 
 from typing import Iterable

@@ -1,6 +1,5 @@
 """The CUDA path of `FlowCalibrator.transform` / `inverse_transform`: host copies, uploads, compute and
-downloads of neighbouring chunks overlap, through two pinned buffers of each kind.
-"""
+downloads of neighbouring chunks overlap, through two pinned buffers of each kind."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor

@@ -72,12 +72,8 @@ def write_calibrator_file(path, tensors: dict[str, torch.Tensor], info: dict) ->
     path = Path(path)
     tensors = {name: t.detach().cpu().clone(memory_format=torch.contiguous_format) for name, t in tensors.items()}
     info = json.loads(json.dumps(info))  # as it will be read back (tuples become lists)
-    metadata = {
-        "format": FORMAT,
-        "format_version": str(FORMAT_VERSION),
-        "info": json.dumps(info, sort_keys=True),
-        "sha256": _digest(tensors, info),
-    }
+    metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "info": json.dumps(info, sort_keys=True),
+                "sha256": _digest(tensors, info)}
     data = safetensors_bytes(tensors, metadata=metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda stream: stream.write(data))

@@ -31,11 +31,9 @@ _RECORD = ("losses", "heldout_bits_per_dim", "heldout_epochs", "selected_epoch",
 
 
 class FlowCalibrator(Calibrator):
-    r"""Unsupervised BERT-flow calibration of embeddings.
-
-    `fit(X)` trains a Glow by maximum likelihood following a fit recipe (`flowcore.calibration.recipes`);
-    `transform(X)` returns the latent z as float32 numpy. Unless the recipe's input is "raw", coordinates
-    are first standardised, and those that never vary bypass the flow (`flowcore.calibration.standardize`).
+    """Unsupervised BERT-flow calibration: `fit(X)` trains a Glow by maximum likelihood following a fit recipe
+    (`flowcore.calibration.recipes`); `transform(X)` returns the latent z, float32. Unless the recipe's input
+    is "raw", coordinates are standardised first, and those that never vary bypass the flow (`Standardizer`).
 
     Args:
         config: a Glow configuration name from `flowcore.CONFIGS`, e.g. "l2_d3_w32".
@@ -60,7 +58,7 @@ class FlowCalibrator(Calibrator):
         heldout_epochs: the epochs trained (fractions within an epoch) at each of those scores.
         selected_epoch: the epochs trained when the kept weights were scored (0: the start; None: no held-out).
         stopped_early: whether held-out evaluations stopped training before its last epoch.
-        fit_seconds: how long `fit` took (not saved, so that a file's bytes depend on its inputs only).
+        fit_seconds: how long `fit` took (not saved: a file's bytes depend on its inputs only).
 
     Example:
         >>> calibrator = FlowCalibrator("l2_d3_w32").fit(X, encoder=encoder)
@@ -215,7 +213,7 @@ class FlowCalibrator(Calibrator):
         return self._kept() + ("" if self.fit_seconds is None else f"; {self.fit_seconds:.0f} s")
 
     def _kept(self) -> str:
-        """Which weights the fit kept and why, in words."""
+        """Which weights the fit kept and why."""
         self._fitted()
         epochs = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
         if self.selected_epoch is None:
@@ -354,8 +352,7 @@ class FlowCalibrator(Calibrator):
 
 
 def _check_step_count(glow, state: dict) -> None:
-    """A ValueError unless the Glow shape a file declares (`glow`: levels, depth) has as many steps as its
-    tensors (`state`, "levels.L.S.…"), checked before a Glow of that shape is built."""
+    """A ValueError unless the Glow shape a file declares has as many steps as its tensors, before building it."""
     if not isinstance(glow, dict):
         raise ValueError(f"its Glow shape {glow!r} is not a JSON object")
     levels, depth = glow.get("levels"), glow.get("depth")
@@ -368,8 +365,7 @@ def _check_step_count(glow, state: dict) -> None:
 
 
 def _load_state(module: torch.nn.Module, state: dict, prefix: str, assign: bool = False) -> None:
-    """Load a saved `state` into `module` (built from the file's recorded configuration); a ValueError
-    names the first tensor that the file lacks, that `module` does not have, or that has another shape."""
+    """Load a file's `state` into `module`; a ValueError names the first tensor missing, extra or of another shape."""
     expected = module.state_dict()
     for name, value in expected.items():
         if name not in state:
@@ -428,8 +424,7 @@ class _HeldoutSelection:
         if heldout is not None and linear_start:
             self(0, None)  # the start is scored, and can be the one kept
         elif heldout is not None:
-            self.scores.append(None)
-            self.epochs.append(0)
+            self.scores, self.epochs = [None], [0]
 
     @torch.no_grad()
     def _score(self) -> float:
@@ -448,13 +443,12 @@ class _HeldoutSelection:
         if score < self.best_score:
             self.best_epoch, self.best_score = epoch, score
             self.best_state = {name: value.clone() for name, value in self.flow.state_dict().items()}
-        since_best = len(self.epochs) - 1 - self.epochs.index(self.best_epoch) if self.best_epoch is not None \
-            else len(self.epochs)
-        self.stopped = since_best >= self.patience
+        best = -1 if self.best_epoch is None else self.epochs.index(self.best_epoch)
+        self.stopped = len(self.epochs) - 1 - best >= self.patience
         return self.stopped
 
     def checkpoint_state(self) -> tuple[dict, dict]:
-        """What a training checkpoint keeps of the selection, so that a resumed fit keeps the same weights."""
+        """What a training checkpoint keeps, so that a resumed fit keeps the same weights."""
         return dict(self.best_state or {}), {name: getattr(self, name) for name in _CHECKPOINTED}
 
     def restore_checkpoint_state(self, tensors: dict, info: dict) -> None:

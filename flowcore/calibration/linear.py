@@ -241,8 +241,7 @@ class Identity(Calibrator):
         if tensors or info.get("settings"):
             raise ValueError(f"it holds {'tensors' if tensors else 'settings'}, which a none file does not have")
         calibrator = cls()
-        dim = info["fit"]["dim"]
-        calibrator._dim = positive_int(dim, "its width")
+        calibrator._dim = positive_int(info["fit"]["dim"], "its width")
         return calibrator
 
 

@@ -52,7 +52,6 @@ class Whitening(LinearCalibrator):
         self.axes: np.ndarray | None = None
         self.rank: int | None = None
 
-
     def _fitted_matrix(self, mean, covariance):
         width = len(mean)
         if self.keep is not None and self.keep > width:
@@ -92,7 +91,6 @@ class ZCAWhitening(Whitening):
 
     def __init__(self, tolerance: float = TOLERANCE):
         super().__init__(tolerance=tolerance)
-
 
     def _matrix(self) -> np.ndarray:
         """W = U·Λ^(−½)·Uᵀ."""

@@ -24,20 +24,16 @@ class ActNorm(nn.Module):
     def initialize(self, x: torch.Tensor) -> None:
         """Set loc = -mean and logs = -log(std) from the batch `x` (B, D)."""
         if x.shape[0] < 2:
-            raise ValueError(
-                f"ActNorm's data-dependent initialisation needs at least 2 rows in the first training "
-                f"batch, got {x.shape[0]}; use a larger batch size"
-            )
+            raise ValueError(f"ActNorm's data-dependent initialisation needs at least 2 rows in the first training "
+                             f"batch, got {x.shape[0]}; use a larger batch size")
         mean = x.mean(dim=0)
         std = x.std(dim=0, unbiased=False)
         constant = std <= 16 * torch.finfo(x.dtype).eps * mean.abs()  # zero, or rounding noise around the mean
         if bool(constant.any()):
             features = torch.nonzero(constant).flatten().tolist()
             shown = ", ".join(map(str, features[:10])) + (" ..." if len(features) > 10 else "")
-            raise ValueError(
-                f"feature(s) {shown} have zero variance in the first training batch, so ActNorm cannot "
-                f"scale them to unit variance; drop constant features or use a larger, shuffled batch"
-            )
+            raise ValueError(f"feature(s) {shown} have zero variance in the first training batch, so ActNorm cannot "
+                             "scale them to unit variance; drop constant features or use a larger, shuffled batch")
         self.loc.copy_(-mean)
         self.logs.copy_(-torch.log(std))
         self.initialized.fill_(True)

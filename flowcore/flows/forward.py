@@ -48,10 +48,9 @@ class StepForward(nn.Module):
         self.register_buffer("weight", weight.float().contiguous())
         self.register_buffer("bias", bias.float().contiguous())
         first, _, second, _, last = coupling.net
-        self.register_buffer("hidden1_weight", _cpu(first.weight).float().clone())
-        self.register_buffer("hidden1_bias", _cpu(first.bias).float().clone())
-        self.register_buffer("hidden2_weight", _cpu(second.weight).float().clone())
-        self.register_buffer("hidden2_bias", _cpu(second.bias).float().clone())
+        for name, layer in (("hidden1", first), ("hidden2", second)):
+            self.register_buffer(f"{name}_weight", _cpu(layer.weight).float().clone())
+            self.register_buffer(f"{name}_bias", _cpu(layer.bias).float().clone())
         out_weight, out_bias = _cpu(last.weight).float(), _cpu(last.bias).float()
         if self.affine:  # h's even rows shift, its odd rows are the scale's logit: two products, no strided slice
             self.register_buffer("shift_weight", out_weight[0::2].contiguous())

@@ -45,17 +45,12 @@ class Glow(nn.Module):
                 raise ValueError(f"Glow {name} must be a positive integer, got {value!r}")
         self.level_dims = [dim // 2**level for level in range(levels)]
         if self.level_dims[-1] < 2:
-            raise ValueError(
-                f"a Glow with {levels} levels halves the features {levels - 1} time(s); dim={dim} leaves "
-                f"{self.level_dims[-1]} feature(s) for the last level, which needs at least 2"
-            )
+            raise ValueError(f"a Glow with {levels} levels halves the features {levels - 1} time(s); dim={dim} "
+                             f"leaves {self.level_dims[-1]} feature(s) for the last level, which needs at least 2")
         self.dim = dim
-        self.config = dict(dim=dim, levels=levels, depth=depth, width=width,
-                           coupling=coupling, permutation=permutation)
-        self.levels = nn.ModuleList(
-            nn.ModuleList(FlowStep(size, width, coupling, permutation) for _ in range(depth))
-            for size in self.level_dims
-        )
+        self.config = dict(dim=dim, levels=levels, depth=depth, width=width, coupling=coupling, permutation=permutation)
+        self.levels = nn.ModuleList(nn.ModuleList(FlowStep(size, width, coupling, permutation) for _ in range(depth))
+                                    for size in self.level_dims)
 
     @classmethod
     def from_config(cls, name: str, dim: int | None = None, **overrides) -> "Glow":
@@ -68,10 +63,9 @@ class Glow(nn.Module):
 
     @torch.no_grad()
     def start_linear(self, weight: torch.Tensor, loc: torch.Tensor | None = None) -> "Glow":
-        """Start training from the linear flow z = R @ weight @ (x + loc), R orthogonal.
-
-        Later ActNorms undo the couplings' initial scale and each level's last coupling starts near the
-        identity, so with a whitening `weight` training starts at whitening (R keeps cosines).
+        """Start training from the linear flow z = R @ weight @ (x + loc), R orthogonal: later ActNorms undo the
+        couplings' initial scale and each level's last coupling starts near the identity, so with a whitening
+        `weight` training starts at whitening (R keeps cosines).
 
         Args:
             weight: (dim, dim) invertible matrix, e.g. Λ^(-1/2) Uᵀ of the data's covariance.
@@ -143,8 +137,7 @@ class Glow(nn.Module):
         return z, logdet
 
     def _latent_parts(self, x: torch.Tensor, plan: kernels.Plan):
-        """z's column blocks (last level's output, then earlier latents, latest first) and the log-det,
-        every step on `plan`."""
+        """z's column blocks (last level's output, then earlier latents, latest first) and the log-det."""
         h, logdet, leaving = x, x.new_zeros(x.shape[0], dtype=accumulation_dtype(x)), []
         for index, steps in enumerate(self.levels):
             for step in steps:

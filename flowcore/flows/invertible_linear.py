@@ -2,8 +2,7 @@
 
 `LULinear`: W = P L (U + diag(sign * exp(log_s))), so log|det W| = sum(log_s); L's and U's strict
 triangles share one (d, d) parameter `lu`. It starts as a random permutation (L = U = I), not as
-Glow's random rotation, whose LU factors are badly conditioned at large d and make the loss jump.
-"""
+Glow's random rotation, whose LU factors are badly conditioned at large d and make the loss jump."""
 from __future__ import annotations
 
 import torch

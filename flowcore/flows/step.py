@@ -1,10 +1,7 @@
-"""One Glow step, data -> latent: ActNorm -> invertible linear -> coupling.
-
-The step holds parameters; a `Glow` runs it through the plan it asked `kernels.plan` for, given
-`params(x)`. With the LU 1x1, ActNorm folds into its weight; in inference the folded weight is cached
-until a parameter's version changes (writes through `.data` bypass versions, so call `train()` or
-`eval()` after them).
-"""
+"""One Glow step, data -> latent: ActNorm -> invertible linear -> coupling; a `Glow` runs it through its
+`kernels.plan`, given `params(x)`. With the LU 1x1, ActNorm folds into its weight; in inference the fold is
+cached until a parameter's version changes (writes through `.data` bypass versions: call `train()` or
+`eval()` after them)."""
 from __future__ import annotations
 
 import torch
@@ -21,9 +18,8 @@ __all__ = ["PERMUTATIONS", "FlowStep"]
 
 
 class FlowStep(nn.Module):
-    """ActNorm -> invertible linear ("lu" or "reverse") -> coupling ("affine" or "additive") on `dim`
-    features: `z, logdet = step(x)`, data -> latent; `x, logdet = step.inverse(z)`, both composed in
-    PyTorch (`kernels.step_ref`)."""
+    """ActNorm -> invertible linear ("lu" or "reverse") -> coupling ("affine" or "additive") on `dim` features:
+    `z, logdet = step(x)`, data -> latent; `x, logdet = step.inverse(z)`, composed in PyTorch (`kernels.step_ref`)."""
 
     def __init__(self, dim: int, width: int = defaults.WIDTH, coupling: str = defaults.COUPLING,
                  permutation: str = defaults.PERMUTATION):
@@ -89,8 +85,7 @@ class FlowStep(nn.Module):
             return kernels.fold(*parameters)
         key = version_key(parameters)
         if self._fold_cache is None or self._fold_cache[0] != key:
-            # a normal tensor even when first built under inference_mode, so that a later
-            # gradient-enabled call with frozen parameters may still use it
+            # a normal tensor even if built in inference mode: a grad-enabled call with frozen parameters may use it
             with torch.inference_mode(False), torch.no_grad():
                 self._fold_cache = (key, *kernels.fold(*parameters))
         return self._fold_cache[1:]

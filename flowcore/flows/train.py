@@ -33,12 +33,11 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint file belongs to another training run (other data, options or flow)."""
 
 
-def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
-        device=None, show_progress_bar: bool | None = None, init_rows: int = 1024,
+def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0, device=None,
+        show_progress_bar: bool | None = None, init_rows: int = 1024,
         on_epoch: Callable[[float, float], bool | None] | None = None, *, checkpoint: str | os.PathLike | None = None,
-        checkpoint_every: int = 1000, rows=None,
-        prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, threads: int | None = None,
-        evaluate_every: int | None = None) -> list[float]:
+        checkpoint_every: int = 1000, rows=None, prepare: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        threads: int | None = None, evaluate_every: int | None = None) -> list[float]:
     """Train `flow` by maximum likelihood (bits per dimension, Adam) on the rows of `X`.
 
     The same `seed` gives the same result; resumed from `checkpoint` with the same arguments, `fit` ends with
@@ -54,8 +53,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         lr: Adam's learning rate (the paper's 1e-3).
         seed: seeds the batch order.
         device: move the flow there first (the data follows the flow).
-        show_progress_bar: progress on stderr (`flowcore._progress.ProgressReport`: a bar on a terminal, else
-            a plain line every 30 s); False: none.
+        show_progress_bar: progress on stderr (a bar on a terminal, else a plain line every 30 s); False: none.
         init_rows: ActNorm is initialised from the first max(batch_size, init_rows) shuffled rows.
         on_epoch: called as `on_epoch(epochs_done, loss)` after each epoch; a true result stops training.
             Its `checkpoint_state`/`restore_checkpoint_state`, if any, are checkpointed too.
@@ -86,7 +84,7 @@ def fit(flow, X, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: 
         threads = training_threads(batch_size)
     with pinned_threads(threads):
         return _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on_epoch, checkpoint,
-                    checkpoint_every, rows, prepare, parameter, evaluate_every)
+                    checkpoint_every, rows, prepare, parameter, evaluate_every if on_epoch is not None else None)
 
 
 def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on_epoch, checkpoint, checkpoint_every,
@@ -111,7 +109,7 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
                 "dtype": str(parameter.dtype).removeprefix("torch."),
                 "parameters": {name: list(p.shape) for name, p in flow.named_parameters()},
                 "torch_threads": torch.get_num_threads()}
-    if evaluate_every is not None and on_epoch is not None:  # another schedule of evaluations is another run
+    if evaluate_every is not None:  # another schedule of evaluations is another run
         identity["evaluate_every"] = evaluate_every
     state = _TrainingState()
     if checkpoint is not None and Path(checkpoint).exists():
@@ -136,26 +134,21 @@ def _fit(flow, X, epochs, batch_size, lr, seed, show_progress_bar, init_rows, on
                 loss = flow.bits_per_dim(batch)
                 where = f"epoch {epoch + 1}, step {step + 1}/{steps_per_epoch}"
                 if not torch.isfinite(loss):
-                    raise TrainingDivergedError(
-                        f"the training loss became {loss.item()} at {where}; the weights are kept from the "
-                        f"previous step. Try a lower learning rate (now {lr}), standardising the inputs, "
-                        f"or float64"
-                    )
+                    raise TrainingDivergedError(f"the training loss became {loss.item()} at {where}; the weights are "
+                                                f"kept from the previous step. Try a lower learning rate (now {lr}), "
+                                                "standardising the inputs, or float64")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                gradients = [p.grad for p in parameters if p.grad is not None]
-                if not _all_finite(gradients):
-                    raise TrainingDivergedError(
-                        f"the gradients became non-finite at {where}; the weights are kept from the "
-                        f"previous step. Try a lower learning rate (now {lr}) or standardising the inputs"
-                    )
+                if not _all_finite([p.grad for p in parameters if p.grad is not None]):
+                    raise TrainingDivergedError(f"the gradients became non-finite at {where}; the weights are kept "
+                                                f"from the previous step. Try a lower learning rate (now {lr}) or "
+                                                "standardising the inputs")
                 optimizer.step()
                 value = loss.item()
                 state.total += value * batch.shape[0]
                 state.step = step + 1
                 bar.advance(1, f"loss {value:.4f}")
-                if (evaluate_every is not None and on_epoch is not None and state.step % evaluate_every == 0
-                        and state.step < steps_per_epoch):
+                if evaluate_every is not None and state.step % evaluate_every == 0 and state.step < steps_per_epoch:
                     trained = min(state.step * batch_size, count)
                     if on_epoch(epoch + state.step / steps_per_epoch, state.total / trained):
                         state.losses.append(state.total / trained)
@@ -255,20 +248,19 @@ def _save_checkpoint(path: Path, identity: dict, flow, optimizer, generator_stat
     """Flow, Adam, the generator's state at the epoch's start and `on_epoch`'s state, as safetensors."""
     from safetensors.torch import save
 
-    tensors = {f"flow.{name}": value.detach().cpu().contiguous() for name, value in flow.state_dict().items()}
+    tensors = {f"flow.{name}": value for name, value in flow.state_dict().items()}
     for name, parameter in flow.named_parameters():
-        for key, value in optimizer.state.get(parameter, {}).items():
-            tensors[f"adam.{name}.{key}"] = value.detach().cpu().contiguous()
-    tensors["generator.epoch_start"] = generator_state.clone()
+        tensors.update({f"adam.{name}.{key}": value for key, value in optimizer.state.get(parameter, {}).items()})
+    tensors["generator.epoch_start"] = generator_state
     callback = None
     if hasattr(on_epoch, "checkpoint_state"):
         callback_tensors, callback = on_epoch.checkpoint_state()
-        tensors.update({f"callback.{name}": value.detach().cpu().contiguous()
-                        for name, value in callback_tensors.items()})
+        tensors.update({f"callback.{name}": value for name, value in callback_tensors.items()})
     header = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "job": identity,
               "epoch": state.epoch, "step": state.step, "total": state.total, "losses": state.losses,
               "finished": state.finished, "callback": callback}
-    payload = save(tensors, metadata={"flowcore": json.dumps(header)})
+    payload = save({name: value.detach().cpu().contiguous() for name, value in tensors.items()},
+                   metadata={"flowcore": json.dumps(header)})
     atomic_write(path, lambda stream: stream.write(payload))
 
 
