@@ -40,11 +40,9 @@ def parse_json(text: str | bytes):
         return json.loads(text, object_pairs_hook=_unique_keys)
     except JSONProblem:
         raise
-    except json.JSONDecodeError as error:
-        raise JSONProblem(f"broken JSON: {error}") from None
     except RecursionError:
         raise JSONProblem("broken JSON: nested too deeply") from None
-    except ValueError as error:  # the only other: an integer longer than the interpreter converts
+    except ValueError as error:  # a JSONDecodeError, or an integer longer than the interpreter converts
         limit = sys.get_int_max_str_digits()
         raise JSONProblem(f"invalid number: an integer of more than {limit:,} digits" if "digits" in str(error)
                           else f"broken JSON: {error}") from None

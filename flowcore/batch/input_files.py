@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import glob
+import itertools
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -30,10 +31,9 @@ def input_files(pattern: str | os.PathLike, formats: dict[str, str]) -> list[Pat
         [PosixPath('corpus/part-0.jsonl'), PosixPath('corpus/part-1.jsonl')]
     """
     path = Path(pattern)
-    if path.is_file():
-        return [path]
     if path.exists() and not path.is_dir():
         require_file(path)  # a pipe or a device, named as such
+        return [path]
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in formats)
         if not files:
@@ -89,15 +89,12 @@ class InputFiles:
 
     @functools.cached_property
     def rows(self) -> int:
-        return sum(source.rows for source in self.sources)
+        return self.starts[-1]
 
     @functools.cached_property
     def starts(self) -> list[int]:
         """The row each file starts at, and the total last."""
-        starts = [0]
-        for source in self.sources:
-            starts.append(starts[-1] + source.rows)
-        return starts
+        return [0, *itertools.accumulate(source.rows for source in self.sources)]
 
     def meta_types(self) -> list[tuple[str, object]]:
         return self.sources[0].meta_types()
@@ -139,19 +136,16 @@ class InputFiles:
         if self.single:
             yield from self.sources[0].chunks(chunk_rows, start)
             return
-        first = 0
-        while first < len(self.sources) - 1 and start.row >= self.starts[first + 1]:
-            first += 1
-        chunks_before = sum(-(-source.rows // chunk_rows) for source in self.sources[:first])
-        for number in range(first, len(self.sources)):
-            source, offset = self.sources[number], self.starts[number]
-            here = Position(start.row - offset, start.offset, start.line) if number == first and \
-                start.row > offset else Position()
-            name = str(source.path.resolve())
-            for chunk in source.chunks(chunk_rows, here):
-                yield replace(chunk, index=chunks_before + chunk.index, row_start=offset + chunk.row_start,
-                              end=replace(chunk.end, row=offset + chunk.end.row),
-                              rejects=[replace(reject, row=offset + reject.row, file=name) for reject in chunk.rejects])
+        chunks_before = 0
+        for number, (source, offset) in enumerate(zip(self.sources, self.starts)):
+            if number == len(self.sources) - 1 or start.row < self.starts[number + 1]:  # not wholly before `start`
+                here = Position(start.row - offset, start.offset, start.line) if start.row > offset else Position()
+                name = str(source.path.resolve())
+                for chunk in source.chunks(chunk_rows, here):
+                    yield replace(chunk, index=chunks_before + chunk.index, row_start=offset + chunk.row_start,
+                                  end=replace(chunk.end, row=offset + chunk.end.row),
+                                  rejects=[replace(reject, row=offset + reject.row, file=name)
+                                           for reject in chunk.rejects])
             chunks_before += -(-source.rows // chunk_rows)
 
 

@@ -94,9 +94,8 @@ class TextRow(NamedTuple):
 
 @dataclass
 class Chunk:
-    """Rows [row_start, row_start + rows) of a source and the position after them: `texts` (None
-    when rejected) or float32 `vectors` (NaN when rejected); `meta` maps each kept column to its
-    values (a list or a pyarrow array), or is None."""
+    """Rows [row_start, row_start + rows) of a source and the position after them: `texts` (None when rejected) or
+    float32 `vectors` (NaN when rejected); `meta` maps each kept column to its values (a list or a pyarrow array)."""
 
     index: int
     row_start: int
@@ -234,9 +233,8 @@ def parquet_schema(path: Path, **wanted: str | None):
 
 
 def parquet_batches(path: Path, columns: list[str | None], start_row: int) -> Iterator:
-    """Record batches of `columns` (each read once; None skipped) from row `start_row` on,
-    skipping whole row groups first; data that cannot be decoded raises a ValueError naming the
-    file and the row it starts at."""
+    """Record batches of `columns` (each read once; None skipped) from row `start_row` on, skipping whole row groups
+    first; data that cannot be decoded raises a ValueError naming the file and the row it starts at."""
     import pyarrow as pa
 
     columns = list(dict.fromkeys(name for name in columns if name is not None))

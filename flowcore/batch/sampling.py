@@ -1,7 +1,6 @@
-"""The one row sampler: a reproducible uniform random sample of at most `max_rows` rows, in their
-original order, from a stream (`sample_stream`) or a known row count (`sample_row_numbers`). Both
-are the same reservoir sample (Li's "Algorithm L"), so for the same `max_rows` and `seed`
-`sample_stream(range(n))` equals `sample_row_numbers(n)`.
+"""The one row sampler: a reproducible uniform random sample of at most `max_rows` rows, in their original order,
+from a stream (`sample_stream`) or a known row count (`sample_row_numbers`). Both are the same reservoir sample
+(Li's "Algorithm L"), so for the same `max_rows` and `seed` `sample_stream(range(n))` equals `sample_row_numbers(n)`.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Text corpora as chunked, resumable sources (`TextCorpus`: txt, jsonl, csv, parquet), and
-`read_texts` and `sample_texts` over a whole corpus.
+"""Text corpora as chunked, resumable sources (`TextCorpus`: txt, jsonl, csv, parquet); `read_texts`, `sample_texts`.
 
-txt and jsonl follow `flowcore._lines`' line policy; csv decodes its raw lines under the same policy
-(the csv module must see their endings), and a record it cannot close is rejected at its first
-line, the lines after it read again, so an unclosed quote never swallows the rows after it.
+txt and jsonl follow `flowcore._lines`' line policy; csv decodes its raw lines under the same policy (the csv module
+must see their endings), and a record it cannot close is rejected at its first line, the lines after it read again,
+so an unclosed quote never swallows the rows after it.
 """
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import functools
 import itertools
 import json
 import os
-import sys
 from collections import deque
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -21,31 +19,8 @@ from typing import Iterator, NamedTuple
 from flowcore import defaults
 from flowcore._json import JSONProblem, parse_json
 from flowcore._lines import check_encoding, iter_lines, read_line
-from flowcore.batch.rows import (
-    BROKEN_CSV,
-    BROKEN_JSON,
-    DUPLICATE_KEY,
-    EMPTY_LINE,
-    INVALID_UTF8,
-    LINE_TOO_LONG,
-    NUL_CHARACTER,
-    Chunk,
-    Position,
-    Reject,
-    TextRow,
-    check_keep_columns,
-    detect_format,
-    file_identity,
-    id_reject,
-    line_reject,
-    not_unicode,
-    open_parquet,
-    parquet_batches,
-    parquet_schema,
-    require_columns,
-    require_file,
-    text_reject,
-)
+from flowcore.batch import rows
+from flowcore.batch.rows import Chunk, Position, Reject, TextRow
 from flowcore.batch.sampling import sample_stream
 
 __all__ = ["CSV_SPAN_BYTES", "TEXT_FORMATS", "TextCorpus", "read_texts", "sample_texts"]
@@ -62,8 +37,7 @@ def _rejected(row: int, line: int | None, reason: str, detail: str = "", record_
 
 
 class _CsvLine(NamedTuple):
-    """One raw CSV line: its text (with its ending), the byte offset after it, its number, and its
-    problem (a `Reject` reason and detail) or None."""
+    """One raw CSV line, its text with its ending; `problem`: a `Reject` reason and detail, or None."""
 
     text: str
     end: int
@@ -76,8 +50,8 @@ class _SpanTooLong(Exception):
 
 
 class _CsvLines:
-    """The lines of a CSV file from a byte offset for the csv module, keeping the lines of the record
-    being parsed so that a broken record's later lines can be read again (`read_again`)."""
+    """The lines of a CSV file from a byte offset for the csv module, keeping the lines of the record being parsed
+    so that a broken record's later lines can be read again (`read_again`)."""
 
     def __init__(self, handle, offset: int, line: int):
         self.handle, self.offset, self.line = handle, offset, line
@@ -97,9 +71,15 @@ class _CsvLines:
                 raise StopIteration
             self.offset += whole
             self.line += 1
-            text, problem = _decoded(raw)
+            nul = raw.find(b"\0")
+            problem = None if nul < 0 else (rows.NUL_CHARACTER, f"byte {nul}")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:  # still text for the csv module; the row is rejected
+                text = raw.decode("utf-8", errors="surrogateescape")
+                problem = (rows.INVALID_UTF8, f"byte {error.start}")
             if whole > len(raw):  # cut as it was read: the record is lost
-                problem = (LINE_TOO_LONG, f"longer than {defaults.LINE_BYTES:,} bytes ({whole:,} bytes)")
+                problem = (rows.LINE_TOO_LONG, f"longer than {defaults.LINE_BYTES:,} bytes ({whole:,} bytes)")
             entry = _CsvLine(text, self.offset, self.line, problem)
         if self.record:  # the lines after a record's first, whose quoted field runs on
             if self.record_bytes + len(entry.text) > CSV_SPAN_BYTES:
@@ -118,31 +98,20 @@ class _CsvLines:
         self.record = self.record[:1]
 
 
-def _decoded(raw: bytes) -> tuple[str, tuple[str, str] | None]:
-    """A raw CSV line as text for the csv module, and its problem (not UTF-8, a NUL byte) or None."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return raw.decode("utf-8", errors="surrogateescape"), (INVALID_UTF8, f"byte {error.start}")
-    nul = raw.find(b"\0")
-    return text, None if nul < 0 else (NUL_CHARACTER, f"byte {nul}")
-
-
 class TextCorpus:
     """A text corpus in txt (one sentence per line), jsonl, csv (with header) or parquet.
 
-    `text_field` / `id_field` name the key or column of the sentence / its id (txt has none; ids
-    are row numbers). `keep_columns` are passed through to the output (`meta_types`; a missing
-    value is None). Structural problems raise ValueError on construction; row problems become
-    `Reject`s while reading."""
+    `text_field` / `id_field` name the key or column of the sentence / its id (txt has none; ids are row numbers).
+    `keep_columns` are passed through to the output (`meta_types`; a missing value is None). Structural problems
+    raise ValueError on construction; row problems become `Reject`s while reading."""
 
     kind = "text"
 
     def __init__(self, path: str | os.PathLike, text_field: str = defaults.TEXT_FIELD, id_field: str | None = None,
                  keep_columns=()):
         self.path = Path(path)
-        require_file(self.path)
-        self.format = detect_format(self.path, TEXT_FORMATS)
+        rows.require_file(self.path)
+        self.format = rows.detect_format(self.path, TEXT_FORMATS)
         if self.format != "parquet":
             check_encoding(self.path)
         self.text_field = text_field
@@ -159,18 +128,17 @@ class TextCorpus:
             except (UnicodeDecodeError, csv.Error) as error:
                 raise ValueError(f"{self.path}: line 1: unreadable CSV header ({error})") from None
             self._csv_header_end = len(raw)
-            names = [name.strip() for name in header]
+            available = [name.strip() for name in header]
             for name in (text_field, id_field):
-                if name is not None and names.count(name) > 1:
-                    raise ValueError(f"{self.path}: line 1: {names.count(name)} columns are named {name!r}; rename "
-                                     "them so that the one to read is named once")
-            self._csv_columns = {name: names.index(name) for name in names}
-            available = names
-            require_columns(self.path, available, " in the CSV header", text=text_field, id=id_field)
+                if name is not None and available.count(name) > 1:
+                    raise ValueError(f"{self.path}: line 1: {available.count(name)} columns are named {name!r}; "
+                                     "rename them so that the one to read is named once")
+            self._csv_columns = {name: available.index(name) for name in available}
+            rows.require_columns(self.path, available, " in the CSV header", text=text_field, id=id_field)
         if self.format == "parquet":
-            self._schema = parquet_schema(self.path, text=text_field, id=id_field)
+            self._schema = rows.parquet_schema(self.path, text=text_field, id=id_field)
             available = self._schema.names
-        self.keep_columns = check_keep_columns(self.path, keep_columns, available)
+        self.keep_columns = rows.check_keep_columns(self.path, keep_columns, available)
 
     def meta_types(self) -> list[tuple[str, object]]:
         """(name, pyarrow type) of each kept column: string, or the stored type for parquet."""
@@ -184,7 +152,7 @@ class TextCorpus:
     def rows(self) -> int:
         """Number of rows (good and rejected), counted once."""
         if self.format == "parquet":
-            return open_parquet(self.path).metadata.num_rows
+            return rows.open_parquet(self.path).metadata.num_rows
         if self.format == "csv":
             return sum(1 for _ in self._csv_rows(Position()))
         newlines, last = 0, b"\n"
@@ -196,7 +164,7 @@ class TextCorpus:
 
     def identity(self) -> dict:
         """What identifies this source in a job's manifest: the file and how it is read."""
-        return {**file_identity(self.path), "format": self.format, "text_field": self.text_field,
+        return {**rows.file_identity(self.path), "format": self.format, "text_field": self.text_field,
                 "id_field": self.id_field, "keep_columns": list(self.keep_columns)}
 
     def entries(self, start: Position = Position()) -> Iterator[tuple[TextRow, Position]]:
@@ -214,24 +182,24 @@ class TextCorpus:
             batch = list(itertools.islice(entries, chunk_rows))
             if not batch:
                 return
-            rows, ends = zip(*batch)
+            parsed, ends = zip(*batch)
             meta = None
             if self.keep_columns:
                 nulls = (None,) * len(self.keep_columns)
-                columns = zip(*(nulls if row.meta is None else row.meta for row in rows))
+                columns = zip(*(nulls if row.meta is None else row.meta for row in parsed))
                 meta = {name: list(values) for name, values in zip(self.keep_columns, columns)}
-            rejects = [row.reject for row in rows if row.reject is not None]
-            yield Chunk(index, rows[0].row, len(rows), ends[-1], rejects, [row.id for row in rows],
-                        [row.text for row in rows], meta=meta)
+            rejects = [row.reject for row in parsed if row.reject is not None]
+            yield Chunk(index, parsed[0].row, len(parsed), ends[-1], rejects, [row.id for row in parsed],
+                        [row.text for row in parsed], meta=meta)
 
     def _line_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
         row = start.row
         for line in iter_lines(self.path, start.offset, start.line):
-            reject = line_reject(row, line, structured=self.format != "txt")
+            reject = rows.line_reject(row, line, structured=self.format != "txt")
             if reject is not None:
                 entry = self._bad_line(reject, line)
             elif not line.text.strip():
-                entry = _rejected(row, line.number, EMPTY_LINE)
+                entry = _rejected(row, line.number, rows.EMPTY_LINE)
             elif self.format == "jsonl":
                 entry = self._parse_jsonl(row, line.number, line.text)
             else:
@@ -252,18 +220,18 @@ class TextCorpus:
         try:
             record = parse_json(content)
         except JSONProblem as problem:
-            return _rejected(row, line, DUPLICATE_KEY if problem.duplicate else BROKEN_JSON,
+            return _rejected(row, line, rows.DUPLICATE_KEY if problem.duplicate else rows.BROKEN_JSON,
                              str(problem).removeprefix("broken JSON: "))
         if not isinstance(record, dict):
-            return _rejected(row, line, BROKEN_JSON, f"expected a JSON object, got {type(record).__name__}")
+            return _rejected(row, line, rows.BROKEN_JSON, f"expected a JSON object, got {type(record).__name__}")
         entry = self._from_fields(row, line, record.get(self.text_field), record.get(self.id_field))
         if self.keep_columns:
             meta = tuple(_json_text(record.get(name)) for name in self.keep_columns)
-            unwritable = [name for name, value in zip(self.keep_columns, meta) if not_unicode(value)]
+            unwritable = [name for name, value in zip(self.keep_columns, meta) if rows.not_unicode(value)]
             if unwritable:  # no UTF-8 writer takes the value: the row is rejected, the value never written
-                meta = tuple(None if not_unicode(value) else value for value in meta)
+                meta = tuple(None if rows.not_unicode(value) else value for value in meta)
                 if entry.reject is None:
-                    entry = _rejected(row, line, INVALID_UTF8,
+                    entry = _rejected(row, line, rows.INVALID_UTF8,
                                       f"{unwritable[0]!r} holds a lone surrogate (a \\u escape)", entry.id)
             entry = entry._replace(meta=meta)
         return entry
@@ -273,14 +241,14 @@ class TextCorpus:
         problem found before them), keeping a sound id when rejected."""
         id_problem = None
         if self.id_field is not None:
-            record_id, id_problem = id_reject(row, line, record_id, self.id_field)
-        reject = reject or text_reject(row, line, text, self.text_field) or id_problem
+            record_id, id_problem = rows.id_reject(row, line, record_id, self.id_field)
+        reject = reject or rows.text_reject(row, line, text, self.text_field) or id_problem
         if reject is not None:
             return _rejected(row, line, reject.reason, reject.detail, record_id)
         return TextRow(row, line, record_id, text, None)
 
     def _csv_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
-        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a long line is text (`CSV_SPAN_BYTES` bounds spans)
+        csv.field_size_limit(2**31 - 1)  # a long line is text (`CSV_SPAN_BYTES` bounds spans)
         if start.row == 0:
             start = Position(0, self._csv_header_end, 1)
         row = start.row
@@ -311,9 +279,9 @@ class TextCorpus:
             detail += (f" (a record from line {first.number} to line {last.number}: an unclosed quote?); the lines "
                        "after this one are read again as rows")
         lines.read_again()
-        if first.problem is not None and first.problem[0] == LINE_TOO_LONG:  # the cut broke the quoting
+        if first.problem is not None and first.problem[0] == rows.LINE_TOO_LONG:  # the cut broke the quoting
             return _rejected(row, first.number, *first.problem)
-        return _rejected(row, first.number, BROKEN_CSV, detail)
+        return _rejected(row, first.number, rows.BROKEN_CSV, detail)
 
     def _csv_record(self, row: int, record: list[_CsvLine], fields: list[str]) -> TextRow:
         """A parsed CSV record (over the lines `record`) as a row; a sound id and kept values stay either way."""
@@ -323,23 +291,23 @@ class TextCorpus:
             index = self._csv_columns.get(name)  # None: no id field
             return fields[index] if index is not None and index < len(fields) else None
 
-        problems = [(entry.number, entry.problem) for entry in record if entry.problem is not None]
-        if problems:
-            number, (reason, where) = problems[0]
+        bad = next((entry for entry in record if entry.problem is not None), None)
+        if bad is not None:
+            reason, where = bad.problem
             entry = self._from_fields(row, first, None, value(self.id_field),
-                                      Reject(row, reason, f"{where} of line {number}", first))
+                                      Reject(row, reason, f"{where} of line {bad.number}", first))
         elif not fields or not any(field.strip() for field in fields):
-            entry = _rejected(row, first, EMPTY_LINE)
+            entry = _rejected(row, first, rows.EMPTY_LINE)
         else:
             entry = self._from_fields(row, first, value(self.text_field), value(self.id_field))
         if self.keep_columns:
             meta = tuple(value(name) for name in self.keep_columns)
-            entry = entry._replace(meta=tuple(None if not_unicode(kept) else kept for kept in meta))
+            entry = entry._replace(meta=tuple(None if rows.not_unicode(kept) else kept for kept in meta))
         return entry
 
     def _parquet_rows(self, start: Position) -> Iterator[tuple[TextRow, Position]]:
         row = start.row
-        for batch in parquet_batches(self.path, [self.text_field, self.id_field, *self.keep_columns], start.row):
+        for batch in rows.parquet_batches(self.path, [self.text_field, self.id_field, *self.keep_columns], start.row):
             texts = batch.column(self.text_field).to_pylist()
             ids = batch.column(self.id_field).to_pylist() if self.id_field else [None] * len(texts)
             metas = (zip(*(batch.column(name).to_pylist() for name in self.keep_columns)) if self.keep_columns
@@ -349,7 +317,7 @@ class TextCorpus:
                 try:
                     text = text.decode("utf-8") if isinstance(text, bytes) else text
                 except UnicodeDecodeError as error:
-                    undecodable = Reject(row, INVALID_UTF8, f"byte {error.start} of the value")
+                    undecodable = Reject(row, rows.INVALID_UTF8, f"byte {error.start} of the value")
                 entry = self._from_fields(row, None, text, record_id, undecodable)
                 row += 1
                 yield entry._replace(meta=meta), Position(row)
@@ -374,7 +342,7 @@ def read_texts(path: str | os.PathLike, text_field: str = defaults.TEXT_FIELD, i
 
 def sample_texts(path: str | os.PathLike, max_rows: int | None, seed: int = 0, text_field: str = defaults.TEXT_FIELD,
                  rejects: list[Reject] | None = None) -> list[str]:
-    """A reproducible uniform random sample of at most `max_rows` good texts (all when None), in file
-    order, in one pass (`sample_stream`); rejected rows go to `rejects` as in `read_texts`."""
+    """A reproducible uniform random sample of at most `max_rows` good texts (all when None), in file order, in one
+    pass (`sample_stream`); rejected rows go to `rejects` as in `read_texts`."""
     texts = (text for _, _, text in read_texts(path, text_field, rejects=rejects))
     return sample_stream(texts, max_rows, seed)

@@ -1,8 +1,7 @@
-"""Stored embeddings as chunked, resumable sources (`EmbeddingFile`: a 2-D .npy or a parquet
-vector column), and the one .npy reader (`NpyMatrix`, also behind `flowcore fit --embeddings`).
+"""Stored embeddings as chunked, resumable sources (`EmbeddingFile`: a 2-D .npy or a parquet vector column), and
+the one .npy reader (`NpyMatrix`, also behind `flowcore fit --embeddings`).
 
-A .npy file is never loaded whole: its header is checked without reading the data, which is read
-through a read-only memory map whose pages are released once copied, so memory stays flat.
+A .npy file is never loaded whole: it is read through a read-only memory map whose pages are released once copied.
 """
 from __future__ import annotations
 
@@ -16,23 +15,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from flowcore import defaults
-from flowcore.batch.rows import (
-    NULL,
-    Chunk,
-    Position,
-    Reject,
-    check_keep_columns,
-    detect_format,
-    file_identity,
-    id_reject,
-    one_line,
-    open_parquet,
-    parquet_batches,
-    parquet_schema,
-    require_file,
-    to_float32,
-    vector_rejects,
-)
+from flowcore.batch import rows
+from flowcore.batch.rows import Chunk, Position
 
 __all__ = ["EMBEDDING_FORMATS", "EmbeddingFile", "NpyMatrix"]
 
@@ -45,7 +29,7 @@ class NpyMatrix:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        require_file(self.path)
+        rows.require_file(self.path)
         with open(self.path, "rb") as handle:
             try:
                 version = np.lib.format.read_magic(handle)
@@ -55,7 +39,7 @@ class NpyMatrix:
                     raise ValueError(f"unsupported .npy version {version}")
                 shape, self.fortran_order, self.dtype = read_header(handle)
             except (ValueError, SyntaxError, TokenError) as error:  # numpy parses the header as Python literals
-                detail = one_line(error)
+                detail = rows.one_line(error)
                 if not isinstance(error, ValueError):
                     detail = f"a damaged header: {type(error).__name__}: {detail}"
                 raise ValueError(f"{self.path}: not a readable .npy file ({detail})") from None
@@ -134,8 +118,8 @@ class EmbeddingFile:
                  keep_columns=()):
         self.dim: int | None
         self.path = Path(path)
-        require_file(self.path)
-        self.format = detect_format(self.path, EMBEDDING_FORMATS)
+        rows.require_file(self.path)
+        self.format = rows.detect_format(self.path, EMBEDDING_FORMATS)
         self.vector_field = vector_field
         self.id_field = id_field
         self.keep_columns: tuple[str, ...] = ()
@@ -148,9 +132,9 @@ class EmbeddingFile:
             self._npy.check_embeddings()
             self.rows, self.dim = self._npy.rows, self._npy.dim
         else:
-            self._schema = parquet_schema(self.path, vector=vector_field, id=id_field)
+            self._schema = rows.parquet_schema(self.path, vector=vector_field, id=id_field)
             self.rows, self.dim = self._parquet_layout()
-            self.keep_columns = check_keep_columns(self.path, keep_columns, self._schema.names)
+            self.keep_columns = rows.check_keep_columns(self.path, keep_columns, self._schema.names)
 
     def meta_types(self) -> list[tuple[str, object]]:
         """(name, pyarrow type) of each kept column, as stored."""
@@ -159,7 +143,7 @@ class EmbeddingFile:
     def _parquet_layout(self) -> tuple[int, int]:
         import pyarrow as pa
 
-        parquet = open_parquet(self.path)
+        parquet = rows.open_parquet(self.path)
         column_type = self._schema.field(self.vector_field).type
         is_list = any(check(column_type) for check in (pa.types.is_fixed_size_list, pa.types.is_list,
                                                           pa.types.is_large_list))
@@ -187,7 +171,7 @@ class EmbeddingFile:
 
     def identity(self) -> dict:
         """What identifies this source in a job's manifest: the file and how it is read."""
-        return {**file_identity(self.path), "format": self.format, "vector_field": self.vector_field,
+        return {**rows.file_identity(self.path), "format": self.format, "vector_field": self.vector_field,
                 "id_field": self.id_field, "keep_columns": list(self.keep_columns)}
 
     def chunks(self, chunk_rows: int, start: Position = Position()) -> Iterator[Chunk]:
@@ -196,53 +180,50 @@ class EmbeddingFile:
             yield from self._parquet_chunks(chunk_rows, start.row)
             return
         for row_start, block in self._npy.blocks(chunk_rows, start.row, dtype=None):
-            vectors, beyond = to_float32(block)
-            rejects = vector_rejects(vectors, np.full(len(vectors), self.dim), row_start, beyond)
+            vectors, beyond = rows.to_float32(block)
+            rejects = rows.vector_rejects(vectors, np.full(len(vectors), self.dim), row_start, beyond)
             yield Chunk(row_start // chunk_rows, row_start, len(vectors), Position(row_start + len(vectors)),
                         rejects, vectors=vectors)
 
     def _parquet_chunks(self, chunk_rows: int, start_row: int) -> Iterator[Chunk]:
         import pyarrow as pa
 
-        def chunk(table, row_start: int) -> Chunk:
-            vectors, rejects = self._parquet_vectors(table.column(self.vector_field).combine_chunks(), row_start)
-            ids = None
-            if self.id_field:
-                ids, rejected = [], {reject.row for reject in rejects}
-                for offset, value in enumerate(table.column(self.id_field).to_pylist()):
-                    record_id, problem = id_reject(row_start + offset, None, value, self.id_field)
-                    ids.append(record_id)
-                    if problem is not None and problem.row not in rejected:
-                        vectors[offset] = np.nan
-                        rejects.append(problem)
-                rejects.sort(key=lambda reject: reject.row)
-            rows = table.num_rows
-            meta = {name: table.column(name).combine_chunks() for name in self.keep_columns} or None
-            return Chunk(row_start // chunk_rows, row_start, rows, Position(row_start + rows), rejects, ids,
-                         vectors=vectors, meta=meta)
-
         pending, row_start = [], start_row  # record batches re-cut into chunks
-        for batch in parquet_batches(self.path, [self.vector_field, self.id_field, *self.keep_columns], start_row):
+        for batch in rows.parquet_batches(self.path, [self.vector_field, self.id_field, *self.keep_columns], start_row):
             pending.append(batch)
             while sum(part.num_rows for part in pending) >= chunk_rows:
                 table = pa.Table.from_batches(pending)
-                yield chunk(table.slice(0, chunk_rows), row_start)
+                yield self._parquet_chunk(table.slice(0, chunk_rows), row_start // chunk_rows, row_start)
                 pending, row_start = table.slice(chunk_rows).to_batches(), row_start + chunk_rows
         if any(part.num_rows for part in pending):
-            yield chunk(pa.Table.from_batches(pending), row_start)
+            yield self._parquet_chunk(pa.Table.from_batches(pending), row_start // chunk_rows, row_start)
 
-    def _parquet_vectors(self, column, row_start: int) -> tuple[np.ndarray, list[Reject]]:
+    def _parquet_chunk(self, table, index: int, row_start: int) -> Chunk:
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        column = table.column(self.vector_field).combine_chunks()
         vectors = np.full((len(column), self.dim), np.nan, dtype=np.float32)
         beyond = np.zeros(len(column), dtype=bool)
-        lengths = pc.list_value_length(column).fill_null(NULL).to_numpy(zero_copy_only=False)
+        lengths = pc.list_value_length(column).fill_null(rows.NULL).to_numpy(zero_copy_only=False)
         fits = lengths == self.dim
         if fits.any():
             values = column.filter(pa.array(fits)).flatten().to_numpy(zero_copy_only=False)
-            vectors[fits], beyond[fits] = to_float32(np.asarray(values).reshape(-1, self.dim))
-        return vectors, vector_rejects(vectors, lengths, row_start, beyond)
+            vectors[fits], beyond[fits] = rows.to_float32(np.asarray(values).reshape(-1, self.dim))
+        rejects = rows.vector_rejects(vectors, lengths, row_start, beyond)
+        ids = None
+        if self.id_field:
+            ids, rejected = [], {reject.row for reject in rejects}
+            for offset, value in enumerate(table.column(self.id_field).to_pylist()):
+                record_id, problem = rows.id_reject(row_start + offset, None, value, self.id_field)
+                ids.append(record_id)
+                if problem is not None and problem.row not in rejected:
+                    vectors[offset] = np.nan
+                    rejects.append(problem)
+            rejects.sort(key=lambda reject: reject.row)
+        meta = {name: table.column(name).combine_chunks() for name in self.keep_columns} or None
+        return Chunk(index, row_start, table.num_rows, Position(row_start + table.num_rows), rejects, ids,
+                     vectors=vectors, meta=meta)
 
 
 def _release(mapped: mmap.mmap, start: int, length: int) -> None:
