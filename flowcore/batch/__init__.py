@@ -1,7 +1,6 @@
-"""Batch calibration of whole corpora: row types, text and vector sources, the calibration core
-both engines share, the streaming pipeline, durable outputs and the resumable local job behind
-`flowcore calibrate` (the Ray engine is `flowcore.batch.ray`). docs/design.md lists the modules.
-"""
+"""Batch calibration of whole corpora: row types, sources, the calibration core both engines share, the
+streaming pipeline, durable outputs and the resumable local job behind `flowcore calibrate` (the Ray engine
+is `flowcore.batch.ray`). docs/design.md lists the modules."""
 from __future__ import annotations
 
 from flowcore.batch.core import (
@@ -29,10 +28,8 @@ from flowcore.batch.sampling import sample_row_numbers, sample_stream
 from flowcore.batch.text_sources import TextCorpus, read_texts, sample_texts
 from flowcore.batch.vector_sources import EmbeddingFile, NpyMatrix
 
-__all__ = [
-    "CalibratedChunk", "CalibrationJob", "CalibrationSummary", "Chunk", "EmbeddingFile", "EncodedCorpus",
-    "InputChangedError", "InputFiles", "JobInterrupted", "JobMismatchError", "JobSpec", "NpyMatrix", "OutputLock",
-    "OutputLockedError", "OutputWriteError", "Position", "Reject", "TextCorpus", "TextRow", "calibrate_chunk",
-    "calibrate_chunks", "calibrate_file", "check_compatible", "count_reasons", "encode_corpus", "iter_calibrated",
-    "read_texts", "sample_row_numbers", "sample_stream", "sample_texts",
-]
+__all__ = ["CalibratedChunk", "CalibrationJob", "CalibrationSummary", "Chunk", "EmbeddingFile", "EncodedCorpus",
+           "InputChangedError", "InputFiles", "JobInterrupted", "JobMismatchError", "JobSpec", "NpyMatrix",
+           "OutputLock", "OutputLockedError", "OutputWriteError", "Position", "Reject", "TextCorpus", "TextRow",
+           "calibrate_chunk", "calibrate_chunks", "calibrate_file", "check_compatible", "count_reasons",
+           "encode_corpus", "iter_calibrated", "read_texts", "sample_row_numbers", "sample_stream", "sample_texts"]

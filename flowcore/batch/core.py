@@ -12,31 +12,16 @@ import numpy as np
 
 from flowcore import defaults
 from flowcore._vectors import unit_rows
+from flowcore.batch import rows
 from flowcore.batch.input_files import InputFiles
 from flowcore.batch.lock import took_over
-from flowcore.batch.rows import (
-    NON_FINITE_OUTPUT,
-    NOT_NUMBERS,
-    NULL,
-    ZERO_VECTOR,
-    CalibratedChunk,
-    Chunk,
-    Position,
-    Reject,
-    reject_non_finite,
-    text_reject,
-    to_float32,
-    vector_rejects,
-)
 from flowcore.batch.text_sources import TEXT_FORMATS, TextCorpus
 from flowcore.batch.vector_sources import EMBEDDING_FORMATS, EmbeddingFile
 from flowcore.runtime import check_threads, job_threads
 
-__all__ = [
-    "MANIFEST_FORMAT", "MANIFEST_VERSION", "CalibrationSummary", "InputChangedError", "JobMismatchError", "JobSpec",
-    "arrow_type_name", "calibrate_chunk", "calibrated", "check_compatible", "check_identity", "chunk_of_values",
-    "default_chunk_rows", "encode_with", "load_encoder", "manifest",
-]
+__all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "CalibrationSummary", "InputChangedError", "JobMismatchError",
+           "JobSpec", "arrow_type_name", "calibrate_chunk", "calibrated", "check_compatible", "check_identity",
+           "chunk_of_values", "default_chunk_rows", "encode_with", "load_encoder", "manifest"]
 
 MANIFEST_FORMAT = "flowcore-vectors-manifest"
 MANIFEST_VERSION = 1
@@ -59,8 +44,8 @@ def default_chunk_rows(source: TextCorpus | EmbeddingFile, dim: int) -> int:
     """Text: `defaults.TEXT_CHUNK_ROWS`; embeddings: a power of two of rows within `defaults.EMBEDDING_CHUNK_BYTES`."""
     if source.kind == "text":
         return defaults.TEXT_CHUNK_ROWS
-    rows = max(1, defaults.EMBEDDING_CHUNK_BYTES // (4 * dim))
-    return 1 << (rows.bit_length() - 1)
+    fit = max(1, defaults.EMBEDDING_CHUNK_BYTES // (4 * dim))
+    return 1 << (fit.bit_length() - 1)
 
 
 def calibrated(transform: Callable[[np.ndarray], np.ndarray], vectors: np.ndarray) -> np.ndarray:
@@ -205,11 +190,11 @@ class JobSpec:
             describe = getattr(encoder, "describe", None)
             described = describe() if describe is not None else {"model": encoder.model_id, "pooling": encoder.pooling}
             described["batch_size"] = self.batch_size
-        recorded = calibrator.provenance
+        recorded, settings = calibrator.provenance, calibrator.settings()
         return {
             "encoder": described,
             "calibration": {"method": calibrator.name, "path": str(self.flow), "sha256": self.flow_sha256,
-                            "settings": calibrator.settings(), "config": calibrator.settings().get("config"),
+                            "settings": settings, "config": settings.get("config"),
                             "fitted_for": recorded.to_json() if recorded else None},
             "format_versions": {"flow_file": file_version},
         }
@@ -226,9 +211,9 @@ def check_compatible(calibrator, source: TextCorpus | EmbeddingFile | InputFiles
     calibrator.check_encoder(encoder)
 
 
-def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray], dim: int,
+def calibrate_chunk(chunk: rows.Chunk, transform: Callable[[np.ndarray], np.ndarray], dim: int,
                     encode: Callable[[list[str]], np.ndarray] | None = None,
-                    output_dim: int | None = None, normalize: bool = False) -> CalibratedChunk:
+                    output_dim: int | None = None, normalize: bool = False) -> rows.CalibratedChunk:
     """The one path every row takes, in both engines: a text chunk's good texts are encoded
     (`dim`-wide), the good rows calibrated (`output_dim`-wide, default `dim`) and, with `normalize`,
     scaled to unit length; a row the encoder or `transform` turns to NaN/Inf, or (`normalize`) to the
@@ -242,7 +227,7 @@ def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray],
         vectors = np.full((chunk.rows, dim), np.nan, dtype=np.float32)
         if good.any():
             vectors[good] = encode([text for text, keep in zip(chunk.texts, good) if keep])
-            rejects += reject_non_finite(vectors, chunk.row_start, good, "the encoder returned NaN/Inf")
+            rejects += rows.reject_non_finite(vectors, chunk.row_start, good, "the encoder returned NaN/Inf")
     else:
         vectors = chunk.vectors
     if good.all():
@@ -251,74 +236,69 @@ def calibrate_chunk(chunk: Chunk, transform: Callable[[np.ndarray], np.ndarray],
         out = np.full((chunk.rows, output_dim or dim), np.nan, dtype=np.float32)
         if good.any():
             out[good] = calibrated(transform, vectors[good])
-    rejects += [Reject(reject.row, reject.reason, f"calibrated, it holds {reject.detail}")
-                for reject in reject_non_finite(out, chunk.row_start, good, reason=NON_FINITE_OUTPUT)]
-    if normalize:
-        rejects += _normalize(out, chunk.row_start, good)
+    rejects += [rows.Reject(reject.row, reject.reason, f"calibrated, it holds {reject.detail}")
+                for reject in rows.reject_non_finite(out, chunk.row_start, good, reason=rows.NON_FINITE_OUTPUT)]
+    if normalize:  # a zero row has no direction to scale to: rejected, made NaN and cleared in `good`
+        zero = good & ~out.any(axis=1)
+        out[zero] = np.nan
+        good &= ~zero
+        out[good] = unit_rows(out[good])
+        rejects += [rows.Reject(chunk.row_start + int(offset), rows.ZERO_VECTOR, "calibrated, it is the zero vector, "
+                                "which has no direction to scale to unit length") for offset in np.flatnonzero(zero)]
     if chunk.ids is not None:
         rejects = [reject if reject.id is not None else replace(reject, id=chunk.ids[reject.row - chunk.row_start])
                    for reject in rejects]
-    return CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
-                           sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
+    return rows.CalibratedChunk(chunk.index, chunk.row_start, out, chunk.ids,
+                                sorted(rejects, key=lambda reject: reject.row), chunk.end, chunk.meta)
 
 
-def _normalize(out: np.ndarray, row_start: int, good: np.ndarray) -> list[Reject]:
-    """Scale the `good` rows of `out` to unit length in place; a zero row (no direction) is rejected, made NaN
-    and cleared in `good`."""
-    zero = good & ~out.any(axis=1)
-    out[zero] = np.nan
-    good &= ~zero
-    out[good] = unit_rows(out[good])
-    return [Reject(row_start + int(offset), ZERO_VECTOR, "calibrated, it is the zero vector, which has no direction "
-                   "to scale to unit length") for offset in np.flatnonzero(zero)]
-
-
-def chunk_of_values(values, column: str, dim: int | None = None) -> Chunk:
+def chunk_of_values(values, column: str, dim: int | None = None) -> rows.Chunk:
     """A column of a Ray batch as a chunk, checked by the readers' rules: texts when `dim` is None
     (`text_reject`), else `dim`-wide vectors (`vector_rejects`). A NaN value is a null (Ray's
     pandas conversions write None so)."""
-    rows = len(values)
+    count = len(values)
     if dim is None:
         texts = [None if _nan(text) else text for text in values]
-        rejects = [reject for row, text in enumerate(texts) if (reject := text_reject(row, None, text, column))]
+        rejects = [reject for row, text in enumerate(texts) if (reject := rows.text_reject(row, None, text, column))]
         for reject in rejects:
             texts[reject.row] = None
-        return Chunk(0, 0, rows, Position(rows), rejects, texts=texts)
-    vectors = np.full((rows, dim), np.nan, dtype=np.float32)
-    beyond = np.zeros(rows, dtype=bool)
+        return rows.Chunk(0, 0, count, rows.Position(count), rejects, texts=texts)
+    vectors = np.full((count, dim), np.nan, dtype=np.float32)
+    beyond = np.zeros(count, dtype=bool)
     if isinstance(values, np.ndarray) and values.ndim == 2 and values.dtype.kind in "iuf":  # a tensor column
-        lengths = np.full(rows, values.shape[1])
+        lengths = np.full(count, values.shape[1])
         if values.shape[1] == dim:
-            vectors[:], beyond[:] = to_float32(values)
+            vectors[:], beyond[:] = rows.to_float32(values)
     else:
-        lengths = np.empty(rows, dtype=np.int64)
+        lengths = np.empty(count, dtype=np.int64)
         for row, value in enumerate(values):
             numbers = _numbers(value)
             lengths[row] = numbers if isinstance(numbers, int) else len(numbers)
             if lengths[row] == dim:
-                vectors[row], beyond[row] = (part[0] for part in to_float32(numbers[None]))
-    return Chunk(0, 0, rows, Position(rows), vector_rejects(vectors, lengths, 0, beyond), vectors=vectors)
+                vectors[row], beyond[row] = (part[0] for part in rows.to_float32(numbers[None]))
+    return rows.Chunk(0, 0, count, rows.Position(count), rows.vector_rejects(vectors, lengths, 0, beyond),
+                      vectors=vectors)
 
 
 def _numbers(value) -> np.ndarray | int:
     """A vector value as a 1-D float array (a null element as NaN), or `NULL` for None and
     `NOT_NUMBERS` for anything that is not a flat list of numbers."""
     if value is None or _nan(value):
-        return NULL
+        return rows.NULL
     if isinstance(value, (str, bytes)):
-        return NOT_NUMBERS
+        return rows.NOT_NUMBERS
     try:
         array = np.asarray(value)
     except (ValueError, TypeError):  # ragged
-        return NOT_NUMBERS
+        return rows.NOT_NUMBERS
     if array.ndim != 1:
-        return NOT_NUMBERS
+        return rows.NOT_NUMBERS
     if array.dtype.kind == "O":
         if not all(item is None or (isinstance(item, (int, float, np.integer, np.floating))
                                     and not isinstance(item, (bool, np.bool_))) for item in array):
-            return NOT_NUMBERS
+            return rows.NOT_NUMBERS
         return np.array([np.nan if item is None else item for item in array], dtype=np.float64)
-    return array if array.dtype.kind in "iuf" else NOT_NUMBERS
+    return array if array.dtype.kind in "iuf" else rows.NOT_NUMBERS
 
 
 def _nan(value) -> bool:

@@ -1,7 +1,6 @@
-"""Stopping a batch job cleanly on Ctrl-C or `kill`: `StopSignals`, and `JobInterrupted`, what a
-stopped job raises. The first SIGINT or SIGTERM sets a flag the job checks at chunk boundaries; a
-second exits at once (as safe as kill -9: the progress file records only durable chunks).
-"""
+"""Stopping a batch job cleanly on Ctrl-C or `kill`: `StopSignals`, and `JobInterrupted`, what a stopped job
+raises. The first SIGINT or SIGTERM sets a flag the job checks at chunk boundaries; a second exits at once
+(as safe as kill -9: the progress file records only durable chunks)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,11 +1,6 @@
-"""The local engine behind `flowcore calibrate`: `CalibrationJob` (a source into one .npy or
-.parquet file, resumably) and `calibrate_file` (the whole job from files).
-
-It adds a chunk loop to the lifecycle both engines share (`JobLifecycle`: lock, stop signals,
-record, progress, manifest, summary). Each chunk is fsynced before `OUT.progress.json` records
-it, so a killed run resumes after the last recorded chunk, byte-identical to an uninterrupted one
-(docs/batch.md, docs/faults.md).
-"""
+"""The local engine behind `flowcore calibrate`: `CalibrationJob` (a source into one .npy or .parquet file,
+resumably) and `calibrate_file`, a chunk loop on the shared `JobLifecycle`. Each chunk is fsynced before
+`OUT.progress.json` records it, so a killed run resumes byte-identical (docs/batch.md, docs/faults.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -46,11 +41,9 @@ from flowcore.text.cache import encoder_key
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "PROGRESS_FORMAT", "PROGRESS_VERSION", "CalibrationJob",
-    "CalibrationSummary", "EncodedCorpus", "InputChangedError", "JobInterrupted", "JobMismatchError",
-    "OutputLockedError", "OutputWriteError", "calibrate_file", "encode_corpus",
-]
+__all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "OUTPUT_FORMATS", "PROGRESS_FORMAT", "PROGRESS_VERSION",
+           "CalibrationJob", "CalibrationSummary", "EncodedCorpus", "InputChangedError", "JobInterrupted",
+           "JobMismatchError", "OutputLockedError", "OutputWriteError", "calibrate_file", "encode_corpus"]
 
 OUTPUT_FORMATS = {".npy": "npy", ".parquet": "parquet"}
 PROGRESS_FORMAT = "flowcore-calibrate-progress"
@@ -77,12 +70,11 @@ class _Progress:
 
 
 class _ProgressRecord(JobRecord):
-    """`OUT.progress.json`: the rows and what the chunks done so far left (`_Progress`). An unfinished run
-    of an earlier flowcore (recorded in `OUT.manifest.json`, or without input fingerprints) is refused."""
+    """`OUT.progress.json` (`_Progress`); an earlier flowcore's unfinished run (recorded in `OUT.manifest.json`,
+    or without input fingerprints) is refused."""
 
     def __init__(self, out: Path):
-        super().__init__(out.with_name(out.name + ".progress.json"), PROGRESS_FORMAT, PROGRESS_VERSION,
-                         "progress file")
+        super().__init__(out.with_name(out.name + ".progress.json"), PROGRESS_FORMAT, PROGRESS_VERSION, "progress file")
         self.manifest_path = out.with_name(out.name + ".manifest.json")
 
     def read(self) -> dict | None:
@@ -123,10 +115,8 @@ class CalibrationJob:
         description: more entries of the finished output's manifest, e.g. the encoder and the calibration.
         chunk_rows: rows per chunk, the resume granularity (default: `default_chunk_rows`).
         restart: ignore an earlier run, unfinished or finished, and start over.
-        show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere
-            (`flowcore._progress.ProgressReport`).
-        threads: the run's CPU threads (for text, the encoder's: `runtime.calibration_threads`); part of the
-            identity (results depend on it).
+        show_progress_bar: False for silence; else a bar on a terminal, progress lines elsewhere.
+        threads: the run's CPU threads (text: the encoder's, `runtime.calibration_threads`); part of the identity.
         what: the job's name in its progress lines ("calibrate"; "encode" for an identity `transform`).
 
     A rerun of a finished job does nothing and says so (`CalibrationSummary.complete`).
@@ -142,12 +132,8 @@ class CalibrationJob:
                  chunk_rows: int | None = None, restart: bool = False, show_progress_bar: bool | None = None,
                  threads: int | None = None, normalize: bool = False, vector_column: str | None = None,
                  description: dict | None = None, output_dim: int | None = None, what: str = "calibrate"):
-        self.what = what
-        self.source, self.dim, self.encode = InputFiles.of(source), dim, encode
-        self.output_dim = output_dim or dim
-        self.normalize = bool(normalize)
-        self.transform = transform
-        self.out = Path(out)
+        self.source, self.out, self.transform, self.encode = InputFiles.of(source), Path(out), transform, encode
+        self.dim, self.output_dim, self.normalize, self.what = dim, output_dim or dim, bool(normalize), what
         self.format = detect_format(self.out, OUTPUT_FORMATS)
         if self.format == "npy" and (self.source.keep_columns or vector_column is not None):
             raise ValueError(f"{out}: --keep-columns and --vector-column need .parquet output "
@@ -155,8 +141,7 @@ class CalibrationJob:
         self.vector_column = (vector_column or defaults.VECTOR_COLUMN) if self.format == "parquet" else None
         self.description = dict(description or {})
         self.record = _ProgressRecord(self.out)
-        self.progress_path = self.record.path
-        self.manifest_path = self.out.with_name(self.out.name + ".manifest.json")
+        self.progress_path, self.manifest_path = self.record.path, self.record.manifest_path
         self.rejects_path = self.out.with_name(self.out.name + ".rejects.jsonl")
         for path in (self.out, self.progress_path, self.manifest_path, self.rejects_path):
             check_replaceable(path)  # before any work: never a device, a pipe or a link loop
@@ -171,8 +156,7 @@ class CalibrationJob:
         self.chunk_rows = chunk_rows or default_chunk_rows(self.source, dim)
         if self.chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, got {self.chunk_rows}")
-        self.restart, self.show_progress_bar = restart, show_progress_bar
-        self.threads = check_threads(threads)
+        self.restart, self.show_progress_bar, self.threads = restart, show_progress_bar, check_threads(threads)
         self._identity = dict(identity or {})
 
     def identity(self) -> dict:
@@ -181,13 +165,9 @@ class CalibrationJob:
                             self.chunk_rows, self.normalize, self.threads, **self._identity)
 
     def run(self) -> CalibrationSummary:
-        """Run (or resume) the job.
-
-        Returns:
-            the `CalibrationSummary`. Raises `OutputLockedError` while another job writes `out`,
-            `JobInterrupted` when stopped by a signal, `OutputWriteError` when a write fails,
-            `JobMismatchError`/`InputChangedError` when an unfinished run cannot be resumed.
-        """
+        """Run (or resume) the job; returns its `CalibrationSummary`. Raises `OutputLockedError` while another job
+        writes `out`, `JobInterrupted` when stopped by a signal, `OutputWriteError` when a write fails, and
+        `JobMismatchError`/`InputChangedError` when an unfinished run cannot be resumed."""
         identity = self.identity()
         with JobLifecycle(self.out, OutputLock(self.out), self.record, identity,
                           identity["input"].get("path", self.source.path), self.restart, self.rejects_path,
@@ -229,7 +209,7 @@ class CalibrationJob:
                         pinned_threads(calibration_threads(self.threads, self.source.kind == "text")):
                     self._stream(output, rejects, job, rows, progress, report)
             if job.stop.requested and progress.chunks < total_chunks:  # stopped at a chunk boundary
-                raise job.interrupted(progress.rows)
+                raise JobInterrupted(progress.rows, job.stop.signum)
         with writing(self.out):
             output.finish(total_chunks)
             rejects.finish()
@@ -304,12 +284,11 @@ def calibrate_file(flow_path: str | os.PathLike, out: str | os.PathLike, *, enco
     spec = JobSpec(flow_path, **options)
     source = spec.source()
     calibrator, encoder = spec.prepare(source, encoder)
-    job = CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, spec.batch_size),
-                         identity=spec.identity(encoder), chunk_rows=spec.chunk_rows, restart=restart,
-                         show_progress_bar=show_progress_bar, threads=spec.threads, normalize=spec.normalize,
-                         vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
-                         output_dim=calibrator.output_dim)
-    return job.run()
+    return CalibrationJob(source, out, calibrator.transform, calibrator.dim, encode_with(encoder, spec.batch_size),
+                          identity=spec.identity(encoder), chunk_rows=spec.chunk_rows, restart=restart,
+                          show_progress_bar=show_progress_bar, threads=spec.threads, normalize=spec.normalize,
+                          vector_column=spec.vector_column, description=spec.describe(calibrator, encoder),
+                          output_dim=calibrator.output_dim).run()
 
 
 @dataclass
@@ -327,9 +306,8 @@ def encode_corpus(source: TextCorpus | EmbeddingFile | InputFiles, out: str | os
                   show_progress_bar: bool | None = None) -> EncodedCorpus:
     """Encode the text corpus `source` with `encoder` (stored vectors: gather them as they are) into `out`
     (.npy, memory-mapped on return) as a resumable job ("encode" in its progress lines): a rerun reuses a
-    finished `out` of the same corpus and encoder, resumes an unfinished one, and encodes again one made
-    from another version of the corpus or by another encoder. `flowcore fit --input` keeps `out` in the
-    embedding cache (`EmbeddingCache.corpus_file`); `fit --embeddings` gathers shards into one matrix.
+    finished `out` of the same corpus and encoder, resumes an unfinished one, and encodes again one of
+    another corpus or encoder. `fit --input` keeps `out` in the embedding cache (`EmbeddingCache.corpus_file`).
 
     Args:
         source: the corpus: a `TextCorpus` or an `EmbeddingFile`, or several files as `InputFiles`.
@@ -364,7 +342,7 @@ def encode_corpus(source: TextCorpus | EmbeddingFile | InputFiles, out: str | os
 
     try:
         summary = job(restart).run()
-    except (JobMismatchError, InputChangedError) as reason:  # an unfinished encoding of something else
+    except JobMismatchError as reason:  # an unfinished encoding of something else (or a changed input)
         logger.warning(f"encoding {out} again: {reason}")
         summary = job(True).run()
     vectors, good = NpyMatrix(out).read(), None

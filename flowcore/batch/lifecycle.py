@@ -1,9 +1,6 @@
-"""One job lifecycle under both engines: `JobLifecycle` holds the output's lock and the stop signals,
-reads the job's record (`JobRecord`), refusing another job's or another version's, finds a
-finished run of the same job complete, reports progress (`ProgressReport`: where it resumes,
-whose lock it took over, rows/s), writes the manifest and gives the summary. The local engine
-(`job.py`) adds its chunk loop, the Ray engine (`ray.py`) its shards and actors.
-"""
+"""The job lifecycle both engines share (`job.py` adds its chunk loop, `ray.py` its shards and actors):
+`JobLifecycle` holds the output's lock and the stop signals, reads the job's record (`JobRecord`), finds a
+finished run of the same job complete, reports progress, writes the manifest and gives the summary."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +11,7 @@ from pathlib import Path
 from flowcore._fs import atomic_write_json, fsync, remove_temporaries, write_error
 from flowcore._progress import ProgressReport
 from flowcore.batch.core import CalibrationSummary, JobMismatchError, check_identity
-from flowcore.batch.interrupts import JobInterrupted, StopSignals
+from flowcore.batch.interrupts import StopSignals
 from flowcore.batch.lock import OutputLock, took_over
 
 __all__ = ["RESUME_ADVICE", "JobLifecycle", "JobRecord", "job_identity", "writing"]
@@ -34,7 +31,7 @@ def writing(path: Path, needed: int | None = None, advice: str = RESUME_ADVICE):
 def job_identity(source, out: Path, output_format: str, vector_column: str | None, dim: int, output_dim: int,
                  chunk_rows: int, normalize: bool, threads: int | None, **more) -> dict:
     """What a job's record and manifest pin, so that only the same job is continued or found complete: the
-    input's files (`source.identity()`), the output, the options and `more` (the calibrator's hash, the encoder).
+    input's files, the output, the options and `more` (the calibrator's hash, the encoder).
 
     Example:
         >>> job_identity(InputFiles.of(EmbeddingFile("in.npy")), Path("out.npy"), "npy", None, 8, 8, 1024, False, 1)
@@ -116,8 +113,8 @@ class JobLifecycle:
         self._held.close()
 
     def complete(self, output_present: bool, **more) -> CalibrationSummary | None:
-        """The summary (with `more` of its fields) of a finished run of this very job, its output present and its
-        manifest naming this job, which a rerun does not do again; None otherwise."""
+        """The summary (with `more` of its fields) of a finished run of this very job (its output present, its
+        manifest naming this job), which a rerun does not do again; None otherwise."""
         if self.restart or not output_present:
             return None
         try:
@@ -139,16 +136,12 @@ class JobLifecycle:
             report.note(resumed)
         return report
 
-    def interrupted(self, rows: int) -> JobInterrupted:
-        return JobInterrupted(rows, self.stop.signum)
-
     def commit(self, **state) -> None:
         """Record the job and what it has done (`state`)."""
         self.record.write(self.identity, **state)
 
     def finish(self, manifest: dict) -> None:
-        """Write the manifest with the job's identity (`job`; cleaning up after a write a kill cut short), then drop
-        the record unless kept."""
+        """Write the manifest with the job's identity (`job`), then drop the record unless kept."""
         with writing(self.manifest_path):
             atomic_write_json(self.manifest_path, {**manifest, "job": self.identity}, indent=1)
             remove_temporaries(self.manifest_path)

@@ -1,8 +1,6 @@
-"""One writer per output: `OutputLock`, the `OUT.lock` file a calibration job holds while it runs.
-
-It is an `fcntl.flock`, which the kernel releases the moment its holder dies, so a lock file left
-by a killed job is never taken for a live one (no pid test needed). It holds JSON naming the holder.
-"""
+"""One writer per output: `OutputLock`, the `OUT.lock` file a calibration job holds while it runs: an
+`fcntl.flock`, which the kernel releases the moment its holder dies, so a lock file left by a killed job is
+never taken for a live one (no pid test needed). It holds JSON naming the holder."""
 from __future__ import annotations
 
 import contextlib
@@ -83,9 +81,8 @@ class OutputLock:
         self.took_over = _read_holder(descriptor)
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
-        data = json.dumps(record).encode("utf-8")
         os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, data, 0)
+        os.pwrite(descriptor, json.dumps(record).encode("utf-8"), 0)
         return self
 
     def _not_a_lock(self, kind: str) -> str:
@@ -93,11 +90,8 @@ class OutputLock:
                 f"link or over another kind of file: remove it, then rerun (it guards {self.out})")
 
     def _refusal(self, holder: dict | None) -> str:
-        if holder is None or "pid" not in holder:
-            who = "another flowcore job (it has not recorded itself yet)"
-        else:
-            who = f"another flowcore job ({_holder(holder)})"
-        return (f"{self.out} is being written by {who}; wait for it to finish or stop it, "
+        who = _holder(holder) if holder is not None and "pid" in holder else "it has not recorded itself yet"
+        return (f"{self.out} is being written by another flowcore job ({who}); wait for it to finish or stop it, "
                 f"then rerun (the lock is {self.path})")
 
     def release(self) -> None:

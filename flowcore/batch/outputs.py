@@ -1,7 +1,6 @@
-"""The durable outputs of a calibration job: `NpyOutput`, `ParquetOutput` and `RejectsLog`. Each
-writes temporaries beside its target, makes every chunk durable (`sync`) before the job records
-it, and renames the result into place at `finish`.
-"""
+"""The durable outputs of a calibration job: `NpyOutput`, `ParquetOutput` and `RejectsLog`. Each writes
+temporaries beside its target, makes every chunk durable (`sync`) before the job records it, and renames
+the result into place at `finish`."""
 from __future__ import annotations
 
 import json
@@ -29,9 +28,7 @@ class _PartialFile:
     """An output written as `PATH.partial` (through `handle`, if open), renamed into place at `finish`."""
 
     def __init__(self, path: Path):
-        self.path = path
-        self.partial = path.with_name(path.name + ".partial")
-        self.handle = None
+        self.path, self.partial, self.handle = path, path.with_name(path.name + ".partial"), None
 
     def close(self) -> None:
         if self.handle is not None:
@@ -59,7 +56,7 @@ class NpyOutput(_PartialFile):
 
     def __init__(self, path: Path, rows: int, dim: int):
         super().__init__(path)
-        self.rows, self.dim = rows, dim
+        self.rows, self.dim, self._bytes = rows, dim, rows * dim * 4  # the float32 rows, after the header
 
     def chunk_path(self, index: int) -> Path:
         """The file a chunk's rows are written to (for error messages)."""
@@ -67,25 +64,24 @@ class NpyOutput(_PartialFile):
 
     def bytes_needed(self) -> int:
         """The size of the whole file: header and float32 rows."""
-        return _NPY_HEADER_BYTES + self.rows * self.dim * 4
+        return _NPY_HEADER_BYTES + self._bytes
 
     def open(self, resume: bool) -> None:
-        header = {"descr": np.dtype(np.float32).str, "fortran_order": False, "shape": (self.rows, self.dim)}
         if resume:
             _require_partial(self.partial)
             self.handle = open_existing(self.partial)
             np.lib.format.read_magic(self.handle)
             shape, _, _ = np.lib.format.read_array_header_1_0(self.handle)
             self.data_offset = self.handle.tell()
-            expected_size = self.data_offset + self.rows * self.dim * 4
-            if shape != (self.rows, self.dim) or os.path.getsize(self.partial) != expected_size:
+            if shape != (self.rows, self.dim) or os.path.getsize(self.partial) != self.data_offset + self._bytes:
                 raise JobMismatchError(f"{self.partial} does not match its progress file; "
                                        "rerun with --restart to start over")
             return
         self.handle = open_new(self.partial)
-        np.lib.format.write_array_header_1_0(self.handle, header)
+        np.lib.format.write_array_header_1_0(self.handle, {"descr": np.dtype(np.float32).str, "fortran_order": False,
+                                                           "shape": (self.rows, self.dim)})
         self.data_offset = self.handle.tell()
-        self.handle.truncate(self.data_offset + self.rows * self.dim * 4)
+        self.handle.truncate(self.data_offset + self._bytes)
         self.handle.flush()
 
     def write(self, chunk: CalibratedChunk) -> None:
@@ -110,9 +106,8 @@ class ParquetOutput(_PartialFile):
         import pyarrow as pa
 
         super().__init__(path)
-        self.rows, self.dim = rows, dim
+        self.rows, self.dim, self.with_ids, self.vector_column = rows, dim, with_ids, vector_column
         self.parts = parts if parts is not None else path.with_name(path.name + ".parts")
-        self.with_ids, self.vector_column = with_ids, vector_column
         self.meta_types = list(meta_types)
         names = ["id", vector_column, *(name for name, _ in self.meta_types)]
         clash = sorted({name for name in names if names.count(name) > 1})

@@ -1,6 +1,5 @@
 """The streaming computation: chunks calibrated in order (`calibrate_chunks`, `iter_calibrated`), read
-and written beside the caller by a `BackgroundThread`, so memory stays flat and I/O overlaps compute.
-"""
+and written beside the caller by a `BackgroundThread`, so memory stays flat and I/O overlaps compute."""
 from __future__ import annotations
 
 import contextlib
@@ -11,12 +10,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from flowcore import defaults
-from flowcore.batch.core import (
-    calibrate_chunk,
-    check_compatible,
-    default_chunk_rows,
-    encode_with,
-)
+from flowcore.batch.core import calibrate_chunk, check_compatible, default_chunk_rows, encode_with
 from flowcore.batch.rows import CalibratedChunk, Chunk
 from flowcore.batch.text_sources import TextCorpus
 from flowcore.batch.vector_sources import EmbeddingFile
@@ -29,31 +23,25 @@ _END = object()
 
 
 class BackgroundThread:
-    """A daemon thread at one end of a bounded queue, the calling thread at the other.
+    """A daemon thread at one end of a bounded queue (`depth` items), the calling thread at the other, used
+    as a context manager: `reading(items, depth)` iterates `items` in the thread for the caller to iterate;
+    `writing(consume, depth)` calls `consume(item)` in the thread on each item the caller `put`s, in order.
 
-    - `BackgroundThread.reading(items, depth, name)`: the thread iterates `items`, at most
-      `depth` items ahead; the caller iterates the `BackgroundThread` to get them.
-    - `BackgroundThread.writing(consume, depth, name)`: the caller `put`s items, and the thread
-      calls `consume(item)` on each, in order, at most `depth` behind.
-
-    Use it as a context manager. An error in the thread is re-raised in the caller: a reader's
-    where its next item would have come, a writer's at the next `put` or when the block ends.
-    Leaving the block joins the thread: a reader stops early (its iterator closed in its own
-    thread), a writer first consumes every item already put (unless it has failed)."""
+    An error in the thread is re-raised in the caller: a reader's where its next item would have come, a
+    writer's at the next `put` or when the block ends. Leaving the block joins the thread: a reader stops
+    early (its iterator closed in its own thread), a writer first consumes every item put (unless it failed)."""
 
     def __init__(self, work: Callable[["BackgroundThread"], None], depth: int, name: str, reads: bool):
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
         self._work, self._reads = work, reads
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._caller_left = threading.Event()
-        self._thread_left = threading.Event()
+        self._caller_left, self._thread_left = threading.Event(), threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     @classmethod
     def reading(cls, items: Iterable, depth: int, name: str = "flowcore-reader") -> "BackgroundThread":
-        """Iterate `items` in the thread; iterate the result (inside its `with` block) to get them."""
         def produce(pipe: BackgroundThread) -> None:
             iterator = iter(items)
             try:
@@ -68,7 +56,6 @@ class BackgroundThread:
     @classmethod
     def writing(cls, consume: Callable[[object], None], depth: int,
                 name: str = "flowcore-writer") -> "BackgroundThread":
-        """Call `consume(item)` in the thread for each item the caller `put`s."""
         def drain(pipe: BackgroundThread) -> None:
             while (item := pipe._queue.get()) is not _END:
                 consume(item)

@@ -1,11 +1,6 @@
 """Calibration on Ray Data (published as `flowcore.ray`): `Calibrate` for `Dataset.map_batches`,
-`calibrate_ray` (`flowcore calibrate --engine ray`) and `moments` (whitening statistics).
-
-`calibrate_ray` runs the lifecycle both engines share (`JobLifecycle`: lock, stop signals, record,
-progress, manifest, summary) and the one calibration core (`flowcore.batch.core`); it adds shards
-(the local job's chunks, one parquet file each, skipped when a rerun finds them written) and
-actors. See docs/scaling.md.
-"""
+`calibrate_ray` (`flowcore calibrate --engine ray`: the shared `JobLifecycle` and calibration core, plus
+shards, the local job's chunks as parquet files a rerun skips, and actors) and `moments`. See docs/scaling.md."""
 from __future__ import annotations
 
 import functools
@@ -23,17 +18,8 @@ import numpy as np
 from flowcore import defaults
 from flowcore._fs import atomic_write
 from flowcore._progress import ProgressReport, progress_wanted
-from flowcore.batch.core import (
-    CalibrationSummary,
-    InputChangedError,
-    JobSpec,
-    calibrate_chunk,
-    chunk_of_values,
-    default_chunk_rows,
-    encode_with,
-    load_encoder,
-    manifest,
-)
+from flowcore.batch import core
+from flowcore.batch.core import JobSpec
 from flowcore.batch.input_files import InputFiles
 from flowcore.batch.interrupts import JobInterrupted, interrupts_named
 from flowcore.batch.lifecycle import JobLifecycle, JobRecord, job_identity
@@ -50,10 +36,9 @@ __all__ = ["JOB_FORMAT", "JOB_VERSION", "REJECT_COLUMN", "Calibrate", "ShardsFai
 
 JOB_FORMAT = "flowcore-ray-job"
 JOB_VERSION = 4
-"""`OUT/job.json`, the Ray job's record (`JobRecord`: its identity under `job`), kept after the job finishes;
-another version's is refused (4: the record both engines write; 3: each shard's rejects in `OUT/shard-rejects/`)."""
+"""`OUT/job.json`, the Ray job's record, kept after the job finishes; another version's is refused."""
 PARTS = "shards"
-"""The folder in `OUT` of the output's parquet parts, one per shard: a parquet dataset."""
+"""The folder in `OUT` of the output's parquet parts (a parquet dataset), one per shard."""
 SHARD_REJECTS = "shard-rejects"
 """The folder in `OUT` of each shard's rejects, joined into `OUT/rejects.jsonl` at the end."""
 REJECT_COLUMN = "reject"
@@ -108,18 +93,18 @@ class Calibrate:
         use_threads_in_this_process(calibration_threads(self.threads, vector_column is None))  # results depend on it
         self.calibrator = load(flow, device=device)
         self.column, self.text = vector_column or text_column, vector_column is None
-        self.output_column = output_column
-        encoder = load_encoder(self.calibrator, model, pooling, quantize, self.threads, device) if self.text else None
-        self.encode = encode_with(encoder, batch_size)
-        self.normalize = normalize
+        self.output_column, self.normalize = output_column, normalize
+        encoder = (core.load_encoder(self.calibrator, model, pooling, quantize, self.threads, device)
+                   if self.text else None)
+        self.encode = core.encode_with(encoder, batch_size)
 
     def calibrated(self, chunk: Chunk) -> CalibratedChunk:
         """`chunk` calibrated as the local job calibrates it (`calibrate_chunk`): its rejects come with it."""
-        return calibrate_chunk(chunk, self.calibrator.transform, self.calibrator.dim, self.encode,
+        return core.calibrate_chunk(chunk, self.calibrator.transform, self.calibrator.dim, self.encode,
                                self.calibrator.output_dim, self.normalize)
 
     def __call__(self, batch: dict) -> dict:
-        chunk = chunk_of_values(batch[self.column], self.column, None if self.text else self.calibrator.dim)
+        chunk = core.chunk_of_values(batch[self.column], self.column, None if self.text else self.calibrator.dim)
         calibrated = self.calibrated(chunk)
         reasons = np.full(chunk.rows, "", dtype=object)
         for reject in calibrated.rejects:
@@ -150,8 +135,7 @@ def shard_starts(source: TextCorpus | EmbeddingFile, chunk_rows: int) -> list[Po
 
 @dataclass
 class _Shard:
-    """One shard: rows [start.row, start.row + rows) of input file `file`, written as `index`; `global_row`:
-    where they start in the whole input."""
+    """Rows [start.row, start.row + rows) of input file `file` (from `global_row` of the input), shard `index`."""
 
     index: int
     file: int
@@ -179,8 +163,7 @@ STOPPING = ".stopping"
 
 
 class _ShardWriter:
-    """The engine's actor: reads, calibrates (`Calibrate`) and writes whole shards (by index into `shards`);
-    `files`: each input file's identity."""
+    """The engine's actor: reads, calibrates and writes whole shards (indices into `shards`; `files`: identities)."""
 
     def __init__(self, spec: JobSpec, files: list[dict], shards: list[_Shard], out: str, device, before_write):
         self.spec, self.files, self.shards, self.before_write = spec, files, shards, before_write
@@ -203,17 +186,16 @@ class _ShardWriter:
         return {"rows": np.array([shard.rows for shard in shards])}
 
     def _write(self, shard: _Shard) -> None:
-        """Read, calibrate and write one shard: its rejects first (each naming its file), then its parquet file
-        (atomically)."""
+        """Read, calibrate and write one shard: its rejects (each naming its file), then its parquet file."""
         file = self.files[shard.file]
         source = self._open(file["path"])
         chunk = next(source.chunks(self.spec.chunk_rows, shard.start))
         calibrated = self.calibrate.calibrated(chunk)
         changed = file_changed(file)
-        if chunk.rows != shard.rows:
-            changed = changed or f"shard {shard.index} has {chunk.rows} rows, expected {shard.rows}"
+        if changed is None and chunk.rows != shard.rows:
+            changed = f"shard {shard.index} has {chunk.rows} rows, expected {shard.rows}"
         if changed is not None:
-            raise InputChangedError.while_read(source.path, changed)
+            raise core.InputChangedError.while_read(source.path, changed)
         shift = shard.global_row - calibrated.row_start
         calibrated = replace(calibrated, index=shard.index, row_start=shard.global_row,
                              rejects=[replace(reject, row=reject.row + shift, file=file["path"])
@@ -224,10 +206,8 @@ class _ShardWriter:
         log.finish()
         self.before_write(shard.index)
         output = ParquetOutput(self.folder / "vectors.parquet", shard.rows, self.calibrate.calibrator.output_dim,
-                               with_ids=source.id_field is not None,
-                               vector_column=self.spec.vector_column or defaults.VECTOR_COLUMN,
-                               meta_types=source.meta_types(),
-                               parts=self.folder)  # shard files are the output's part files
+                               with_ids=source.id_field is not None, vector_column=self.spec.vector_column,
+                               meta_types=source.meta_types(), parts=self.folder)  # shard files are its part files
         output.write(calibrated)
         output.sync()
 
@@ -235,15 +215,13 @@ class _ShardWriter:
 @interrupts_named()
 def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, address: str | None = None,
                   num_workers: int | None = None, gpus_per_worker: float = 0, restart: bool = False,
-                  show_progress_bar: bool | None = None, **options) -> CalibrationSummary:
-    """Calibrate a file, folder or glob of text (`input`) or stored vectors (`embeddings`) on Ray
-    into the folder `out`: parquet shards (`out/shards/`, the summary's `out`: a parquet dataset),
-    `rejects.jsonl` and `manifest.json`.
+                  show_progress_bar: bool | None = None, **options) -> core.CalibrationSummary:
+    """Calibrate a file, folder or glob of text (`input`) or stored vectors (`embeddings`) on Ray into the folder
+    `out`: parquet shards (`out/shards/`, the summary's `out`: a parquet dataset), `rejects.jsonl`, `manifest.json`.
 
-    Rows and vectors are the local job's on each file; ids are the `id_field` values or the row
-    number over the files in sorted order. Like the local job it holds a lock, refuses a changed
-    job or input, stops on SIGINT/SIGTERM once the shards in flight are written (`JobInterrupted`),
-    and does nothing again for a finished job.
+    Rows and vectors are the local job's on each file; ids are the `id_field` values or the row number over the
+    files in sorted order. Like the local job it holds a lock, refuses a changed job or input, stops on
+    SIGINT/SIGTERM once the shards in flight are written (`JobInterrupted`), and does nothing again when finished.
 
     Args:
         flow_path: a calibration file from `flowcore fit`.
@@ -282,22 +260,20 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
         raise ValueError(f"the output folder {out} is where the input {source.path} finds its files, so a rerun "
                          "would read its shards as input; choose another --out")
     calibrator, encoder = spec.prepare(source)
-    spec.chunk_rows = spec.chunk_rows or default_chunk_rows(source, calibrator.dim)  # what the actors cut
+    spec.chunk_rows = spec.chunk_rows or core.default_chunk_rows(source, calibrator.dim)  # what the actors cut
+    spec.vector_column = spec.vector_column or defaults.VECTOR_COLUMN
     files = [part.identity() for part in source.sources]
-    identity = job_identity(source, out, "parquet", spec.vector_column or defaults.VECTOR_COLUMN, calibrator.dim,
-                            calibrator.output_dim, spec.chunk_rows, spec.normalize, spec.threads,
-                            **spec.identity(encoder))
+    identity = job_identity(source, out, "parquet", spec.vector_column, calibrator.dim, calibrator.output_dim,
+                            spec.chunk_rows, spec.normalize, spec.threads, **spec.identity(encoder))
     out.mkdir(parents=True, exist_ok=True)
     record = JobRecord(out / "job.json", JOB_FORMAT, JOB_VERSION, "Ray job file", kept=True)
     lifecycle = JobLifecycle(folder, OutputLock(out, out / "job.lock"), record, identity, spec.path, restart,
                              out / "rejects.jsonl", out / "manifest.json")
     with lifecycle as job:
-        if job.earlier is None:  # a new job, or --restart
-            for stale in (folder, rejects_folder):
-                if stale.exists():
-                    shutil.rmtree(stale)
-        folder.mkdir(exist_ok=True)
-        rejects_folder.mkdir(exist_ok=True)
+        for written in (folder, rejects_folder):
+            if job.earlier is None and written.exists():  # a new job, or --restart
+                shutil.rmtree(written)
+            written.mkdir(exist_ok=True)
         job.commit()
         shards = _plan(source, spec.chunk_rows)
         pending = [shard for shard in shards if not _shard_path(folder, shard.index).is_file()]
@@ -319,17 +295,15 @@ def calibrate_ray(flow_path: str | os.PathLike, out: str | os.PathLike, *, addre
                                     "command to write them")
         _clear_leftovers(folder, rejects_folder)
         rejects = _join_rejects(out, rejects_folder, shards)
-        described = manifest(
+        described = core.manifest(
             file=PARTS, parquet=_shard_path(folder, 0), rows=source.rows, rejects=rejects,
             rejects_file="rejects.jsonl", dim=calibrator.output_dim, normalized=spec.normalize,
-            vector_column=spec.vector_column or defaults.VECTOR_COLUMN, source=source,
-            description=spec.describe(calibrator, encoder), threads=spec.threads, chunk_rows=spec.chunk_rows,
-            versions={"job": JOB_VERSION})
+            vector_column=spec.vector_column, source=source, description=spec.describe(calibrator, encoder),
+            threads=spec.threads, chunk_rows=spec.chunk_rows, versions={"job": JOB_VERSION})
         described["shards"] = [{"file": f"{PARTS}/{_shard_path(folder, shard.index).name}",
                                 "input": files[shard.file]["path"], "input_row": shard.start.row, "rows": shard.rows,
                                 "first_id_row": shard.global_row} for shard in shards]
-        described["resume_granularity"] = "one shard"
-        job.finish(described)
+        job.finish({**described, "resume_granularity": "one shard"})
         return job.summary(source.rows, rejects, rows_this_run, shards=len(shards), shards_written=len(pending))
 
 
@@ -346,7 +320,8 @@ def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pen
     """Write `pending` shards on an actor pool; after a stop signal the shards in flight finish (`JobInterrupted`).
     `verbose`: Ray's own log lines."""
     def stopped() -> JobInterrupted:
-        return job.interrupted(sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file()))
+        written = sum(shard.rows for shard in shards if _shard_path(out / PARTS, shard.index).is_file())
+        return JobInterrupted(written, job.stop.signum)
 
     if job.stop.requested:
         raise stopped()
@@ -395,16 +370,10 @@ def _run_shards(ray, spec: JobSpec, files: list[dict], shards: list[_Shard], pen
 
 
 def _join_rejects(out: Path, folder: Path, shards: list[_Shard]) -> dict[str, int]:
-    """`OUT/rejects.jsonl`: every shard's rejects (in `folder`, each naming its input file) in row order; the counts
-    by reason."""
-    counts: Counter[str] = Counter()
-    parts = []
-    for shard in shards:
-        part = _shard_path(folder, shard.index, ".rejects.jsonl").read_bytes()
-        counts.update(json.loads(line)["reason"] for line in part.splitlines())
-        parts.append(part)
-    payload = b"".join(parts)
-    atomic_write(out / "rejects.jsonl", lambda stream: stream.write(payload))
+    """`OUT/rejects.jsonl`: every shard's rejects (in `folder`) in row order; returns the counts by reason."""
+    parts = [_shard_path(folder, shard.index, ".rejects.jsonl").read_bytes() for shard in shards]
+    counts = Counter(json.loads(line)["reason"] for part in parts for line in part.splitlines())
+    atomic_write(out / "rejects.jsonl", lambda stream: stream.write(b"".join(parts)))
     return dict(sorted(counts.items()))
 
 
@@ -430,8 +399,7 @@ def moments(dataset, column: str = defaults.VECTOR_COLUMN):
     from flowcore.calibration.moments import Moments, MomentsAccumulator
 
     accumulator = MomentsAccumulator()
-    partial = dataset.map_batches(_batch_moments, fn_kwargs={"column": column}, batch_format="numpy",
-                                  batch_size=65536)
+    partial = dataset.map_batches(_batch_moments, fn_kwargs={"column": column}, batch_format="numpy", batch_size=65536)
     for batch in partial.iter_batches(batch_size=None, batch_format="numpy"):
         for count, mean, comoment in zip(batch["count"], batch["mean"], batch["comoment"]):
             accumulator.add_moments(Moments(int(count), np.asarray(mean), np.asarray(comoment)))

@@ -1,22 +1,21 @@
-"""A watchdog that ends a local Ray session when the process that started it dies, even by SIGKILL.
+"""A watchdog that ends a local Ray session when the process that started it dies, even by SIGKILL: Ray's
+dashboard and runtime-env agents outlive a killed driver for a minute or more.
 
-Why: Ray ties its GCS and raylet to the driver, but after a SIGKILL its dashboard and runtime-env
-agents outlive it, reparented to init, for a minute or more. How: a process in its own session
-holds the read end of a pipe whose write end only the driver holds (close-on-exec: nothing Ray
-starts keeps it). At EOF it waits `SETTLE_S` for Ray's own cleanup, then SIGTERMs (and after
-`GRACE_S` SIGKILLs) every process holding a file in the session folder open for writing: each of
-Ray's writes its logs there. Not by command line or environment: Ray's processes overwrite both
-when they rename themselves (`ray::DashboardAgent`), and a bystander's `tail -f SESSION/logs/…`
-names the folder too. Only for a session this process started; Linux only (it reads /proc).
-"""
+A process in its own session holds the read end of a pipe whose write end only the driver holds
+(close-on-exec: nothing Ray starts keeps it). At EOF it waits `SETTLE_S`, then SIGTERMs (after `GRACE_S`,
+SIGKILLs) every process holding a file in the session folder open for writing, as each of Ray's does for its
+logs; not by command line or environment, which Ray's processes overwrite (`ray::DashboardAgent`) and a
+bystander's `tail -f SESSION/logs/…` matches too. Only for a session this process started; Linux only."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 __all__ = ["GRACE_S", "SETTLE_S", "session_processes", "watch_session"]
 
@@ -56,11 +55,9 @@ def session_processes(session_dir: str) -> set[int]:
     folders = {os.path.abspath(session_dir), os.path.realpath(session_dir)}
     found = set()
     for pid in _pids():
-        try:
+        with contextlib.suppress(OSError):  # gone, or another user's
             if _writes_in(pid, folders):
                 found.add(pid)
-        except OSError:  # gone, or another user's
-            continue
     return found
 
 
@@ -68,22 +65,15 @@ def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
-
-
 def _writes_in(pid: int, folders: set[str]) -> bool:
     """Whether process `pid` holds a file under one of `folders` open for writing."""
     for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
+        with contextlib.suppress(OSError):  # closed meanwhile
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
             if any(target.startswith(folder + "/") for folder in folders):
-                flags = re.search(rb"^flags:\s*([0-7]+)", _read(f"/proc/{pid}/fdinfo/{fd}"), re.MULTILINE)
+                flags = re.search(rb"^flags:\s*([0-7]+)", Path(f"/proc/{pid}/fdinfo/{fd}").read_bytes(), re.MULTILINE)
                 if flags and int(flags.group(1), 8) & (os.O_WRONLY | os.O_RDWR):
                     return True
-        except OSError:  # closed meanwhile
-            continue
     return False
 
 
@@ -92,12 +82,10 @@ def _started_here(session_dir: str) -> bool:
     me = str(os.getpid()).encode()
     named = re.compile(re.escape(os.fsencode(os.path.abspath(session_dir))) + rb"(?![^/\0])")  # it, or a path in it
     for pid in _pids():
-        try:
-            if _read(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[1] == me and \
-                    named.search(_read(f"/proc/{pid}/cmdline")):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1] == me and \
+                    named.search(Path(f"/proc/{pid}/cmdline").read_bytes()):
                 return True
-        except OSError:  # gone meanwhile
-            continue
     return False
 
 
@@ -105,10 +93,8 @@ def _end(session_dir: str) -> None:
     """SIGTERM every process of the session, then SIGKILL those still there after `GRACE_S`."""
     for sent in (signal.SIGTERM, signal.SIGKILL):
         for pid in session_processes(session_dir):
-            try:
+            with contextlib.suppress(OSError):  # gone meanwhile
                 os.kill(pid, sent)
-            except OSError:  # gone meanwhile
-                continue
         deadline = time.monotonic() + GRACE_S
         while session_processes(session_dir) and time.monotonic() < deadline:
             time.sleep(0.1)
