@@ -87,8 +87,7 @@ def advise(isotropy: dict[str, Isotropy], scores: dict[str, float] | None = None
     if choice == best:
         reason = f"{choice} scores best on the labelled pairs (Spearman x100: {ranked})"
     else:
-        reason = (f"{choice} is within {TIE_MARGIN:g} points of the best, {best} (Spearman x100: {ranked}), "
-                  f"and simpler")
+        reason = f"{choice} is within {TIE_MARGIN:g} points of the best, {best} (Spearman x100: {ranked}), and simpler"
     if choice == "none" and len(valid) > 1:
         reason += "; calibration does not help this encoder here"
     if auto is not None:

@@ -8,15 +8,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from flowcore import defaults
+from flowcore.analysis import frequency
 from flowcore.analysis.advice import ISOTROPY_CAVEAT, advise
-from flowcore.analysis.frequency import (
-    FREQUENCY_SOURCES,
-    KNN,
-    bucket_statistics,
-    corpus_ranks,
-    token_embeddings,
-    wordfreq_ranks,
-)
 from flowcore.analysis.isotropy import isotropy
 from flowcore.analysis.lexical import edit_distances, lexical_bias
 from flowcore.calibration.auto import AutoCalibration
@@ -54,7 +47,6 @@ def analyze(
         vectors: (n, d) corpus vectors; None encodes `sentences` with `encoder`.
         encoder: a `flowcore.Encoder`; without one, only the isotropy of `vectors` is analysed.
         sentences: the corpus (also counted for the "corpus" frequency source).
-        corpus_name: how the report names the corpus.
         pairs: labelled `STSPairs` (e.g. your dev pairs), for the Spearman, lexical bias and advice.
         calibrations: names from `flowcore.sts.CALIBRATIONS`, each fitted on the corpus without labels.
         settings: their hyper-parameters (`flowcore.sts.CalibrationSettings`).
@@ -63,7 +55,6 @@ def analyze(
         random_pairs: random pairs drawn for the cosine statistics.
         seed: seeds the random pairs and auto's sample of the corpus.
         cache: an `EmbeddingCache` for the sentence vectors; in memory when None.
-        batch_size: the encoding batch size.
         progress: called with one line per step (e.g. print to stderr); None is silent.
 
     Returns:
@@ -81,8 +72,9 @@ def analyze(
         raise ValueError(f"unknown calibration {', '.join(unknown)}; choose from {', '.join(CALIBRATIONS)}")
     frequency_sources = list(dict.fromkeys(frequency_sources))
     for source in frequency_sources:
-        if source not in FREQUENCY_SOURCES:
-            raise ValueError(f"unknown frequency source {source!r}; choose from {', '.join(FREQUENCY_SOURCES)}")
+        if source not in frequency.FREQUENCY_SOURCES:
+            raise ValueError(f"unknown frequency source {source!r}; choose from "
+                             f"{', '.join(frequency.FREQUENCY_SOURCES)}")
     if "corpus" in frequency_sources and sentences is None:
         raise ValueError("the 'corpus' frequency source counts tokens in sentences: pass sentences (a text corpus)")
     pairs = list(pairs or [])
@@ -95,9 +87,9 @@ def analyze(
         vectors = cache.embed(encoder, sentences, batch_size, show_progress_bar=progress is not None)
     check_matrix(vectors, min_rows=2, name="the corpus vectors")  # one clear error naming the bad rows, up front
     distinct = len(set(sentences)) if sentences is not None else len(vectors)
-    fitted = [name for name in calibrations if name != "none"]
     unit, option = ("sentences", "--input FILE") if sentences is not None else ("vectors", "--embeddings FILE")
-    small = small_corpus_warning(distinct, vectors.shape[1], option=option, unit=unit) if fitted else None
+    fits = any(name != "none" for name in calibrations)
+    small = small_corpus_warning(distinct, vectors.shape[1], option=option, unit=unit) if fits else None
     if small is not None:
         say(f"warning: {small}")
     result = {"model": str(encoder.model_id) if encoder is not None else None,
@@ -143,8 +135,7 @@ def analyze(
         result["frequency"] = _frequency(encoder, sentences, frequency_sources, say)
     # each calibration's Spearman averaged over the labelled pair sets (NaN where one failed)
     names = {name for entry in result["pairs"] for name in entry["spearman"]}
-    scores = {name: float(np.mean([entry["spearman"][name] for entry in result["pairs"]]))
-              for name in names}
+    scores = {name: float(np.mean([entry["spearman"][name] for entry in result["pairs"]])) for name in names}
     say("auto's rule on the raw corpus: hubness of its 10-NN graph")
     auto = AutoCalibration(seed=seed).fit(vectors)  # the label-free choice, the same as `flowcore fit`'s default
     result["advice"] = advise(result["isotropy"], scores, warnings=[small] if small else [], auto=auto).to_json()
@@ -154,17 +145,18 @@ def analyze(
 
 
 def _frequency(encoder, sentences, sources: list[str], say) -> dict:
-    say(f"token embeddings of {encoder.model_id}: norms and {'/'.join(map(str, KNN))}-NN distances by frequency")
-    table = token_embeddings(encoder)
+    say(f"token embeddings of {encoder.model_id}: norms and {'/'.join(map(str, frequency.KNN))}-NN distances by "
+        "frequency")
+    table = frequency.token_embeddings(encoder)
     neighbours = np.array([index for index, token in enumerate(table.tokens)
                            if index not in table.special_ids and token and not _UNUSED.match(token)])
     out = {}
     for source in sources:
         if source == "wordfreq":
-            ranks = wordfreq_ranks(table.tokens, table.special_ids)
+            ranks = frequency.wordfreq_ranks(table.tokens, table.special_ids)
         else:
-            ranks = corpus_ranks(table.tokenizer, sentences, len(table.tokens), table.special_ids)
-        buckets, rho = bucket_statistics(table.vectors, ranks, neighbours=neighbours)
+            ranks = frequency.corpus_ranks(table.tokenizer, sentences, len(table.tokens), table.special_ids)
+        buckets, rho = frequency.bucket_statistics(table.vectors, ranks, neighbours=neighbours)
         out[source] = {"buckets": [b.to_json() for b in buckets], "norm_rank_spearman": rho,
                        "ranked_tokens": int((ranks >= 0).sum())}
     return out

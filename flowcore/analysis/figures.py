@@ -11,7 +11,6 @@ from flowcore.extras import require
 __all__ = ["DPI", "cosine_histogram_figure", "frequency_figure", "lexical_figure"]
 
 DPI = 100
-"""Figures are 6.4 × 4 inches at this resolution."""
 
 
 def _figure(columns: int = 1, height: float = 3.4):
@@ -24,7 +23,7 @@ def _figure(columns: int = 1, height: float = 3.4):
 
 
 def _save(figure, path) -> Path:
-    """`figure` as a PNG at `path`, written atomically like every output (`flowcore._fs.atomic_write`)."""
+    """`figure` as a PNG at `path`, written atomically like every output."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
@@ -37,8 +36,6 @@ def cosine_histogram_figure(isotropy: dict[str, dict], path, title: str) -> Path
 
     Args:
         isotropy: {calibration: `Isotropy.to_json()`}: its `histogram` and its `thresholds`' p99.
-        path: the PNG written.
-        title: the figure's title.
 
     Example:
         >>> cosine_histogram_figure({"none": iso.to_json()}, "cosines.png", "STS-B")
@@ -64,8 +61,6 @@ def frequency_figure(buckets: dict[str, list[dict]], path, title: str, k: str = 
 
     Args:
         buckets: {source: [`FrequencyBucket.to_json()`, ...]}, e.g. {"wordfreq": [...]}.
-        path: the PNG written.
-        title: the figure's title.
         k: which k-NN distance to draw.
 
     Example:
@@ -93,8 +88,6 @@ def lexical_figure(bias: dict[str, float], path, title: str) -> Path:
 
     Args:
         bias: {name: Spearman ×100} (`lexical_bias`).
-        path: the PNG written.
-        title: the figure's title.
 
     Example:
         >>> lexical_figure(lexical_bias({"gold": gold, "none": cosines}, distances), "lexical.png", "STS-B")

@@ -1,6 +1,5 @@
 """The BERT-flow paper's word-frequency analyses of token embeddings (in BERT, rare words lie far from the
-origin and sparse): mean ℓ2 norm and k-NN distance by frequency-rank bucket, ranked by `wordfreq` or a corpus.
-"""
+origin and sparse): mean ℓ2 norm and k-NN distance by frequency-rank bucket, ranked by `wordfreq` or a corpus."""
 from __future__ import annotations
 
 import re
@@ -39,9 +38,6 @@ class TokenEmbeddings:
 def token_embeddings(encoder) -> TokenEmbeddings:
     """The input (word-piece) embedding matrix and vocabulary of an `Encoder`'s frozen model.
 
-    Args:
-        encoder: a `flowcore.Encoder`.
-
     Example:
         >>> table = token_embeddings(Encoder())
         >>> table.vectors.shape
@@ -63,7 +59,6 @@ def wordfreq_ranks(tokens: list[str], special_ids=frozenset(), language: str = "
     Args:
         tokens: the vocabulary, `tokens[i]` for id i.
         special_ids: ids never ranked.
-        language: wordfreq's language code.
 
     Example:
         >>> wordfreq_ranks(["[CLS]", "the", "##s", "aardvark"], special_ids={0})
@@ -83,7 +78,6 @@ def corpus_ranks(tokenizer, sentences: list[str], vocabulary_size: int, special_
 
     Args:
         tokenizer: a Hugging Face tokenizer (called on a batch of sentences).
-        sentences: the corpus.
         vocabulary_size: the number of ids (rows of the embedding matrix).
         special_ids: ids never ranked.
 
@@ -130,7 +124,6 @@ def bucket_statistics(vectors: np.ndarray, ranks: np.ndarray, buckets=BUCKETS, k
         vectors: (V, d) token embeddings.
         ranks: (V,) frequency ranks, −1 for tokens outside the analysis.
         buckets: [start, stop) rank ranges, stop None for "to the end".
-        knn: the k values.
         neighbours: ids searched for neighbours (default: every id); a token is never its own neighbour.
         block_rows: query rows per distance block (bounds memory to block_rows × V floats).
 

@@ -1,8 +1,7 @@
-"""How isotropic a set of sentence vectors is: mean random-pair cosine (Ethayarajh 2019), IsoScore
-(Rudman et al. 2022), effective rank (Roy & Vetterli 2007), top-PC variance shares, and the random-pair
-cosine distribution with the thresholds it suggests. Isotropy is not quality (docs/analysis.md).
-IsoScore falls when n is not well above d, even on the min(d, n − 1) directions n vectors span: compare at equal n.
-"""
+"""How isotropic a set of sentence vectors is: mean random-pair cosine (Ethayarajh 2019), IsoScore (Rudman et al.
+2022), effective rank (Roy & Vetterli 2007), top-PC variance shares, and the random-pair cosine distribution with the
+thresholds it suggests. Isotropy is not quality (docs/analysis.md). IsoScore falls when n is not well above d, even
+on the min(d, n − 1) directions n vectors span: compare at equal n."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -30,7 +29,6 @@ def random_pair_cosines(X, pairs: int = defaults.RANDOM_PAIRS, seed: int = 0) ->
     Args:
         X: (n, d) vectors, n >= 2.
         pairs: how many pairs are drawn (with replacement across pairs).
-        seed: seeds the draw.
 
     Example:
         >>> random_pair_cosines(np.random.randn(1000, 64)).mean()    # about 0 for isotropic vectors
@@ -40,12 +38,6 @@ def random_pair_cosines(X, pairs: int = defaults.RANDOM_PAIRS, seed: int = 0) ->
     first = rng.integers(0, len(X), size=pairs)
     second = (first + rng.integers(1, len(X), size=pairs)) % len(X)  # never the same row
     return cosine_similarity(X[first], X[second])
-
-
-def _spectrum(X: np.ndarray) -> np.ndarray:
-    """Eigenvalues of the covariance of X, descending (the order SVD returns), float64."""
-    singular = np.linalg.svd(X - X.mean(axis=0), compute_uv=False)
-    return singular**2 / max(len(X) - 1, 1)
 
 
 def isoscore(eigenvalues: np.ndarray, rank: int | None = None) -> float:
@@ -118,7 +110,6 @@ def isotropy(X, pairs: int = defaults.RANDOM_PAIRS, seed: int = 0, max_rows: int
     Args:
         X: (n, d) vectors, n >= 2, finite.
         pairs: random pairs drawn for the cosine distribution.
-        seed: seeds the pairs and the row subsample.
         max_rows: the spectrum is computed on at most this many rows (a seeded subsample).
 
     Example:
@@ -131,7 +122,8 @@ def isotropy(X, pairs: int = defaults.RANDOM_PAIRS, seed: int = 0, max_rows: int
     sample = X
     if len(X) > max_rows:
         sample = X[np.sort(np.random.default_rng(seed).choice(len(X), max_rows, replace=False))]
-    spectrum = _spectrum(sample)
+    singular = np.linalg.svd(sample - sample.mean(axis=0), compute_uv=False)
+    spectrum = singular**2 / max(len(sample) - 1, 1)  # the covariance eigenvalues, descending
     total = spectrum.sum()
     shares = {str(k): float(spectrum[:k].sum() / total) if total > 0 else 1.0 for k in TOP_COMPONENTS
               if k <= X.shape[1]}
@@ -139,9 +131,8 @@ def isotropy(X, pairs: int = defaults.RANDOM_PAIRS, seed: int = 0, max_rows: int
     return Isotropy(
         rows=len(X), dim=X.shape[1], mean_cosine=float(cosines.mean()), std_cosine=float(cosines.std()),
         isoscore=isoscore(spectrum, rank=min(X.shape[1], len(sample) - 1)), effective_rank=effective_rank(spectrum),
-        top_variance_share=shares,
-        thresholds={f"p{p:g}": float(np.percentile(cosines, p)) for p in THRESHOLD_PERCENTILES},
-        histogram=[int(c) for c in counts])
+        top_variance_share=shares, histogram=[int(c) for c in counts],
+        thresholds={f"p{p:g}": float(np.percentile(cosines, p)) for p in THRESHOLD_PERCENTILES})
 
 
 def _rows(X) -> np.ndarray:

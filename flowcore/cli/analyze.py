@@ -6,32 +6,10 @@ import os
 import sys
 
 from flowcore import defaults
-from flowcore.cli import CLIError
-from flowcore.cli.arguments import (
-    MODEL_HELP,
-    POOLING_DEFAULT,
-    add_calibration_arguments,
-    add_encoding_arguments,
-    add_pairs_arguments,
-    add_renamed,
-    build_encoder,
-    calibration_settings,
-    check_data_dir,
-    check_input,
-    check_output,
-    check_pairs_options,
-    check_positive,
-    comma_names,
-    embedding_cache,
-    show_progress,
-)
+from flowcore.cli import CLIError, arguments
 from flowcore.sts.baselines import CALIBRATIONS
 from flowcore.sts.data import DATASETS, fit_corpus_sentences, load_test, read_sentence_file
 from flowcore.sts.pairs import load_pairs_files
-
-__all__ = ["register", "run"]
-
-FREQUENCY_CHOICES = ("wordfreq", "corpus", "none")
 
 
 def register(subparsers) -> None:
@@ -54,46 +32,46 @@ def register(subparsers) -> None:
                         "pairs the labelled pairs")
     parser.add_argument("--out", required=True, help="folder for analysis.json, summary.md, *.png")
     parser.add_argument("--model", default=None,
-                        help=f"{MODEL_HELP}; 'default' is used when not given, except with --embeddings")
+                        help=f"{arguments.MODEL_HELP}; 'default' is used when not given, except with --embeddings")
     parser.add_argument("--pooling", default=None,
                         help=f"cls, mean, last2-avg, first-last-avg, static-avg or layers=I,J; default: "
-                        f"{POOLING_DEFAULT}")
-    add_pairs_arguments(parser, "labelled dev pairs, whose Spearman under each calibration decides the recommendation")
+                        f"{arguments.POOLING_DEFAULT}")
+    arguments.add_pairs_arguments(parser, "labelled dev pairs, whose Spearman under each calibration decides the "
+                                  "recommendation")
     parser.add_argument("--calibration", default=",".join(defaults.ANALYZE_CALIBRATIONS),
-                        type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
+                        type=lambda t: arguments.comma_names(t, CALIBRATIONS, "calibration"),
                         help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)}, each fitted on the corpus")
     parser.add_argument("--frequency", default="wordfreq",
-                        type=lambda t: comma_names(t, FREQUENCY_CHOICES, "frequency"),
+                        type=lambda t: arguments.comma_names(t, ("wordfreq", "corpus", "none"), "frequency"),
                         help="token frequencies for the frequency analyses: wordfreq (English word frequencies), "
                         "corpus (counted on the corpus with the encoder's tokenizer), both, or none")
     parser.add_argument("--edit-unit", default="word", choices=("word", "char"),
                         help="edit distance in words or characters for the lexical-overlap bias")
     parser.add_argument("--random-pairs", type=int, default=defaults.RANDOM_PAIRS,
                         help="random pairs for the cosine statistics")
-    add_calibration_arguments(parser)
+    arguments.add_calibration_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random pairs and the flow")
-    add_encoding_arguments(parser)
-    add_renamed(source, "--corpus", "--input")
+    arguments.add_encoding_arguments(parser)
+    arguments.add_renamed(source, "--corpus", "--input")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_positive(("--random-pairs", args.random_pairs), ("--batch-size", args.batch_size))
-    settings = calibration_settings(args)
+    arguments.check_positive(("--random-pairs", args.random_pairs), ("--batch-size", args.batch_size))
+    settings = arguments.calibration_settings(args)
     frequency = [] if "none" in args.frequency else args.frequency
     if "none" in args.frequency and len(args.frequency) > 1:
         raise CLIError("--frequency none cannot be combined with other sources")
     if "corpus" in frequency and args.input is None and args.sts_dataset is None:
         raise CLIError("--frequency corpus counts tokens in sentences: use --input or --sts-dataset")
-    check_pairs_options(args)
-    check_output(args.out, inputs=[args.input, args.embeddings], folder=True)
+    arguments.check_pairs_options(args)
+    arguments.check_output(args.out, inputs=[args.input, args.embeddings], folder=True)
     for option, path in (("--input", args.input), ("--embeddings", args.embeddings)):
         if path is not None:
-            check_input(path, option)
+            arguments.check_input(path, option)
     if args.sts_dataset is not None:
-        check_data_dir(args.data_dir, "--sts-dataset")
-    # Deferred: these import torch, which the CLI's start-up does without.
-    from flowcore.analysis.analyze import analyze
+        arguments.check_data_dir(args.data_dir, "--sts-dataset")
+    from flowcore.analysis.analyze import analyze  # deferred: imports torch, which CLI start-up does without
     from flowcore.analysis.report import write_report
     from flowcore.batch.vector_sources import NpyMatrix
 
@@ -104,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError("--frequency analyses the encoder's token embeddings: add --model")
         frequency, encoder = [], None
     else:
-        encoder = build_encoder(args, model=args.model or defaults.MODEL)
+        encoder = arguments.build_encoder(args, model=args.model or defaults.MODEL)
     vectors = sentences = None
     pairs = load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad) if args.pairs else []
     if args.input is not None:
@@ -120,11 +98,11 @@ def run(args: argparse.Namespace) -> int:
         _, sentences = fit_corpus_sentences(args.data_dir, args.sts_dataset, "target")
         name = f"{args.sts_dataset} (all splits)"
         pairs = [load_test(args.data_dir, args.sts_dataset), *pairs]
-    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if show_progress(args) else None
+    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if arguments.show_progress(args) else None
     result = analyze(vectors, encoder=encoder, sentences=sentences, corpus_name=name, pairs=pairs,
                      calibrations=args.calibration, settings=settings, frequency_sources=frequency,
                      edit_unit=args.edit_unit, random_pairs=args.random_pairs, seed=args.seed,
-                     cache=embedding_cache(args), batch_size=args.batch_size, progress=progress)
+                     cache=arguments.embedding_cache(args), batch_size=args.batch_size, progress=progress)
     paths = write_report(result, args.out)
     print(paths["summary"].read_text(encoding="utf-8"), end="")
     print(f"wrote {', '.join(str(path) for path in paths.values())}", file=sys.stderr)

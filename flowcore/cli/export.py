@@ -9,19 +9,9 @@ import sys
 from flowcore import defaults
 from flowcore.calibration.base import create, load
 from flowcore.calibration.corpus_size import small_corpus_warning
-from flowcore.cli import CLIError
-from flowcore.cli.arguments import (
-    POOLING_DEFAULT,
-    add_device_argument,
-    add_progress_arguments,
-    add_renamed,
-    check_output,
-)
+from flowcore.cli import CLIError, arguments
 from flowcore.cli.fit import encode_sample
 from flowcore.text.pooling import NAMED_POOLINGS
-
-FORMATS = ("st", "onnx")
-QUANTIZE_MODES = ("int8",)
 
 
 def register(subparsers) -> None:
@@ -46,14 +36,14 @@ def register(subparsers) -> None:
                              help="fit BERT-whitening on this text corpus (.txt, .jsonl, .csv, .parquet) and export "
                              "it as a stock Dense layer")
     parser.add_argument("--out", required=True, help="the model folder to write (new or empty)")
-    parser.add_argument("--format", choices=FORMATS, default="st",
+    parser.add_argument("--format", choices=("st", "onnx"), default="st",
                         help="st: a sentence-transformers model folder; onnx: FOLDER/model.onnx, inputs input_ids, "
                         "attention_mask [, token_type_ids] (int64, batch x sequence), output sentence_embedding "
                         "(float32, batch x dim), with the tokenizer files and flowcore.json")
     parser.add_argument("--calibrator-only", action="store_true",
                         help="with --format onnx: FOLDER/calibrator.onnx alone, input embeddings (float32, batch x "
                         "dim) -> calibrated, for vectors that come from elsewhere")
-    parser.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
+    parser.add_argument("--quantize", choices=("int8",), default=None,
                         help="with --format onnx: int8, the encoder's matrix products dynamically quantised by "
                         "ONNX Runtime (faster on the CPU, a little less accurate: docs/benchmarks.md); the "
                         "calibration stays float32 (so not with --calibrator-only). Not given: float32")
@@ -62,7 +52,7 @@ def register(subparsers) -> None:
                         "calibrator's encoder; for --whitening, 'default')")
     parser.add_argument("--pooling", default=None,
                         help=f"one of {', '.join(NAMED_POOLINGS)}, or layers=I,J,... (default: the calibrator's "
-                        f"pooling; for --whitening, {POOLING_DEFAULT})")
+                        f"pooling; for --whitening, {arguments.POOLING_DEFAULT})")
     parser.add_argument("--normalize", action="store_true",
                         help="unit-length vectors (st: append Normalize; onnx: L2 normalisation in the graph)")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
@@ -76,24 +66,23 @@ def register(subparsers) -> None:
                         help="with --whitening: fit on a reproducible random sample of this many rows "
                         "(default: all rows)")
     parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
-                        help="with --whitening: the JSON key / column of a .jsonl, .csv or .parquet corpus holding "
-                        "the sentence")
+                        help=f"with --whitening: {arguments.TEXT_FIELD_HELP}")
     parser.add_argument("--seed", type=int, default=0, help="with --whitening: seed of the --max-rows sample")
-    add_device_argument(parser)
-    add_progress_arguments(parser)
-    add_renamed(calibration, "--flow", "--calibrator")
+    arguments.add_device_argument(parser)
+    arguments.add_progress_arguments(parser)
+    arguments.add_renamed(calibration, "--flow", "--calibrator")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output(args.out, inputs=[args.calibrator, args.whitening], folder=True)
+    arguments.check_output(args.out, inputs=[args.calibrator, args.whitening], folder=True)
     whitening_only = (args.whitening_dim, args.whitening_power, args.max_rows)
     if args.calibrator is not None and any(value is not None for value in whitening_only):
         raise CLIError("--whitening-dim, --whitening-power and --max-rows apply to --whitening, not to --calibrator")
     if args.format != "onnx" and (args.calibrator_only or args.quantize is not None):
         raise CLIError("--calibrator-only and --quantize apply to --format onnx, not to --format st")
     if args.format == "onnx":  # a missing extra is named before any work
-        from flowcore.integrations.onnx import require_onnx
+        from flowcore.integrations.onnx import CALIBRATOR_GRAPH, GRAPH, export, require_onnx
 
         require_onnx()
     else:
@@ -101,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.whitening is not None:
         settings = {"keep": args.whitening_dim, "power": args.whitening_power}
         whitening = create("whitening", **{key: value for key, value in settings.items() if value is not None})
-        vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr,
-                                                   model=args.model or defaults.MODEL,
+        vectors, encoder, distinct = encode_sample(args.whitening, args, sys.stderr, model=args.model or defaults.MODEL,
                                                    pooling=args.pooling, quantize=None)
         warning = small_corpus_warning(distinct, vectors.shape[1], "--whitening CORPUS")
         if warning is not None:
@@ -113,25 +101,18 @@ def run(args: argparse.Namespace) -> int:
         calibrator = load(args.calibrator)
         what = f"{calibrator.name} {args.calibrator}"
     if args.format == "onnx":
-        return _export_onnx(args, calibrator, what)
+        if args.calibrator_only and (args.model is not None or args.pooling is not None):
+            raise CLIError("--calibrator-only writes the calibration alone: --model and --pooling do not apply")
+        out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
+                     max_length=args.max_length, quantize=args.quantize, calibrator_only=args.calibrator_only)
+        graph = CALIBRATOR_GRAPH if args.calibrator_only else GRAPH
+        print(f"wrote {out}/{graph} ({what}{', int8' if args.quantize else ''}) and {out}/flowcore.json; run it "
+              "with onnxruntime (docs/deploy.md)")
+        return 0
     out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
                  max_length=args.max_length)
     how = (f"flowcore.integrations.sentence_transformers.load_model({out!r})  (needs flowcore installed; "
            "SentenceTransformer(..., trust_remote_code=True) would trust every file in the folder)"
            if needs_trust_remote_code(out) else f"SentenceTransformer({out!r})")
     print(f"wrote {out} ({what}); load it with {how}")
-    return 0
-
-
-def _export_onnx(args: argparse.Namespace, calibrator, what: str) -> int:
-    from flowcore.integrations.onnx import CALIBRATOR_GRAPH, GRAPH, export
-
-    if args.calibrator_only and (args.model is not None or args.pooling is not None):
-        raise CLIError("--calibrator-only writes the calibration alone: --model and --pooling do not apply")
-    out = export(args.out, calibrator, model=args.model, pooling=args.pooling, normalize=args.normalize,
-                 max_length=args.max_length, quantize=args.quantize, calibrator_only=args.calibrator_only)
-    graph = CALIBRATOR_GRAPH if args.calibrator_only else GRAPH
-    int8 = ", int8" if args.quantize else ""
-    print(f"wrote {out}/{graph} ({what}{int8}) and {out}/flowcore.json; run it with onnxruntime "
-          f"(docs/deploy.md)")
     return 0

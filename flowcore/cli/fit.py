@@ -17,31 +17,15 @@ from flowcore.calibration.base import NAMES, create, fit_options, setting_names
 from flowcore.calibration.corpus_size import MIN_ROWS_PER_DIM, small_corpus_warning
 from flowcore.calibration.moments import row_blocks
 from flowcore.calibration.recipes import RECIPES
-from flowcore.cli import CLIError
-from flowcore.cli.arguments import (
-    MODEL_HELP,
-    POOLING_DEFAULT,
-    add_device_argument,
-    add_progress_arguments,
-    add_quantize_argument,
-    build_encoder,
-    check_input,
-    check_output,
-    check_positive,
-    embedding_cache,
-    progress_choice,
-    recipe_values,
-)
+from flowcore.cli import CLIError, arguments
 from flowcore.flows.configs import CONFIGS, COUPLINGS, PERMUTATIONS
 
 _SETTING_FLAGS = {"power": "--whitening-power", "keep": "--whitening-dim", "k": "--abtt-k", "config": "--config",
                   "recipe": "--recipe", "epochs": "--epochs", "batch_size": "--train-batch-size", "lr": "--lr",
-                  "patience": "--patience", "coupling": "--coupling",
-                  "permutation": "--permutation"}
-"""{a method's setting (`flowcore.calibration.setting_names`): its flag}; a flag whose setting the chosen method
-lacks is refused."""
+                  "patience": "--patience", "coupling": "--coupling", "permutation": "--permutation"}
+"""{a method's setting (`setting_names`): its flag}; a flag whose setting the chosen method lacks is refused."""
 _FIT_FLAGS = {"checkpoint_every": "--checkpoint-every", "threads": "--threads"}
-"""{an option of a method's fit (`flowcore.calibration.fit_options`): its flag}, refused likewise."""
+"""{an option of a method's fit (`fit_options`): its flag}, refused likewise."""
 
 
 def register(subparsers) -> None:
@@ -85,30 +69,29 @@ def register(subparsers) -> None:
                       "1e-3, batch 32, 1 epoch)")
     flow.add_argument("--epochs", type=int, default=None,
                       help="training epochs, the most with held-out evaluations (default: the recipe's: "
-                      f"{recipe_values('epochs')})")
+                      f"{arguments.recipe_values('epochs')})")
     flow.add_argument("--patience", type=int, default=None, metavar="N",
                       help="with a held-out share: stop after N evaluations in a row without a better held-out "
                       "score (default: the recipe's; 2 for 'whitened')")
     flow.add_argument("--train-batch-size", type=int, default=None,
-                      help=f"rows per training step (default: the recipe's: {recipe_values('batch_size')})")
+                      help=f"rows per training step (default: the recipe's: {arguments.recipe_values('batch_size')})")
     flow.add_argument("--lr", type=float, default=None,
-                      help=f"Adam's learning rate (default: the recipe's: {recipe_values('lr')})")
+                      help=f"Adam's learning rate (default: the recipe's: {arguments.recipe_values('lr')})")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the --max-rows sample, of auto's sample of rows and of the flow")
     parser.add_argument("--max-rows", type=int,
                         help="fit on a reproducible random sample of this many rows (default: all rows)")
-    parser.add_argument("--model", default=defaults.MODEL, help=f"encoder for --input: {MODEL_HELP}")
-    parser.add_argument("--pooling", default=None, help=f"pooling for --input; default: {POOLING_DEFAULT}")
+    parser.add_argument("--model", default=defaults.MODEL, help=f"encoder for --input: {arguments.MODEL_HELP}")
+    parser.add_argument("--pooling", default=None, help=f"pooling for --input; default: {arguments.POOLING_DEFAULT}")
     parser.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                         help="longer texts of --input are truncated to this many tokens")
     parser.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE,
                         help="sentences per encoder batch, for --input")
-    add_quantize_argument(parser)
+    arguments.add_quantize_argument(parser)
     parser.add_argument("--vector-field", default=defaults.VECTOR_COLUMN,
                         help="parquet column holding stored embeddings")
-    parser.add_argument("--text-field", default=defaults.TEXT_FIELD,
-                        help="the JSON key / column of a .jsonl, .csv or .parquet corpus holding the sentence")
-    add_device_argument(parser)
+    parser.add_argument("--text-field", default=defaults.TEXT_FIELD, help=arguments.TEXT_FIELD_HELP)
+    arguments.add_device_argument(parser)
     flow.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
                       help=f"write a training checkpoint (OUT.checkpoint) every STEPS steps (default: "
                       f"{defaults.CHECKPOINT_EVERY}); a rerun resumes from it")
@@ -125,19 +108,18 @@ def register(subparsers) -> None:
     flow.add_argument("--threads", type=int, default=None,
                       help="torch CPU threads for training (default: 1 for batches under 256 rows, else all CPUs "
                       "available)")
-    add_progress_arguments(parser)
+    arguments.add_progress_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def _load_embeddings(args, scratch: Path) -> tuple[np.ndarray, np.ndarray | None]:
     """The --embeddings matrix (memory-mapped) and the rows to fit on (None: all; sorted: a --max-rows sample).
-    A .npy file is read where it is; a parquet file, a folder or a glob of shards is gathered into one
-    matrix in `scratch` first. A row that is not a finite vector is refused, naming it."""
+    A .npy file is read where it is; parquet, a folder or a glob is gathered into `scratch` first."""
     from flowcore.batch.sampling import sample_row_numbers
     from flowcore.batch.vector_sources import NpyMatrix
 
     if args.embeddings.suffix.lower() == ".npy" and not any(sign in str(args.embeddings) for sign in "*?["):
-        check_input(args.embeddings, "--embeddings")
+        arguments.check_input(args.embeddings, "--embeddings")
         matrix = NpyMatrix(args.embeddings)
         matrix.check_embeddings()  # the rule `flowcore calibrate --embeddings` reads by
         data, rows = matrix.read(), matrix.rows
@@ -159,22 +141,20 @@ def _gathered(args, scratch: Path) -> np.ndarray:
 
     source = InputFiles.open(args.embeddings, lambda path: EmbeddingFile(path, vector_field=args.vector_field),
                              EMBEDDING_FORMATS)
-    corpus = encode_corpus(source, scratch / "embeddings.npy", show_progress_bar=progress_choice(args))
+    corpus = encode_corpus(source, scratch / "embeddings.npy", show_progress_bar=arguments.progress_choice(args))
     if corpus.summary.rejected:
         with open(corpus.summary.rejects_path, encoding="utf-8") as lines:
             first = json.loads(lines.readline())
         where = f"{first['file']}, row {first['row']}" if "file" in first else f"row {first['row']}"
         raise CLIError(f"{args.embeddings}: {corpus.summary.rejected} row(s) are not usable vectors "
-                       f"({_reasons(corpus.summary.rejects)}; the "
-                       f"first: {where}); fit on finite vectors, e.g. flowcore calibrate's output without its "
-                       "rejected rows")
+                       f"({_reasons(corpus.summary.rejects)}; the first: {where}); fit on finite vectors, e.g. "
+                       "flowcore calibrate's output without its rejected rows")
     return corpus.vectors
 
 
 def encode_sample(path, args, skipped_to=None, **encoder_options):
-    """The vectors of a `--max-rows` sample of the corpus at `path` (a file, a folder or a glob; skipped rows
-    reported on `skipped_to`), the `build_encoder(args, **encoder_options)` that made them, and their number
-    of distinct sentences."""
+    """The vectors of a `--max-rows` sample of the corpus at `path` (skipped rows reported on `skipped_to`), the
+    `build_encoder(args, **encoder_options)` that made them, and their number of distinct sentences."""
     from flowcore.batch.rows import count_reasons
     from flowcore.batch.sampling import sample_stream
     from flowcore.batch.text_sources import read_texts
@@ -185,13 +165,12 @@ def encode_sample(path, args, skipped_to=None, **encoder_options):
                           args.max_rows, args.seed)
     if rejects:
         print(f"{path}: skipped {len(rejects)} unusable row(s) ({_reasons(count_reasons(rejects))}); first at row "
-              f"{rejects[0].row}",
-              file=skipped_to)
+              f"{rejects[0].row}", file=skipped_to)
     if len(texts) < 2:
         raise CLIError(f"{path}: needs at least 2 usable sentences, found {len(texts)}")
-    encoder = build_encoder(args, **encoder_options)
+    encoder = arguments.build_encoder(args, **encoder_options)
     vectors = encoder.encode(texts, batch_size=getattr(args, "batch_size", defaults.BATCH_SIZE),
-                             show_progress_bar=progress_choice(args))
+                             show_progress_bar=arguments.progress_choice(args))
     return vectors, encoder, len(set(texts))
 
 
@@ -204,18 +183,17 @@ def text_input(path, text_field: str):
 
 
 def _cached_corpus(args, scratch: Path):
-    """The whole corpus's vectors, memory-mapped from the embedding cache (`EmbeddingCache.corpus_file`; --cache
-    FILE; with --no-cache, the folder `scratch`), where a resumable job encodes them once (`encode_corpus`); its
-    good rows (None: all) and the `Encoder`."""
+    """The whole corpus's vectors, encoded once by a resumable job into the embedding cache (--cache FILE; with
+    --no-cache, `scratch`) and memory-mapped, its good rows (None: all) and the `Encoder`."""
     from flowcore.batch.job import encode_corpus
     from flowcore.runtime import job_threads
 
     source = text_input(args.input, args.text_field)
-    encoder = build_encoder(args, threads=job_threads(text=True))
+    encoder = arguments.build_encoder(args, threads=job_threads(text=True))
     cache = args.cache or (scratch / "corpus.npy" if args.no_cache else
-                           embedding_cache(args).corpus_file(encoder, args.input, args.text_field))
+                           arguments.embedding_cache(args).corpus_file(encoder, args.input, args.text_field))
     corpus = encode_corpus(source, cache, encoder, batch_size=args.batch_size, restart=args.restart,
-                           show_progress_bar=progress_choice(args))
+                           show_progress_bar=arguments.progress_choice(args))
     if corpus.summary.complete and not args.no_cache:
         print(f"{args.input}: its vectors are already in {cache} (--restart encodes it again)")
     if corpus.summary.rejected:
@@ -233,7 +211,7 @@ def _reasons(counts: dict[str, int]) -> str:
 
 
 def _distinct_rows(data: np.ndarray, rows: np.ndarray | None) -> int:
-    """Distinct rows of `data` (of its `rows`, if given), up to what the small-corpus warning needs, read in blocks."""
+    """Distinct rows of `data` (of its `rows`, if given), up to what the small-corpus warning needs."""
     seen: set[bytes] = set()
     for block in row_blocks(data, rows):
         seen.update(hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in np.ascontiguousarray(block))
@@ -262,12 +240,11 @@ def _method_settings(args) -> dict:
 
 
 def _fit_options(args) -> dict:
-    """The options of the method's fit: its flags, and for a method that trains a progress bar and a checkpoint
-    beside the output (OUT.checkpoint: a rerun resumes from it)."""
+    """The options of the method's fit: its flags, and for one that trains a progress bar and OUT.checkpoint."""
     accepted = fit_options(args.calibration)
     options = _given(args, _FIT_FLAGS, accepted)
     if "show_progress_bar" in accepted:
-        options["show_progress_bar"] = progress_choice(args)
+        options["show_progress_bar"] = arguments.progress_choice(args)
     if "checkpoint" in accepted:
         options["checkpoint"] = args.out.with_name(args.out.name + ".checkpoint")
         if args.restart:
@@ -276,18 +253,19 @@ def _fit_options(args) -> dict:
 
 
 def run(args) -> int:
-    check_output(args.out, inputs=[args.embeddings, args.input])
+    arguments.check_output(args.out, inputs=[args.embeddings, args.input])
     if args.cache is not None:
         if args.no_cache or args.cache_dir is not None:
             raise CLIError("--cache FILE is instead of the embedding cache: give it without --cache-dir and --no-cache")
-        check_output(args.cache, inputs=[args.embeddings, args.input, args.out], suffixes=(".npy",), flag="--cache")
+        arguments.check_output(args.cache, inputs=[args.embeddings, args.input, args.out], suffixes=(".npy",),
+                               flag="--cache")
     with tempfile.TemporaryDirectory(prefix="flowcore-fit-") as scratch:  # --no-cache's encoded corpus
         return _fit(args, Path(scratch))
 
 
 def _fit(args, scratch: Path) -> int:
     started = time.perf_counter()
-    check_positive(("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience))
+    arguments.check_positive(("--checkpoint-every", args.checkpoint_every), ("--patience", args.patience))
     calibrator = create(args.calibration, **_method_settings(args))  # bad settings fail before any work
     options = _fit_options(args)
     rows = distinct = None  # rows: the rows of data to fit on, all unless the cache holds rejected rows

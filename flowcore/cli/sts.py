@@ -10,44 +10,14 @@ import time
 
 from flowcore import defaults
 from flowcore.calibration.recipes import RECIPES
-from flowcore.cli import CLIError
-from flowcore.cli.arguments import (
-    MODEL_HELP,
-    add_calibration_arguments,
-    add_encoding_arguments,
-    add_pairs_arguments,
-    add_renamed,
-    build_encoder,
-    calibration_settings,
-    check_data_dir,
-    check_input,
-    check_output,
-    check_pairs_options,
-    check_positive,
-    comma_names,
-    embedding_cache,
-    recipe_values,
-    show_progress,
-)
+from flowcore.cli import CLIError, arguments
 from flowcore.flows.configs import CONFIGS
 from flowcore.runtime import parallel_jobs
+from flowcore.sts import report
 from flowcore.sts.baselines import CALIBRATIONS, FLOW_INPUTS, prefitted
 from flowcore.sts.data import DATASETS
 from flowcore.sts.pairs import load_pairs_files
 from flowcore.sts.protocol import evaluate
-from flowcore.sts.report import (
-    AGGREGATION_NOTES,
-    AGGREGATIONS,
-    REPORTED,
-    auto_lines,
-    markdown_table,
-    published_table,
-    write_json,
-)
-
-__all__ = ["register", "run"]
-
-
 
 
 def _flow_input(text: str) -> str:
@@ -60,8 +30,7 @@ def _flow_input(text: str) -> str:
 
 @contextlib.contextmanager
 def _progress_on_stderr(progress: bool):
-    """The warnings (and INFO progress lines when `progress`) of the `flowcore.sts` loggers and of the embedding
-    cache's on stderr as bare lines."""
+    """The `flowcore.sts` and embedding cache loggers' warnings (and INFO lines when `progress`) on stderr, bare."""
     level = logging.INFO if progress else logging.WARNING
     handler = logging.StreamHandler(sys.stderr)  # its default format is the bare message
     handler.setLevel(level)
@@ -85,19 +54,21 @@ def register(subparsers) -> None:
         "sets (or your own labelled pairs, --pairs), for the raw encoder and after each calibration "
         "fitted without labels (or loaded, --calibrator). Progress and warnings go to stderr, the table to stdout.",
     )
-    parser.add_argument("--model", default=defaults.MODEL, help=MODEL_HELP)
-    parser.add_argument("--pooling", default=defaults.STS_POOLINGS, type=lambda t: comma_names(t, None, "pooling"),
+    parser.add_argument("--model", default=defaults.MODEL, help=arguments.MODEL_HELP)
+    parser.add_argument("--pooling", default=defaults.STS_POOLINGS,
+                        type=lambda t: arguments.comma_names(t, None, "pooling"),
                         help="pooling, or several separated by commas (one table row group each): "
                         "cls, mean, last2-avg, first-last-avg, static-avg, layers=I,J")
-    parser.add_argument("--calibration", default=None, type=lambda t: comma_names(t, CALIBRATIONS, "calibration"),
+    parser.add_argument("--calibration", default=None,
+                        type=lambda t: arguments.comma_names(t, CALIBRATIONS, "calibration"),
                         help=f"comma-separated calibrations from {', '.join(CALIBRATIONS)} (as 'flowcore fit "
                         "--calibration'; none: the raw vectors; auto says which it chose); default: "
                         f"{','.join(defaults.STS_CALIBRATIONS)}; with --calibrator only none and the file's "
                         "calibration")
-    parser.add_argument("--datasets", default=None, type=lambda t: comma_names(t, DATASETS, "dataset"),
+    parser.add_argument("--datasets", default=None, type=lambda t: arguments.comma_names(t, DATASETS, "dataset"),
                         help=f"comma-separated built-in datasets (default: all of {','.join(DATASETS)})")
-    add_pairs_arguments(parser, "evaluate your own labelled pairs instead of the built-in datasets, one table "
-                        "column (dataset) per FILE, named after its stem")
+    arguments.add_pairs_arguments(parser, "evaluate your own labelled pairs instead of the built-in datasets, one "
+                                  "table column (dataset) per FILE, named after its stem")
     parser.add_argument("--fit-corpus", default="target",
                         help="what the calibrations are fitted on, without labels: 'target' (all sentences of the "
                         "evaluated dataset, all splits, as in the paper; with --pairs: each file's own), 'train' (its "
@@ -109,7 +80,7 @@ def register(subparsers) -> None:
                         "the file's calibration only")
     parser.add_argument("--sick-split", default="test", choices=("test", "all"),
                         help="SICK-R pairs scored: 'test' (4927, the paper's protocol) or 'all' (9927, MTEB's)")
-    parser.add_argument("--aggregation", default="all", choices=AGGREGATIONS,
+    parser.add_argument("--aggregation", default="all", choices=report.AGGREGATIONS,
                         help="STS12-16 figure of the first table: 'all' (subsets concatenated, as SBERT, SimCSE and "
                         "MTEB report), 'wmean' (size-weighted mean over subsets, as BERT-flow and BERT-whitening "
                         "report) or 'mean'; a second table shows the other of all and wmean; each table has the "
@@ -120,33 +91,34 @@ def register(subparsers) -> None:
                         help="the flow's fit recipe (see 'flowcore fit --help'); --epochs, --lr and "
                         "--train-batch-size override its values")
     parser.add_argument("--epochs", type=int, default=None,
-                        help=f"flow training epochs (default: the recipe's: {recipe_values('epochs')})")
+                        help=f"flow training epochs (default: the recipe's: {arguments.recipe_values('epochs')})")
     parser.add_argument("--lr", type=float, default=None,
-                        help=f"flow learning rate (Adam; default: the recipe's: {recipe_values('lr')})")
+                        help=f"flow learning rate (Adam; default: the recipe's: {arguments.recipe_values('lr')})")
     parser.add_argument("--train-batch-size", type=int, default=None,
-                        help=f"rows per flow training step (default: the recipe's: {recipe_values('batch_size')})")
+                        help="rows per flow training step (default: the recipe's: "
+                        f"{arguments.recipe_values('batch_size')})")
     parser.add_argument("--flow-input", default=None, type=_flow_input, choices=FLOW_INPUTS,
                         help="what the flow is fitted on, when not its recipe's choice: coordinates standardized "
                         "over the fit corpus, vectors whitened first (prewhiten), or the raw vectors (diverges on "
                         "poolings with constant coordinates)")
-    add_calibration_arguments(parser)
+    arguments.add_calibration_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the flow's initialisation and batch order")
     parser.add_argument("--json", default=None, metavar="OUT.json", help="also write the result records here")
     parser.add_argument("--jobs", type=int, default=None,
                         help="datasets whose flows are fitted side by side on CPU (after all are encoded), each in a "
                         "forked one-thread process; the results do not change with it (default: the CPUs this "
                         "process may use)")
-    add_encoding_arguments(parser)
+    arguments.add_encoding_arguments(parser)
     for old, new in (("--flow", "--calibrator"), ("--flow-config", "--config"), ("--flow-recipe", "--recipe"),
                      ("--flow-epochs", "--epochs"), ("--flow-lr", "--lr"), ("--flow-batch-size", "--train-batch-size")):
-        add_renamed(parser, old, new)
+        arguments.add_renamed(parser, old, new)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_pairs_options(args)
+    arguments.check_pairs_options(args)
     if args.pairs is None:
-        check_data_dir(args.data_dir, "evaluating the built-in datasets")
+        arguments.check_data_dir(args.data_dir, "evaluating the built-in datasets")
     elif args.datasets is not None:
         raise CLIError("--pairs evaluates your files instead of the built-in datasets: drop --datasets")
     elif args.fit_corpus == "train":
@@ -155,18 +127,19 @@ def run(args: argparse.Namespace) -> int:
     if args.fit_corpus not in ("target", "train") and not os.path.isfile(args.fit_corpus):
         raise CLIError(f"--fit-corpus {args.fit_corpus!r} is neither 'target', 'train' nor an existing file")
     if args.calibrator is not None:
-        check_input(args.calibrator, "--calibrator")
+        arguments.check_input(args.calibrator, "--calibrator")
         if args.fit_corpus != "target":
             raise CLIError("--fit-corpus does not apply with --calibrator (the calibrator file is already fitted)")
     if args.json is not None:
-        check_output(args.json, inputs=[args.calibrator, *(args.pairs or [])], flag="--json")
-    check_positive(("--epochs", args.epochs), ("--train-batch-size", args.train_batch_size),
-                   ("--batch-size", args.batch_size), ("--jobs", args.jobs))
+        arguments.check_output(args.json, inputs=[args.calibrator, *(args.pairs or [])], flag="--json")
+    arguments.check_positive(("--epochs", args.epochs), ("--train-batch-size", args.train_batch_size),
+                             ("--batch-size", args.batch_size), ("--jobs", args.jobs))
     if args.lr is not None and not args.lr > 0:
         raise CLIError(f"--lr must be positive, got {args.lr}")
-    settings = calibration_settings(args, flow_config=args.config, flow_recipe=args.recipe, flow_epochs=args.epochs,
-                                    flow_lr=args.lr, flow_batch_size=args.train_batch_size, flow_input=args.flow_input)
-    cache = embedding_cache(args)
+    settings = arguments.calibration_settings(args, flow_config=args.config, flow_recipe=args.recipe,
+                                              flow_epochs=args.epochs, flow_lr=args.lr,
+                                              flow_batch_size=args.train_batch_size, flow_input=args.flow_input)
+    cache = arguments.embedding_cache(args)
     started = time.perf_counter()
     records = []
     calibrations = args.calibration or list(defaults.STS_CALIBRATIONS)
@@ -180,11 +153,11 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"--calibrator applies a {name} calibrator file, nothing is fitted: --calibration may hold "
                            f"none and {name} only, not {', '.join(others)}")
         fitted = {name: given}
-    progress = show_progress(args)
+    progress = arguments.show_progress(args)
     with _progress_on_stderr(progress):
         pairs = None if args.pairs is None else load_pairs_files(args.pairs, args.pairs_columns, args.skip_bad)
         for pooling in args.pooling:
-            encoder = build_encoder(args, pooling=pooling)
+            encoder = arguments.build_encoder(args, pooling=pooling)
             if fitted is not None:  # refuse a file fitted for another encoder, pooling or width
                 given.calibrator.check_encoder(encoder, args.model, what=f"--calibrator {args.calibrator}")
             records += evaluate(encoder, datasets=args.datasets or DATASETS, calibrations=calibrations,
@@ -195,11 +168,11 @@ def run(args: argparse.Namespace) -> int:
         print("Spearman x100 of cosine similarity on your pairs: "
               + ", ".join(f"{p.dataset} ({len(p)} pairs)" for p in pairs) + ".")
     else:
-        print(f"Spearman x100 of cosine similarity; {AGGREGATION_NOTES[args.aggregation]}; "
+        print(f"Spearman x100 of cosine similarity; {report.AGGREGATION_NOTES[args.aggregation]}; "
               f"SICK-R: {'all 9927 pairs' if args.sick_split == 'all' else '4927-pair test set'}.")
     _print_tables(records, args.aggregation)
     if args.json:
-        write_json(records, args.json, seconds=round(time.perf_counter() - started, 1))
+        report.write_json(records, args.json, seconds=round(time.perf_counter() - started, 1))
         print(f"wrote {len(records)} records to {args.json}", file=sys.stderr)
     failed = [r for r in records if r.get("error")]
     if failed:
@@ -214,14 +187,14 @@ def _print_tables(records: list[dict], aggregation: str) -> None:
     each followed by its protocol's published figures, then what auto chose."""
     shown = [aggregation]
     if any(r.get("aggregation") == "all" for r in records):  # a multi-subset dataset: the aggregations differ
-        shown += [other for other in REPORTED if other != aggregation]
+        shown += [other for other in report.REPORTED if other != aggregation]
     for index, name in enumerate(shown):
         if index:
-            print(f"\n{AGGREGATION_NOTES[name]}:")
-        print(markdown_table(records, name))
-        published = published_table(records, name)
+            print(f"\n{report.AGGREGATION_NOTES[name]}:")
+        print(report.markdown_table(records, name))
+        published = report.published_table(records, name)
         if published is not None:
             print(f"\n{published}")
-    lines = auto_lines(records)
+    lines = report.auto_lines(records)
     if lines:
         print("\n" + "\n".join(lines))

@@ -1,6 +1,5 @@
-"""The calibrations `flowcore sts` and `flowcore analyze` compare, built by name with their settings through the
-calibrator protocol alone: one table maps the fields of `CalibrationSettings` (the keys of the result records) to
-each method's settings, and what a fit did comes from its `report()`."""
+"""The calibrations `flowcore sts` and `flowcore analyze` compare, built by name through the calibrator protocol:
+`_FIELDS` maps `CalibrationSettings` (the result records' keys) to each method's settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,8 +24,7 @@ _FIELDS = {
 }
 """{method: {`CalibrationSettings` field, the result records' key: the method's setting}}."""
 _INPUTS = {"standardize": True, "raw": False, "prewhiten": None}
-"""The `standardize` setting each `FlowCalibrator`-style input gives (prewhiten: whitening first, then the recipe's
-input on the whitened vectors)."""
+"""The `standardize` setting of each flow input (prewhiten: whitening first, then the recipe's own input)."""
 _REPORTED_APART = ("method", "dim", "output_dim", "settings", "summary")
 """`report()` entries that records keep elsewhere (or not at all)."""
 
@@ -49,8 +47,7 @@ class CalibrationSettings:
 
 
 class Baseline:
-    """A calibrator as `flowcore sts` fits it: with a progress bar where its fit shows one, and (`prewhiten`)
-    on vectors whitened first.
+    """A calibrator as `flowcore sts` fits it: with its fit's progress bar, and (`prewhiten`) on whitened vectors.
 
     Args:
         calibrator: a fresh calibrator (`flowcore.calibration.create`).
@@ -99,10 +96,9 @@ def build_calibrator(name: str, settings: CalibrationSettings, show_progress_bar
 
 
 def settings_record(name: str, settings: CalibrationSettings) -> dict:
-    """The settings of calibration `name` stored in its result records: each field of `_FIELDS` as the method
-    resolves it (e.g. a flow's epochs from its recipe when not given), and a flow's input when one is chosen."""
-    built = build_calibrator(name, settings)
-    resolved = built.calibrator.settings()
+    """The settings of calibration `name` its result records hold, as the method resolves them (e.g. a flow's
+    epochs from its recipe), and a flow's input when one is chosen."""
+    resolved = build_calibrator(name, settings).calibrator.settings()
     record = {key: resolved[setting] for key, setting in _FIELDS.get(name, {}).items()}
     if settings.flow_input is not None and "standardize" in resolved:
         record["flow_input"] = settings.flow_input
@@ -110,8 +106,7 @@ def settings_record(name: str, settings: CalibrationSettings) -> dict:
 
 
 def reported(calibrator) -> dict:
-    """The entries of a fitted calibrator's `report()` that result records hold, each named after its method
-    (e.g. the flow's "losses" as "flow_losses", auto's "choice" as "auto_choice")."""
+    """A fitted calibrator's `report()` entries for result records, named after its method (e.g. "flow_losses")."""
     report = calibrator.report()
     return {f"{report['method']}_{key}": value for key, value in report.items() if key not in _REPORTED_APART}
 

@@ -95,8 +95,7 @@ def load_split(data_dir: str | os.PathLike, dataset: str, split: str = "test") -
 
 
 def load_test(data_dir: str | os.PathLike, dataset: str, sick_split: str = "test") -> STSPairs:
-    """The evaluation pairs: the test split, or for SICK-R with `sick_split="all"` all 9927
-    pairs (MTEB's protocol; the paper's is the 4927-pair test set)."""
+    """The test split, or for SICK-R with `sick_split="all"` all 9927 pairs (MTEB's protocol)."""
     if dataset == "SICK-R" and sick_split == "all":
         parts = [load_split(data_dir, dataset, split) for split in splits(dataset)]
         return STSPairs.from_rows(dataset, "all", (row for part in parts for row in zip(
@@ -155,10 +154,8 @@ def checked_sentence(value, column: str) -> str:
 
 def semeval_pairs(input_path: Path, gold_path: Path,
                   on_bad: Callable[[Path, int, str], None] | None = None) -> Iterator[tuple[str, str, float]]:
-    """The scored pairs of one SemEval/SentEval subset: input lines `s1<TAB>s2[<TAB>extra...]`,
-    aligned with gold lines holding a score or nothing (an unscored pair, skipped).
-
-    Missing or misaligned files raise `STSDataError`; a bad line goes to `on_bad(path, line_number,
+    """The scored pairs of one SemEval/SentEval subset: input lines `s1<TAB>s2[<TAB>extra...]` aligned with gold
+    lines holding a score or nothing (an unscored pair, skipped). A bad line goes to `on_bad(path, line_number,
     message)` (default: raise `STSDataError`) and is skipped when it returns."""
     for needed in (input_path, gold_path):
         if not needed.is_file():

@@ -1,7 +1,6 @@
 """Your own labelled sentence pairs (`flowcore sts --pairs`), as `STSPairs` named after the file:
 .tsv, .csv, .jsonl and SentEval `STS.input.<name>.txt` files or folders; docs/sts.md has the formats
-and columns. A bad line raises `STSDataError` naming `file:line`, or (`skip_bad`) is skipped and counted.
-"""
+and columns. A bad line raises `STSDataError` naming `file:line`, or (`skip_bad`) is skipped and counted."""
 from __future__ import annotations
 
 import csv
@@ -106,16 +105,24 @@ def load_pairs(path: str | os.PathLike, columns: PairColumns | str | None = None
         if columns is not None:
             raise STSDataError(f"{path}: SentEval pairs have fixed columns; --pairs-columns does not apply")
         rows = _senteval_rows(path, collector)
-    elif suffix not in (".tsv", ".csv", ".jsonl") and path.exists():
+    elif not path.exists():
+        raise STSDataError(f"missing file: {path}")
+    elif suffix not in (".tsv", ".csv", ".jsonl"):
         raise STSDataError(f"{path}: unknown pairs format: expected a .tsv, .csv or .jsonl file, "
                            f"a SentEval {_INPUT_PREFIX}<name>{_SENTEVAL_SUFFIX} file or a folder of them")
     else:
-        _check_file(path)
+        require_file(path, STSDataError)
+        try:
+            check_encoding(path)  # UTF-16 or UTF-32 text is refused
+        except UnsupportedEncodingError as error:
+            raise STSDataError(str(error)) from None
         if suffix == ".jsonl":
             rows = _jsonl_rows(path, columns, collector)
+        elif suffix == ".tsv":  # split at tabs, no quoting
+            records = ((number, text.split("\t")) for number, text in _text_lines(path, collector) if text.strip())
+            rows = _delimited_rows(path, columns, collector, records)
         else:
-            records = _tsv_records if suffix == ".tsv" else _csv_records
-            rows = _delimited_rows(path, columns, collector, records(path, collector))
+            rows = _delimited_rows(path, columns, collector, _csv_records(path, collector))
     rows = [(first, second, score, subset or name) for first, second, score, subset in rows]
     if collector.skipped:
         logger.warning(f"{path}: skipped {collector.skipped} bad line(s); the first: {collector.first}")
@@ -146,17 +153,6 @@ def _checked_row(values, keys: tuple) -> tuple[str, str, float, None]:
             checked_score(values[2], "score", f" in {_column(keys[2])}"), None)
 
 
-def _check_file(path: Path) -> None:
-    """`STSDataError` unless `path` is a regular file that is not UTF-16 or UTF-32 text."""
-    if not path.exists():
-        raise STSDataError(f"missing file: {path}")
-    require_file(path, STSDataError)
-    try:
-        check_encoding(path)
-    except UnsupportedEncodingError as error:
-        raise STSDataError(str(error)) from None
-
-
 def _text_lines(path: Path, collector: _Collector) -> Iterator[tuple[int, str]]:
     """(number, text) of each line; a line that is not UTF-8 or holds a NUL byte is a bad line."""
     for line in iter_lines(path):
@@ -164,13 +160,6 @@ def _text_lines(path: Path, collector: _Collector) -> Iterator[tuple[int, str]]:
             collector.bad(line.number, problem)
             continue
         yield line.number, line.text
-
-
-def _tsv_records(path: Path, collector: _Collector):
-    """(number, fields) of each non-blank line, split at tabs (no quoting)."""
-    for number, text in _text_lines(path, collector):
-        if text.strip():
-            yield number, text.split("\t")
 
 
 def _csv_records(path: Path, collector: _Collector):
@@ -297,8 +286,7 @@ def _json_pair(text: str, columns: PairColumns | None):
 
 
 def _senteval_rows(path: Path, collector: _Collector):
-    """SentEval pairs: one `STS.input.<name>.txt` with its gold file, or every one in a folder
-    (each a subset named `<name>`); an empty gold line is an unscored pair, skipped."""
+    """SentEval pairs: one `STS.input.<name>.txt` with its gold file, or each in a folder (a subset named `<name>`)."""
     if path.is_dir():
         inputs = sorted(p for p in path.iterdir()
                         if p.name.startswith(_INPUT_PREFIX) and p.name.endswith(_SENTEVAL_SUFFIX))

@@ -1,6 +1,5 @@
 """The STS evaluation protocol of the BERT-flow experiment: frozen encoder → calibration fitted
-without labels → cosine similarity → Spearman/Pearson ×100, a record per dataset × calibration.
-"""
+without labels → cosine similarity → Spearman/Pearson ×100, a record per dataset × calibration."""
 from __future__ import annotations
 
 import dataclasses
@@ -64,7 +63,6 @@ def evaluate(
         sick_split: the SICK-R pairs scored, "test" or "all".
         settings: hyper-parameters of the fitted calibrations, recorded with their results.
         cache: where sentence vectors are kept; a fresh in-memory cache when None.
-        batch_size: the encoding batch size.
         show_progress_bar: progress bars and INFO progress lines; None: when stderr is a terminal.
         pairs: labelled pairs of your own (`flowcore.sts.pairs.load_pairs`), evaluated instead of `datasets`.
         fitted: `{calibration name: PreFitted}`, calibrators already fitted, applied as they are.
@@ -122,8 +120,7 @@ def evaluate(
                 file_corpus = embedded_corpus(*fit_corpus_sentences(data_dir, dataset, fit_corpus), fit_corpus)
             corpus = file_corpus
         prepared.append(_Dataset(given, pairs_, left, right, *corpus))
-    scorer = _Scorer(calibrations, settings, fitted, fit_corpus, progress, str(encoder.pooling),
-                     str(encoder.model_id))
+    scorer = _Scorer(calibrations, settings, fitted, fit_corpus, progress, str(encoder.pooling), str(encoder.model_id))
     if jobs > 1 and len(prepared) > 1 and fit_corpus in ("target", "train") and _fits_in_parallel(scorer):
         return _score_in_processes(scorer, prepared, min(jobs, len(prepared)))
     return [record for item in prepared for record in scorer(item)]
@@ -201,9 +198,8 @@ class _Scorer:
 
 
 def _fits_in_parallel(scorer: _Scorer) -> bool:
-    """Worth and safe to fit the calibrations in forked one-thread processes: one trains (its fit is not a few
-    matrix products) on one CPU thread, where fork exists (a forked child can use neither CUDA nor multi-threaded
-    OpenMP)."""
+    """Worth and safe to fit in forked one-thread processes: a calibration trains on one CPU thread, where fork
+    exists (a forked child can use neither CUDA nor multi-threaded OpenMP)."""
     if "fork" not in multiprocessing.get_all_start_methods() or scorer.settings.device not in (None, "cpu"):
         return False
     return any(build_calibrator(name, scorer.settings).fit_threads() == 1
@@ -215,8 +211,7 @@ _WORK: tuple[_Scorer, list[_Dataset]] | None = None
 
 
 def _score_in_processes(scorer: _Scorer, prepared: list[_Dataset], workers: int) -> list[dict]:
-    """`scorer` on each dataset in `workers` forked one-thread processes, largest fit corpus first;
-    the records come back in the datasets' order."""
+    """`scorer` on each dataset in `workers` forked processes, largest fit corpus first; records in dataset order."""
     global _WORK
     _WORK = (dataclasses.replace(scorer, bars=False), prepared)  # parallel progress bars would interleave
     order = sorted(range(len(prepared)), key=lambda index: -len(prepared[index].corpus_vectors))

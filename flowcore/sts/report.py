@@ -23,15 +23,13 @@ AGGREGATION_NOTES = {
     "mean": "STS12-16: plain mean of per-subset correlations",
 }
 
-
 REPORTED = ("all", "wmean")
 """The aggregations `flowcore sts` prints a table for: the SBERT/SimCSE/MTEB one and the papers' one."""
 
 
 @dataclass(frozen=True)
 class Published:
-    """A published row of Spearman ×100 on STS12, 13, 14, 15, 16, STS-B and SICK-R (in `DATASETS`
-    order), with the protocol it was measured under.
+    """A published row of Spearman ×100 (`spearman`, in `DATASETS` order), with the protocol it was measured under.
 
     Attributes:
         source: who published it, and where.
@@ -40,7 +38,6 @@ class Published:
         aggregation: the STS12–16 aggregation (`AGGREGATIONS`).
         sick_split: the SICK-R pairs scored, "test" (4927) or "all" (9927).
         row: what the row is (the calibration and its fit corpus).
-        spearman: the seven figures.
     """
 
     source: str
@@ -72,8 +69,7 @@ PUBLISHED = (
     Published("MTEB", _MINILM, "mean", "all", "all", "all-MiniLM-L6-v2, mean pooling",
               (72.37, 80.60, 75.59, 85.39, 78.99, 82.03, 77.58)),
 )
-"""Published figures `flowcore sts` cites beside its own where the encoder, pooling and STS12–16
-aggregation match (the SICK-R split is named when it differs)."""
+"""Published figures `flowcore sts` cites where the encoder, pooling and aggregation match (SICK-R split named)."""
 
 
 def row_label(record: dict) -> str:
@@ -96,9 +92,8 @@ def row_label(record: dict) -> str:
 
 
 def markdown_table(records: list[dict], aggregation: str = "all") -> str:
-    """A paper-style table: one row per model/pooling + calibration, one column per dataset (the
-    built-in ones in their order, then your own pairs in theirs), then their average (Spearman
-    ×100 under `aggregation` for STS12–16)."""
+    """A paper-style table of Spearman ×100 (under `aggregation` for STS12–16): one row per model/pooling +
+    calibration, one column per dataset (the built-in ones in their order, then your own pairs), and the average."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; choose from {', '.join(AGGREGATIONS)}")
     present = list(dict.fromkeys(r["dataset"] for r in records))
@@ -138,8 +133,7 @@ def json_ready(value):
 
 
 def write_json(records: list[dict], path, **header) -> None:
-    """`{"results": [...], ...header}` with NaN written as null (valid JSON), written atomically like every
-    output (a link at `path` is replaced, never written through); a failed write names `path`."""
+    """`{...header, "results": [...]}` with NaN as null, written atomically (a link at `path` is replaced)."""
     document = {**header, "results": json_ready(records)}
     data = (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     try:
@@ -149,8 +143,8 @@ def write_json(records: list[dict], path, **header) -> None:
 
 
 def published_table(records: list[dict], aggregation: str) -> str | None:
-    """The `PUBLISHED` rows for the encoders and poolings of `records` under `aggregation`, as a
-    markdown table with the same dataset columns, or None when none matches."""
+    """The `PUBLISHED` rows for the encoders and poolings of `records` under `aggregation`, as a markdown table with
+    the same dataset columns, or None when none matches."""
     present = {r["dataset"] for r in records}
     columns = [d for d in DATASETS if d in present]
     encoders = {(_model_name(r["model"]), r["pooling"]) for r in records}
