@@ -1,16 +1,14 @@
-"""flowcore: BERT-flow calibration of sentence embeddings.
+"""flowcore: BERT-flow calibration of sentence embeddings (layers: docs/design.md).
 
-Direction convention, everywhere: `z, logdet = flow(x)` maps data -> latent, and `logdet`
-is log|det dz/dx| per row; `flow.inverse(z)` maps back.
-
-The layers are described in docs/design.md; `flowcore.kernels` is installed from the checkout's
-top-level `kernels/` folder. Public names are imported lazily so that `import flowcore` stays cheap.
+Direction convention, everywhere: `z, logdet = flow(x)` maps data -> latent, and `logdet` is log|det dz/dx|
+per row; `flow.inverse(z)` maps back. Public names are imported lazily, so `import flowcore` stays cheap.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+import warnings
 
 __version__ = "0.1.0"
 
@@ -20,25 +18,18 @@ _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isfile(os.path.join(_CHECKOUT, "setup.py")) and os.path.isdir(os.path.join(_CHECKOUT, "kernels", "triton")):
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _CHECKOUT]
 
-_EXPORTS = {
-    "Glow": "flowcore.flows.glow",
-    "CONFIGS": "flowcore.flows.glow",
-    "fit": "flowcore.flows.train",
-    "FlowCalibrator": "flowcore.calibration.flow",
-    "Encoder": "flowcore.text.encoder",
-    "Calibrator": "flowcore.calibration.base",
-    "load": "flowcore.calibration.base",
-    "Whitening": "flowcore.calibration.whitening",
-    "AutoCalibration": "flowcore.calibration.auto",
-    "get_backend": "flowcore.backend",
-    "set_backend": "flowcore.backend",
-    "use_backend": "flowcore.backend",
-    "BackendUnavailableError": "flowcore.backend",
-    "EncoderProvenance": "flowcore.calibration.file",
-    "MeanCentering": "flowcore.calibration.linear",
-    "AllButTheTop": "flowcore.calibration.linear",
-    "ZCAWhitening": "flowcore.calibration.whitening",
-}
+_EXPORTS = {name: module for module, names in {
+    "flowcore.flows.glow": ("Glow", "CONFIGS"),
+    "flowcore.flows.train": ("fit",),
+    "flowcore.calibration.base": ("Calibrator", "load"),
+    "flowcore.calibration.flow": ("FlowCalibrator",),
+    "flowcore.calibration.whitening": ("Whitening", "ZCAWhitening"),
+    "flowcore.calibration.linear": ("MeanCentering", "AllButTheTop"),
+    "flowcore.calibration.auto": ("AutoCalibration",),
+    "flowcore.calibration.file": ("EncoderProvenance",),
+    "flowcore.text.encoder": ("Encoder",),
+    "flowcore.backend": ("get_backend", "set_backend", "use_backend", "BackendUnavailableError"),
+}.items() for name in names}
 _RENAMED = {"PCAWhitening": "Whitening", "load_calibrator": "load"}
 """Earlier names, still answered (with a DeprecationWarning) until 1.0."""
 
@@ -47,8 +38,6 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 def __getattr__(name: str):
     if name in _RENAMED:
-        import warnings
-
         warnings.warn(f"flowcore.{name} is now flowcore.{_RENAMED[name]}; the old name goes at 1.0",
                       DeprecationWarning, stacklevel=2)
         return __getattr__(_RENAMED[name])

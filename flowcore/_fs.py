@@ -102,7 +102,8 @@ def check_replaceable(path: str | os.PathLike, what: str | None = None) -> None:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return
-    if stat.S_ISLNK(mode):
+    link = stat.S_ISLNK(mode)
+    if link:
         try:
             mode = os.stat(path).st_mode
         except FileNotFoundError:  # a dangling link: replaced like a file
@@ -112,13 +113,9 @@ def check_replaceable(path: str | os.PathLike, what: str | None = None) -> None:
                 raise OutputWriteError(f"{name} is a symbolic link loop; remove it or choose another path",
                                        error.errno) from None
             raise
-        if not stat.S_ISREG(mode):
-            raise OutputWriteError(f"{name} is a link to {_kind(mode)}; flowcore only replaces regular files: "
-                                   "choose another path")
-        return
     if not stat.S_ISREG(mode):
-        raise OutputWriteError(f"{name} is {_kind(mode)}, not a regular file; flowcore only replaces regular files: "
-                               "choose another path")
+        kind = f"a link to {_kind(mode)}" if link else f"{_kind(mode)}, not a regular file"
+        raise OutputWriteError(f"{name} is {kind}; flowcore only replaces regular files: choose another path")
 
 
 def open_new(path: str | os.PathLike, mode: str = "w+b") -> BinaryIO:
@@ -146,8 +143,7 @@ def open_existing(path: str | os.PathLike, mode: str = "r+b") -> BinaryIO:
 
 
 def fresh_folder(path: str | os.PathLike) -> None:
-    """`path` as a new, empty folder: a folder there is removed with its files, a link or file is unlinked
-    (never followed)."""
+    """`path` as a new, empty folder: a folder there is removed with its files; a link or file is unlinked."""
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -157,10 +153,9 @@ def fresh_folder(path: str | os.PathLike) -> None:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, sync_dir: bool = True) -> None:
-    """Write `path` atomically: `write(handle)` fills a temporary file beside it (`.NAME.*.tmp`), which
-    is fsynced and renamed over `path`, and the folder is fsynced; permissions follow the umask. A link at
-    `path` is replaced, never written through; a device, pipe, socket or folder there is refused
-    (`check_replaceable`)."""
+    """Write `path` atomically: `write(handle)` fills a temporary file beside it (`.NAME.*.tmp`), which is
+    fsynced and renamed over `path`, and the folder is fsynced; permissions follow the umask. A link at `path`
+    is replaced, never written through; a device, pipe, socket or folder there is refused (`check_replaceable`)."""
     path = Path(path)
     check_replaceable(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -179,8 +174,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, 
 
 
 def remove_temporaries(path: str | os.PathLike) -> None:
-    """Delete the temporary files that `atomic_write` calls for `path` left behind when killed;
-    only while nothing else writes `path`."""
+    """Delete the temporaries that `atomic_write` calls for `path` left when killed (only while nothing writes it)."""
     path = Path(path)
     for temporary in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
         temporary.unlink(missing_ok=True)

@@ -1,11 +1,5 @@
-"""How long-running work reports progress on stderr, in one place.
-
-- `progress_wanted(show_progress_bar)`: whether a library call draws a bar (None: on a terminal).
-- `ProgressReport`: a long job's progress. On a terminal a bar; anywhere else (a file, a pipe, a
-  log collector) a plain line every `defaults.PROGRESS_INTERVAL_S` seconds (rows done, rows/s, the
-  time left), never a carriage return; notes at its start (where it resumes, a lock it took over)
-  either way. `show_progress_bar=False` (the command line's `--quiet`) silences all of it.
-"""
+"""How long-running work reports progress on stderr: `progress_wanted` (does a library call draw a bar)
+and `ProgressReport` (a long job's bar or plain lines)."""
 from __future__ import annotations
 
 import sys
@@ -23,7 +17,9 @@ def progress_wanted(show_progress_bar: bool | None) -> bool:
 
 
 class ProgressReport:
-    """A long job's progress on stderr: a bar on a terminal, else a plain line at a steady interval.
+    """A long job's progress on stderr: a bar on a terminal; anywhere else (a file, a pipe, a log collector) a
+    plain line every `defaults.PROGRESS_INTERVAL_S` seconds, never a carriage return. Notes (where it resumes, a
+    lock it took over) are shown either way; `show_progress_bar=False` (the CLI's `--quiet`) silences all of it.
 
     Args:
         what: the job's name, first on each line (e.g. "calibrate").
@@ -77,8 +73,7 @@ class ProgressReport:
                 print(self.line(), file=sys.stderr, flush=True)
 
     def line(self) -> str:
-        """The progress as one plain line: units done of all, the share, units/s in this run, the time left, the
-        detail."""
+        """The progress as one line: units done of all, the share, units/s in this run, time left, the detail."""
         seconds = time.monotonic() - self._started
         rate = (self.done - self._done_at_start) / seconds if seconds > 0 else 0.0
         share = f" ({self.done / self.total:.0%})" if self.total else ""

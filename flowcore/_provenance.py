@@ -1,7 +1,6 @@
 """Which encoder made an array: `Encoder.encode` records its (model, pooling) for the array it returns, and a
-calibrator fitted on that array (or a view of it, e.g. `X[:1000]`) records them as its provenance, so that the
-command line later embeds text the same way. The record lives as long as the array; a copy or a conversion
-(`X.astype(...)`, `np.load`) is another array, whose encoder is unknown."""
+calibrator fitted on that array (or a view of it, e.g. `X[:1000]`) records them, so that the CLI later embeds text
+the same way. The record lives as long as the array; a copy (`X.astype(...)`, `np.load`) has no known encoder."""
 from __future__ import annotations
 
 import threading

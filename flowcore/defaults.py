@@ -1,17 +1,6 @@
-"""Every default flowcore uses, in one place, imported wherever it applies.
-
-Plain values only (no torch, no numpy), so that the command line's start-up can read them.
-"""
+"""Every default flowcore uses, in one place: plain values only (no torch, no numpy), so that the command
+line's start-up can read them."""
 from __future__ import annotations
-
-__all__ = [
-    "ANALYZE_CALIBRATIONS", "AUTO_HUBNESS_THRESHOLD", "AUTO_NEIGHBOURS", "AUTO_SAMPLE_ROWS", "AUTO_VARIANCE_SHARE",
-    "BATCH_SIZE", "CALIBRATION", "CHECKPOINT_EVERY", "CHECK_BLOCK_ROWS", "CONFIG", "COUPLING", "CPU_BLOCK_BYTES",
-    "DEPTH", "EMBEDDING_CHUNK_BYTES", "LEVELS", "LINE_BYTES", "MAX_LENGTH", "MAX_TOKENS", "MODEL", "MODEL_NAME",
-    "PERMUTATION", "POOLING", "PROGRESS_INTERVAL_S", "RANDOM_PAIRS", "RECIPE", "SCAN_BLOCK_BYTES", "STAT_BLOCK_ROWS",
-    "STS_CALIBRATIONS", "STS_POOLINGS", "TEXT_CHUNK_ROWS", "TEXT_FIELD", "TRANSFORM_CHUNK_ROWS", "VECTOR_COLUMN",
-    "WHITENING_POWER", "WIDTH",
-]
 
 # --- the encoder
 MODEL = "default"
@@ -20,7 +9,7 @@ MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 """The Hub name of what `MODEL` packages."""
 POOLING = "first-last-avg"
 """The mean of the first and last transformer layers' token vectors (BERT-flow's best pooling): the pooling of
-an encoder that declares none of its own (a sentence-transformers folder declares its own), and of `flowcore sts`."""
+an encoder that declares none of its own (as a sentence-transformers folder does), and of `flowcore sts`."""
 STS_POOLINGS = f"{POOLING},static-avg"
 """`flowcore sts`'s poolings: BERT-flow's, and the embedding layer's, whose anisotropic vectors calibration helps
 as the paper's BERT vectors (a well-trained encoder's pooled vectors need no calibration: `auto` leaves them)."""
@@ -97,3 +86,5 @@ ANALYZE_CALIBRATIONS = ("none", "center", "abtt", "whitening", "zca", "auto", "f
 """The calibrations `flowcore analyze` (`flowcore.analysis.analyze`) compares when none are named."""
 RANDOM_PAIRS = 10_000
 """Random pairs of corpus vectors behind the cosine statistics of the isotropy analysis."""
+
+__all__ = sorted(name for name in list(globals()) if name.isupper())

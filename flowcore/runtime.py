@@ -1,9 +1,6 @@
 """The execution policy: how many CPU threads each kind of work gets, and the only calls that change
-torch's thread count (`pinned_threads`, `use_threads_in_this_process`).
-
-torch's CPU results depend on the thread count, so every count is fixed by the work and the CPUs this
-process may use (a count a user passes wins), never by the machine's load.
-"""
+torch's thread count. torch's CPU results depend on the thread count, so every count is fixed by the work
+and the CPUs this process may use (a count a user passes wins), never by the machine's load."""
 from __future__ import annotations
 
 import contextlib
@@ -30,10 +27,11 @@ def available_cpus() -> int:
     return cpus
 
 
-def _torch_threads() -> int:
+def _torch_threads(reserved: int = 0) -> int:
+    """torch's thread count, capped at the CPUs available less `reserved`."""
     import torch
 
-    return torch.get_num_threads()
+    return min(torch.get_num_threads(), available_cpus() - reserved)
 
 
 def check_threads(threads: int | None, what: str = "threads") -> int | None:
@@ -44,36 +42,32 @@ def check_threads(threads: int | None, what: str = "threads") -> int | None:
 
 
 def training_threads(batch_size: int) -> int:
-    """torch threads for CPU training on batches of `batch_size` rows: one for small batches, where
-    a second thread gains little and every op waits for the slowest thread.
+    """torch threads for CPU training: one for batches under `SMALL_BATCH_ROWS` rows, where a second
+    thread gains little and every op waits for the slowest thread.
 
     Example:
         >>> training_threads(32)
         1
     """
-    if batch_size < SMALL_BATCH_ROWS:
-        return 1
-    return min(_torch_threads(), available_cpus())
+    return 1 if batch_size < SMALL_BATCH_ROWS else _torch_threads()
 
 
 def encoder_threads(requested: int | None, quantized: bool) -> tuple[int, int]:
     """(torch threads per batch, batches side by side) for CPU encoding; int8 keeps its threads in one
     ONNX Runtime session. `requested`: the encoder's own count, None for torch's capped at the CPUs."""
-    threads = requested or min(_torch_threads(), available_cpus())
-    if quantized or threads == 1:
-        return threads, 1
-    return 1, threads
+    threads = requested or _torch_threads()
+    return (threads, 1) if quantized or threads == 1 else (1, threads)
 
 
 def inference_workers(blocks: int) -> int:
     """Row blocks of CPU flow inference run side by side, each on one torch thread."""
-    return max(1, min(_torch_threads(), available_cpus(), blocks))
+    return max(1, min(_torch_threads(), blocks))
 
 
 def job_threads(text: bool, actor: bool = False) -> int:
     """A batch job's default torch thread count (recorded, so a resumed job is byte-identical): 1 per
-    Ray actor; for text every CPU this process may use (the encoder does nearly all the work); for
-    stored vectors one fewer than the CPUs (the reader and writer keep a core).
+    Ray actor; for text every CPU available (the encoder does nearly all the work); for stored vectors
+    one fewer (the reader and writer keep a core).
 
     Example:
         >>> job_threads(text=True) == available_cpus()
@@ -81,15 +75,12 @@ def job_threads(text: bool, actor: bool = False) -> int:
     """
     if actor:
         return 1
-    if text:
-        return available_cpus()
-    return max(1, min(_torch_threads(), available_cpus() - 1))
+    return available_cpus() if text else max(1, _torch_threads(reserved=1))
 
 
 def calibration_threads(threads: int | None, text: bool) -> int | None:
-    """torch threads of the thread that calibrates a batch job's chunks: for text 1, since its encoder
-    spreads the batches over the job's `threads` itself (a team of torch threads beside those would wait
-    for its slowest member, and stall whenever a core is busy); for stored vectors `threads`."""
+    """torch threads of the thread calibrating a batch job's chunks: `threads` for stored vectors; for text 1, as
+    its encoder spreads the batches over the job's `threads` (more torch threads would stall on any busy core)."""
     return 1 if text and threads is not None else threads
 
 
@@ -115,7 +106,7 @@ def pinned_threads(threads: int | None) -> Iterator[None]:
 
 
 def use_threads_in_this_process(threads: int = 1) -> None:
-    """torch's thread count for the rest of a worker process, which exists for this work alone: a
+    """torch's thread count for the rest of a worker process that exists for this work alone: a
     forked child (its OpenMP pool would hang with more than one) or a Ray actor."""
     import torch
 

@@ -20,6 +20,7 @@ class NonFiniteOutputError(ValueError):
         super().__init__(message)
         self.rows, self.output = rows, output
 
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -68,9 +69,7 @@ def check_matrix(X, *, dim: int | None = None, min_rows: int = 1, name: str = "X
     finite_rows = torch.isfinite(tensor).all(dim=1)
     if not bool(finite_rows.all()):
         bad = torch.nonzero(~finite_rows).flatten() + row_offset
-        shown = ", ".join(str(int(i)) for i in bad[:5])
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise ValueError(f"{name} has NaN or Inf values in row(s) {shown}{more} (0-based)")
+        raise ValueError(f"{name} has NaN or Inf values in row(s) {_row_list(bad)} (0-based)")
     return tensor
 
 
@@ -81,8 +80,11 @@ def check_output(output: np.ndarray, name: str = "X") -> np.ndarray:
            for start in range(0, len(output), defaults.CHECK_BLOCK_ROWS)]
     bad = np.concatenate(bad) if bad else np.empty(0, dtype=np.intp)
     if len(bad):
-        shown = ", ".join(str(int(i)) for i in bad[:5])
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise NonFiniteOutputError(f"{name} row(s) {shown}{more} (0-based) are finite, but calibrated they hold "
+        raise NonFiniteOutputError(f"{name} row(s) {_row_list(bad)} (0-based) are finite, but calibrated they hold "
                                    "NaN or Inf: values too large for the calibration's arithmetic", bad, output)
     return output
+
+
+def _row_list(rows) -> str:
+    more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+    return ", ".join(str(int(i)) for i in rows[:5]) + more

@@ -1,21 +1,20 @@
-"""An MTEB (v2) model from a flowcore `Encoder` and, optionally, a calibration.
-
-mteb is imported only when first needed: importing this module needs no mteb. The model encodes
-text only and takes no prompts (queries and documents are encoded alike).
-"""
+"""An MTEB (v2) model from a flowcore `Encoder` and, optionally, a calibration. mteb is imported only when first
+needed. The model encodes text only and takes no prompts (queries and documents are encoded alike)."""
 from __future__ import annotations
 
 import functools
 import hashlib
 import os
+import warnings
 from typing import Any
 
 import numpy as np
 
+from flowcore._fs import file_sha256
 from flowcore._vectors import unit_rows
-from flowcore.calibration.base import Calibrator
+from flowcore.calibration.base import Calibrator, load
 from flowcore.extras import require
-from flowcore.text.encoder import DEFAULT_MODEL_NAME
+from flowcore.text.encoder import DEFAULT_MODEL_NAME, Encoder
 from flowcore.text.loading import DEFAULT_MODEL, default_model_revision
 
 __all__ = ["FlowcoreMTEBModel"]
@@ -45,8 +44,8 @@ class FlowcoreMTEBModel:
                 raise TypeError(f"encoder must be a flowcore Encoder (with {attribute!r}), "
                                 f"not {type(encoder).__name__}")
         if calibrator is not None and not callable(getattr(calibrator, "transform", None)):
-            raise TypeError(f"calibrator must have transform(X), like every flowcore calibrator; "
-                            f"got {type(calibrator).__name__}")
+            raise TypeError(f"calibrator must have transform(X), like every flowcore calibrator; got "
+                            f"{type(calibrator).__name__}")
         self.encoder = encoder
         self.calibrator = calibrator
         self.normalize = bool(normalize)
@@ -69,32 +68,25 @@ class FlowcoreMTEBModel:
             device: where the flow (and a default encoder) run.
             kwargs: `dtype`, `name`, `revision`, `meta_overrides` as in the constructor.
         """
-        from flowcore._fs import file_sha256
-        from flowcore.calibration.base import load
-
         calibrator = load(path, device=device)
         if encoder is None:
             recorded = calibrator.provenance
             if recorded is None:
                 raise ValueError(f"{path} records no encoder (it was fitted on raw embeddings): pass encoder=, "
                                  "the Encoder that produced them")
-            from flowcore.text.encoder import Encoder
-
             encoder = Encoder(model=recorded.model, pooling=recorded.pooling, device=device)
         model = cls(encoder, calibrator, normalize=normalize, **kwargs)
         if model._revision is None:
             model._revision = f"{file_sha256(path)[:12]}-{model._fingerprint()[:12]}"
         return model
 
-
     @classmethod
     def from_flow_file(cls, path, *args, **kwargs) -> "FlowcoreMTEBModel":
         """`from_calibrator_file`'s earlier name (with a DeprecationWarning) until 1.0."""
-        import warnings
-
         warnings.warn("FlowcoreMTEBModel.from_flow_file is now from_calibrator_file; the old name goes at 1.0",
                       DeprecationWarning, stacklevel=2)
         return cls.from_calibrator_file(path, *args, **kwargs)
+
     @property
     def calibration(self) -> str:
         """The calibrator's method name, "none" without one, else its class name in lower case."""
@@ -147,24 +139,19 @@ class FlowcoreMTEBModel:
         from mteb.models import ModelMeta
 
         model_id = str(self.encoder.model_id)
-        hub_name = DEFAULT_MODEL_NAME if model_id == DEFAULT_MODEL else _hub_name(model_id)
+        hub_name = model_id if model_id.count("/") == 1 and not os.path.isabs(model_id) else None  # not a folder
+        if model_id == DEFAULT_MODEL:
+            hub_name = DEFAULT_MODEL_NAME
         embeddings = getattr(_loaded_model(self.encoder), "get_input_embeddings", None)
         unknown = ("loader", "release_date", "languages", "memory_usage_mb", "license", "open_weights",
                    "public_training_code", "public_training_data", "training_datasets")
         fields: dict[str, Any] = dict.fromkeys(unknown) | {
-            "name": self._name or self._default_name(),
-            "revision": self._revision or self._fingerprint()[:16],
+            "name": self._name or self._default_name(), "revision": self._revision or self._fingerprint()[:16],
             "n_parameters": _n_parameters(self.encoder, self.calibrator),
             "n_embedding_parameters": _count_parameters(embeddings()) if embeddings else None,
-            "max_tokens": getattr(self.encoder, "max_length", None),
-            "embed_dim": self.embed_dim,
-            "framework": ["PyTorch", "Transformers"],
-            "similarity_fn_name": "cosine",
-            "use_instructions": False,
-            "adapted_from": hub_name,
-            "modalities": ["text"],
-            "model_type": ["dense"],
-        }
+            "max_tokens": getattr(self.encoder, "max_length", None), "embed_dim": self.embed_dim,
+            "framework": ["PyTorch", "Transformers"], "similarity_fn_name": "cosine", "use_instructions": False,
+            "adapted_from": hub_name, "modalities": ["text"], "model_type": ["dense"]}
         if hub_name is not None:
             fields.update(_registered_fields(hub_name))
         fields.update(self._meta_overrides)
@@ -211,11 +198,6 @@ def _check_calibrator(calibrator, encoder) -> int:
     if probe.ndim != 2 or probe.shape[0] != 2:
         raise ValueError(f"calibrator.transform must map (n, {dim}) to (n, k), got shape {probe.shape}")
     return int(probe.shape[1])
-
-
-def _hub_name(model_id: str) -> str | None:
-    """`model_id` when it is a Hugging Face name ("org/name"), not a local folder."""
-    return None if os.path.isabs(model_id) or model_id.count("/") != 1 else model_id
 
 
 def _registered_fields(hub_name: str) -> dict[str, Any]:

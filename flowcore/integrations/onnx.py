@@ -1,8 +1,7 @@
 """ONNX deployment folders: the encoder, its pooling, the calibration and optionally L2 normalisation as one
 graph from token ids to calibrated vectors (`model.onnx`), or the calibration alone (`calibrator.onnx`), with
 the tokenizer files and `flowcore.json` beside it. onnxruntime runs them anywhere it runs, without Python,
-torch or flowcore (docs/deploy.md). Every calibrator exports through its `as_module()`.
-"""
+torch or flowcore (docs/deploy.md). Every calibrator exports through its `as_module()`."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +10,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -19,7 +19,13 @@ from torch import nn
 from flowcore import defaults
 from flowcore._fs import atomic_write, atomic_write_json, file_sha256
 from flowcore.calibration.base import Calibrator, load
+from flowcore.calibration.modules import Passthrough
 from flowcore.extras import require
+from flowcore.integrations.recorded_encoder import choose_encoder
+from flowcore.text import loading
+from flowcore.text.encoder import Encoder
+from flowcore.text.pooled_encoder import PooledEncoder, example_inputs, load_model_for_export
+from flowcore.text.quantize import QUANTIZE_MODES, quantize_matmuls
 
 __all__ = ["CALIBRATOR_GRAPH", "GRAPH", "MANIFEST", "OPSET", "QUANTIZE_MODES", "CalibratedEncoder",
            "CalibrationGraph", "export", "quantize_graph", "require_onnx", "write_graph"]
@@ -35,7 +41,6 @@ TOKENIZER = "tokenizer.json"
 OPSET = 18
 """The ONNX opset every graph is written in (onnxruntime ≥ 1.14, onnxruntime-web and the Java and Node
 bindings of those versions run it)."""
-QUANTIZE_MODES = ("int8",)
 FORMAT = "flowcore-onnx"
 FORMAT_VERSION = 1
 _FEATURE = "ONNX export (flowcore export --format onnx)"
@@ -73,8 +78,7 @@ class CalibrationGraph(nn.Module):
 
 @contextlib.contextmanager
 def _quiet_exporters():
-    """No warnings or log lines from torch's exporter or onnxruntime's quantiser in the block (their advice is
-    for their developers: flowcore checks the graphs it writes)."""
+    """No warnings or log lines from torch's exporter or onnxruntime's quantiser (advice for their developers)."""
     loggers = [logging.getLogger(), logging.getLogger("torch"), logging.getLogger("torch.onnx")]
     levels = [logger.level for logger in loggers]
     with warnings.catch_warnings():
@@ -95,8 +99,7 @@ def require_onnx() -> None:
 
 
 def write_graph(module: nn.Module, path, example: dict, dynamic: dict, output: str, metadata: dict | None = None):
-    """Export `module` (called with the tensors of `example` as keyword arguments, in that order) to the ONNX
-    file `path` in opset `OPSET` with torch's exporter; `dynamic` maps each input to its {axis: name}.
+    """Export `module` (called with `example` as keyword arguments) to the ONNX file `path` in opset `OPSET`.
 
     Args:
         module: a frozen torch module.
@@ -130,27 +133,12 @@ def write_graph(module: nn.Module, path, example: dict, dynamic: dict, output: s
 
 
 def quantize_graph(source, target, keep_float: tuple[str, ...] = ()) -> str:
-    """`source` dynamically quantised to int8 by onnxruntime (`quantize_dynamic`) into `target`; returns the
-    weight type. As `Encoder(quantize="int8")` quantises: the MatMuls, with weights per channel, int8 where this
-    CPU has VNNI and uint8 elsewhere (`flowcore.text.quantize.weight_type`), but for the feed-forward
-    up-projections and those whose weight's name starts with one of `keep_float`."""
-    import onnx
-
+    """`source` quantised to int8 into `target` as `Encoder(quantize="int8")` quantises (`quantize_matmuls`),
+    keeping also the MatMuls reading a weight named with a `keep_float` prefix float32; returns the weight type."""
     require("onnxruntime.quantization", _FEATURE, "onnx")
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    from flowcore.text.quantize import cpu_flags, weight_type, widening_matmuls
-
-    graph = onnx.load(str(source))
-    kept = [node.name for node in graph.graph.node
-            if node.op_type == "MatMul" and any(name.startswith(keep_float) for name in node.input)]
-    weights = weight_type(cpu_flags())
     with tempfile.TemporaryDirectory(prefix="flowcore-int8-") as folder, _quiet_exporters():
         quantized = os.path.join(folder, "int8.onnx")
-        quantize_dynamic(str(source), quantized, op_types_to_quantize=["MatMul"], per_channel=True,
-                         reduce_range=False, nodes_to_exclude=widening_matmuls(graph) + kept,
-                         weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
-                         extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+        weights = quantize_matmuls(source, quantized, keep_float)
         with open(quantized, "rb") as handle:
             data = handle.read()
     atomic_write(target, lambda stream: stream.write(data))
@@ -171,8 +159,8 @@ def _check_out(out) -> Path:
 
 
 def _calibrator_record(calibrator: Calibrator | None) -> dict | None:
-    """The calibrator as flowcore.json records it: method, settings, widths, and its digest: the SHA-256 of the
-    file it was loaded from, or else of the file `save` writes (the same bytes for the same fitted state)."""
+    """The calibrator as flowcore.json records it; its digest is the SHA-256 of the file it was loaded from,
+    or else of the file `save` writes (the same bytes for the same fitted state)."""
     if calibrator is None:
         return None
     source = calibrator.source if calibrator.source is not None and os.path.isfile(calibrator.source) else None
@@ -190,8 +178,6 @@ def _calibrator_record(calibrator: Calibrator | None) -> dict | None:
 
 
 def _software() -> dict:
-    from importlib import metadata
-
     found = {}
     for name in ("flowcore", "torch", "transformers", "onnx", "onnxruntime"):
         try:
@@ -239,8 +225,6 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
     Example:
         >>> export("onnx-model", "model.flow", normalize=True)
     """
-    from flowcore.integrations.recorded_encoder import choose_encoder
-
     require_onnx()
     if quantize is not None and quantize not in QUANTIZE_MODES:
         raise ValueError(f"quantize must be None or one of {', '.join(QUANTIZE_MODES)}, got {quantize!r}")
@@ -253,9 +237,23 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
         if quantize is not None:
             raise ValueError("quantize int8 quantises the encoder's matrix products and keeps the calibration "
                              "float32: a calibrator-only graph has nothing to quantise")
-        return _export_calibrator(out, calibrator, normalize)
-    chosen = choose_encoder(calibrator, model, pooling, layers)
-    return _export_encoder(out, calibrator, chosen, normalize, max_length, quantize)
+    else:
+        chosen = choose_encoder(calibrator, model, pooling, layers)
+    with tempfile.TemporaryDirectory(prefix="flowcore-export-") as folder:
+        staged = Path(folder) / "staged"
+        staged.mkdir()
+        if calibrator_only:
+            manifest = _write_calibrator(staged, calibrator, normalize)
+        else:
+            manifest = _write_encoder(staged, calibrator, chosen, normalize, max_length, quantize)
+        out.mkdir(exist_ok=True)  # the staged files are moved in atomically one by one, flowcore.json last
+        for path in sorted(staged.iterdir()):
+            def copy(stream, path=path):
+                with open(path, "rb") as source:
+                    shutil.copyfileobj(source, stream)
+            atomic_write(out / path.name, copy, sync_dir=False)
+        atomic_write_json(out / MANIFEST, manifest, indent=2)
+    return str(out)
 
 
 def _manifest(graph: str, inputs: dict, output: dict, calibrator, normalize: bool, quantize, weights) -> dict:
@@ -264,67 +262,41 @@ def _manifest(graph: str, inputs: dict, output: dict, calibrator, normalize: boo
             "quantized_weights": weights, "calibrator": _calibrator_record(calibrator), "software": _software()}
 
 
-def _finish(out: Path, staged: Path, manifest: dict) -> str:
-    """Move the files staged in `staged` into `out` atomically one by one, `flowcore.json` last."""
-    out.mkdir(exist_ok=True)
-    for path in sorted(staged.iterdir()):
-        def copy(stream, path=path):
-            with open(path, "rb") as source:
-                shutil.copyfileobj(source, stream)
-        atomic_write(out / path.name, copy, sync_dir=False)
-    atomic_write_json(out / MANIFEST, manifest, indent=2)
-    return str(out)
-
-
-def _export_calibrator(out: Path, calibrator: Calibrator, normalize: bool) -> str:
+def _write_calibrator(staged: Path, calibrator: Calibrator, normalize: bool) -> dict:
+    """calibrator.onnx in `staged`; returns the manifest."""
     dim, output_dim = calibrator.dim, calibrator.output_dim
-    module = CalibrationGraph(calibrator.as_module(), normalize)
-    with tempfile.TemporaryDirectory(prefix="flowcore-export-") as folder:
-        staged = Path(folder) / "staged"
-        staged.mkdir()
-        write_graph(module, staged / CALIBRATOR_GRAPH, {"embeddings": torch.zeros(2, dim)},
-                    {"embeddings": {0: "batch"}}, "calibrated", {"flowcore.calibrator": calibrator.name})
-        manifest = _manifest(CALIBRATOR_GRAPH, {"embeddings": {"dtype": "float32", "shape": ["batch", dim]}},
-                             {"name": "calibrated", "dtype": "float32", "shape": ["batch", output_dim]},
-                             calibrator, normalize, None, None)
-        manifest["encoder"] = calibrator.provenance.to_json() if calibrator.provenance is not None else None
-        return _finish(out, staged, manifest)
+    write_graph(CalibrationGraph(calibrator.as_module(), normalize), staged / CALIBRATOR_GRAPH,
+                {"embeddings": torch.zeros(2, dim)}, {"embeddings": {0: "batch"}}, "calibrated",
+                {"flowcore.calibrator": calibrator.name})
+    manifest = _manifest(CALIBRATOR_GRAPH, {"embeddings": {"dtype": "float32", "shape": ["batch", dim]}},
+                         {"name": "calibrated", "dtype": "float32", "shape": ["batch", output_dim]},
+                         calibrator, normalize, None, None)
+    manifest["encoder"] = calibrator.provenance.to_json() if calibrator.provenance is not None else None
+    return manifest
 
 
-def _export_encoder(out: Path, calibrator, chosen, normalize: bool, max_length: int, quantize) -> str:
-    from flowcore.calibration.modules import Passthrough
-    from flowcore.text.encoder import Encoder
-    from flowcore.text.loading import load as load_encoder_model
-    from flowcore.text.pooled_encoder import PooledEncoder, load_model_for_export
-
+def _write_encoder(staged: Path, calibrator, chosen, normalize: bool, max_length: int, quantize) -> dict:
+    """model.onnx and the tokenizer files in `staged` (a float32 graph to quantise beside it); returns the manifest."""
     encoder = Encoder(chosen.model_id, pooling=chosen.pooling.name, max_length=max_length, device="cpu")
-    loaded = load_encoder_model(chosen.source, torch.device("cpu"), None)  # the encoder's (shared) tokenizer
+    loaded = loading.load(chosen.source, torch.device("cpu"), None)  # the encoder's (shared) tokenizer
     model, num_layers = load_model_for_export(chosen.source, chosen.pooling)
     calibration = calibrator.as_module() if calibrator is not None else Passthrough(encoder.dim)
     module = CalibratedEncoder(PooledEncoder(model, chosen.pooling, num_layers), calibration, normalize)
     names = [name for name in ("input_ids", "attention_mask", "token_type_ids")
              if name in loaded.input_names or name == "attention_mask"]
-    ids = torch.tensor([[2, 3, 4, 5, 6], [2, 3, 4, 0, 0]])
-    example = {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)}
     output_dim = calibrator.output_dim if calibrator is not None else encoder.dim
-    with tempfile.TemporaryDirectory(prefix="flowcore-export-") as folder:
-        staged = Path(folder) / "staged"
-        staged.mkdir()
-        graph, weights = staged / GRAPH, None
-        target = Path(folder) / "float.onnx" if quantize else graph
-        write_graph(module, target, {name: example[name] for name in names},
-                    {name: {0: "batch", 1: "sequence"} for name in names}, "sentence_embedding",
-                    {"flowcore.pooling": encoder.pooling, "flowcore.normalize": normalize})
-        if quantize:
-            weights = quantize_graph(target, graph, keep_float=("calibration.",))
-        tokenizer = _write_tokenizer(loaded.tokenizer, staged, encoder.max_length, loaded.pad_values)
-        described = encoder.describe()
-        manifest = _manifest(GRAPH, {name: {"dtype": "int64", "shape": ["batch", "sequence"]} for name in names},
-                             {"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", output_dim]},
-                             calibrator, normalize, quantize, weights)
-        manifest.update({
-            "encoder": {key: described[key] for key in ("model", "name", "revision", "config_sha256",
-                                                        "weights_sha256")},
-            "pooling": encoder.pooling, "max_length": encoder.max_length, "tokenizer": tokenizer})
-        return _finish(out, staged, manifest)
-
+    graph, weights = staged / GRAPH, None
+    target = staged.parent / "float.onnx" if quantize else graph
+    write_graph(module, target, example_inputs(names), {name: {0: "batch", 1: "sequence"} for name in names},
+                "sentence_embedding", {"flowcore.pooling": encoder.pooling, "flowcore.normalize": normalize})
+    if quantize:
+        weights = quantize_graph(target, graph, keep_float=("calibration.",))
+    tokenizer = _write_tokenizer(loaded.tokenizer, staged, encoder.max_length, loaded.pad_values)
+    described = encoder.describe()
+    manifest = _manifest(GRAPH, {name: {"dtype": "int64", "shape": ["batch", "sequence"]} for name in names},
+                         {"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", output_dim]},
+                         calibrator, normalize, quantize, weights)
+    manifest.update({
+        "encoder": {key: described[key] for key in ("model", "name", "revision", "config_sha256", "weights_sha256")},
+        "pooling": encoder.pooling, "max_length": encoder.max_length, "tokenizer": tokenizer})
+    return manifest

@@ -2,6 +2,7 @@
 (and then only if they fit it), checked from the model's configuration before any weights load."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +94,6 @@ def find_json_key(value, key: str, where: str = "") -> str | None:
 
 def read_json(path: Path, what: str):
     """The JSON value in `path`, or a ValueError naming `what` and the file."""
-    import json
-
     try:
         with open(path, encoding="utf-8") as stream:
             return json.load(stream)

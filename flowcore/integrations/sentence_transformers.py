@@ -1,12 +1,10 @@
-"""sentence-transformers model folders with flowcore's calibrations and poolings inside.
-
-`export` (CLI: `flowcore export`) writes a `SentenceTransformer` folder (transformer, tokenizer, pooling,
-calibration, optional `Normalize`) whose `encode` matches `Encoder.encode` + the calibrator's `transform` to
-float32 rounding. A linear calibration with `mean`/`cls` pooling uses stock modules only; the flow (`FlowModule`)
-and the other poolings (`LayerPooling`) need `load_model(out)`, which checks the folder before setting
-`trust_remote_code`. No code is copied into the folder, and an encoder with an `auto_map` is refused. With the
-`onnx` extra the folder also holds `onnx/model.onnx`, which sentence-transformers' `backend="onnx"` runs.
-"""
+"""sentence-transformers model folders with flowcore's calibrations and poolings inside: `export` (CLI: `flowcore
+export`) writes a `SentenceTransformer` folder (transformer, tokenizer, pooling, calibration, optional `Normalize`)
+whose `encode` matches `Encoder.encode` + the calibrator's `transform` to float32 rounding. A linear calibration
+with `mean`/`cls` pooling uses stock modules only; the flow (`FlowModule`) and the other poolings (`LayerPooling`)
+need `load_model(out)`, which checks the folder before setting `trust_remote_code`. No code is copied into the
+folder, and an encoder with an `auto_map` is refused. With the `onnx` extra the folder also holds
+`onnx/model.onnx`, which sentence-transformers' `backend="onnx"` runs."""
 from __future__ import annotations
 
 import importlib.util
@@ -29,8 +27,10 @@ from flowcore import defaults  # noqa: E402
 from flowcore.calibration.base import Calibrator, load  # noqa: E402
 from flowcore.calibration.linear import LinearCalibrator  # noqa: E402
 from flowcore.calibration.modules import LinearMap, Passthrough  # noqa: E402
+from flowcore.integrations.onnx import require_onnx, write_graph  # noqa: E402
 from flowcore.integrations.recorded_encoder import choose_encoder, read_json, refuse_auto_map  # noqa: E402
 from flowcore.text.loading import quiet_transformers, token_limit  # noqa: E402
+from flowcore.text.pooled_encoder import PooledTokenStates, example_inputs, load_model_for_export  # noqa: E402
 from flowcore.text.pooling import Pooling  # noqa: E402
 
 __all__ = ["FLOW_FILE", "ONNX_GRAPH", "FlowModule", "LayerPooling", "build_model", "export", "linear_dense",
@@ -42,16 +42,7 @@ ONNX_GRAPH = "onnx/model.onnx"
 """The transformer's ONNX graph in the model folder, where `backend="onnx"` finds it."""
 _STOCK_POOLINGS = ("mean", "cls")  # flowcore poolings that sentence-transformers' Pooling has, by the same name
 _OWN_CLASSES = ("FlowModule", "LayerPooling")
-
-
-def _pooling_of_averaged_states(first_token: bool) -> Pooling:
-    """The pooling of states already averaged over the hidden states (`Pooling.token_states`)."""
-    return Pooling(name="token-states", hidden_states=(0,), first_token=first_token)
-
-
-def _stock_pooling(pooling: Pooling) -> bool:
-    """Whether sentence-transformers' own `Pooling` pools as the bound flowcore `pooling` does."""
-    return pooling.name in _STOCK_POOLINGS
+_IDENTITY_ACTIVATIONS = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
 
 
 class FlowModule(Module):
@@ -128,7 +119,7 @@ class LayerPooling(Module):
     def forward(self, features: dict, **kwargs) -> dict:
         states = features.get("all_layer_embeddings")
         if states is None:  # backend="onnx": the folder's onnx/model.onnx returns the states' mean per token
-            averaged = _pooling_of_averaged_states(self.first_token)
+            averaged = Pooling(name="token-states", hidden_states=(0,), first_token=self.first_token)
             pooled = averaged([features["token_embeddings"]], features["attention_mask"])
         elif max(self.hidden_states) >= len(states):
             raise ValueError(f"LayerPooling({self.pooling!r}) needs hidden state {max(self.hidden_states)}, "
@@ -181,7 +172,7 @@ def build_model(calibrator=None, *, model: str | None = None, pooling: str | Non
         calibrator = load(calibrator)
     chosen = choose_encoder(calibrator, model, pooling, layers)
     bound, dim, source = chosen.pooling, chosen.dim, chosen.source
-    needs_layers = not _stock_pooling(bound)
+    needs_layers = bound.name not in _STOCK_POOLINGS
     calibration = []  # a stock Dense for a linear map, FlowModule for another (the flow), nothing for the identity
     module = calibrator.as_module() if calibrator is not None else None
     if isinstance(module, LinearMap):
@@ -218,8 +209,6 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; give a new folder for the model")
     if onnx:
-        from flowcore.integrations.onnx import require_onnx
-
         require_onnx()
     elif onnx is None:
         onnx = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
@@ -238,16 +227,11 @@ def export(out, calibrator=None, *, model: str | None = None, pooling: str | Non
 def _write_transformer_graph(path: Path, chosen, tokenizer) -> None:
     """The graph sentence-transformers' ONNX backend runs (optimum's layout): input_ids, attention_mask
     [, token_type_ids] -> last_hidden_state, the states the pooling averages (`PooledTokenStates`)."""
-    from flowcore.integrations.onnx import write_graph
-    from flowcore.text.pooled_encoder import PooledTokenStates, load_model_for_export
-
     model, num_layers = load_model_for_export(chosen.source, chosen.pooling)
     accepted = inspect.signature(model.forward).parameters
     names = [name for name in tokenizer.model_input_names if name in accepted]
-    ids = torch.tensor([[2, 3, 4, 5, 6], [2, 3, 4, 0, 0]])
-    example = {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)}
     path.parent.mkdir(exist_ok=True)
-    write_graph(PooledTokenStates(model, chosen.pooling, num_layers), path, {name: example[name] for name in names},
+    write_graph(PooledTokenStates(model, chosen.pooling, num_layers), path, example_inputs(names),
                 {name: {0: "batch_size", 1: "sequence_length"} for name in names}, "last_hidden_state",
                 {"flowcore.pooling": chosen.pooling.name,
                  "flowcore.hidden_states": ",".join(map(str, chosen.pooling.hidden_states))})
@@ -285,9 +269,6 @@ def _module_entries(folder) -> list[dict]:
         raise FileNotFoundError(f"{folder}: no modules.json; not a sentence-transformers model folder")
     with open(path, encoding="utf-8") as stream:
         return json.load(stream)
-
-
-_IDENTITY_ACTIVATIONS = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
 
 
 def _check_no_remote_code(folder: Path, entries: list[dict]) -> None:

@@ -1,7 +1,6 @@
-"""The one embedding cache: vectors stored per encoder (`encoder_key`), so nothing is encoded twice.
-Sentence sets (`flowcore sts`, `analyze`) are kept per sentence, across datasets, calibrations and
-runs; a whole corpus (`flowcore fit --input`) as one memory-mapped .npy (`EmbeddingCache.corpus_file`),
-which the batch job writes resumably (`flowcore.batch.encode_corpus`)."""
+"""The one embedding cache: vectors stored per encoder (`encoder_key`), so nothing is encoded twice. Sentence sets
+(`flowcore sts`, `analyze`) are kept per sentence, across datasets and runs; a whole corpus (`flowcore fit --input`)
+as one memory-mapped .npy (`EmbeddingCache.corpus_file`), written resumably by `flowcore.batch.encode_corpus`."""
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +44,7 @@ class EmbeddingCache:
     """Vectors stored per encoder (`encoder_key`) in `directory` (None: sentences in memory only).
 
     Sentences (`embed`) are kept in shards (`.npy` + the `.json` of its sentences) under a folder per
-    encoder, written atomically and never modified, so concurrent runs are safe. A whole corpus has one
-    file (`corpus_file`).
+    encoder, written atomically and never modified, so concurrent runs are safe.
 
     Example:
         >>> cache = EmbeddingCache(default_cache_dir())
@@ -62,9 +60,9 @@ class EmbeddingCache:
         return self.directory / digest
 
     def corpus_file(self, encoder, corpus: str | os.PathLike, text_field: str) -> Path:
-        """Where the vectors of the corpus at `corpus` (a file, a folder or a glob; its `text_field`) through
-        `encoder` are kept: `corpora/<key>.npy` (with the batch job's manifest and rejects beside it), which
-        the corpus's next encoding resumes, reuses when complete, or replaces when the corpus changed.
+        """Where the vectors of `corpus` (a file, folder or glob; its `text_field`) through `encoder` are kept:
+        `corpora/<key>.npy` (the batch job's manifest and rejects beside it), which the corpus's next encoding
+        resumes, reuses when complete, or replaces when the corpus changed.
 
         Example:
             >>> EmbeddingCache("cache").corpus_file(Encoder(), "corpus.jsonl", "text")

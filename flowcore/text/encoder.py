@@ -14,20 +14,12 @@ import numpy as np
 import torch
 
 from flowcore import defaults
+from flowcore._fs import file_sha256
 from flowcore._progress import ProgressReport
 from flowcore._provenance import record
 from flowcore._vectors import unit_rows
 from flowcore.runtime import check_threads, encoder_threads, pinned_threads, side_by_side
-from flowcore.text.loading import (
-    DEFAULT_MODEL,
-    default_model_path,
-    default_model_revision,
-    load,
-    own_pooling,
-    resolve_device,
-    resolve_dtype,
-    resolve_model,
-)
+from flowcore.text import loading
 from flowcore.text.pooling import Pooling, bind_pooling, parse_pooling
 from flowcore.text.quantize import check_quantize, load_quantized
 from flowcore.validation import lone_surrogate
@@ -35,6 +27,9 @@ from flowcore.validation import lone_surrogate
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "Encoder",
            "default_model_path"]
 
+DEFAULT_MODEL = loading.DEFAULT_MODEL
+default_model_path = loading.default_model_path
+DEFAULT_MODEL_NAME = defaults.MODEL_NAME
 DEFAULT_BATCH_SIZE = defaults.BATCH_SIZE
 DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS
 PROGRESS_MIN_SENTENCES = 1000  # show_progress_bar=None: progress from this many distinct texts
@@ -70,16 +65,16 @@ class Encoder:
     def __init__(self, model: str = DEFAULT_MODEL, pooling: str | None = None, layers=None,
                  max_length: int = defaults.MAX_LENGTH, device=None, dtype=None, threads: int | None = None,
                  quantize: str | None = None):
-        self.model_id, self._source = resolve_model(model)
+        self.model_id, self._source = loading.resolve_model(model)
         if pooling is None and layers is None:
-            pooling = own_pooling(self._source) or defaults.POOLING
+            pooling = loading.own_pooling(self._source) or defaults.POOLING
         kind, requested = parse_pooling(pooling, layers)
         self.threads = check_threads(threads)
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
-        self.device = resolve_device(device)
-        self.quantize: str | None = check_quantize(quantize, self.device, resolve_dtype(dtype))
-        self._loaded = load(self._source, self.device, resolve_dtype(dtype))
+        self.device = loading.resolve_device(device)
+        self.quantize: str | None = check_quantize(quantize, self.device, loading.resolve_dtype(dtype))
+        self._loaded = loading.load(self._source, self.device, loading.resolve_dtype(dtype))
         self._pooling: Pooling = bind_pooling(kind, requested, self._loaded.num_layers)
         self.pooling: str = self._pooling.name
         self._quantized = None if self.quantize is None else load_quantized(
@@ -93,8 +88,6 @@ class Encoder:
     def describe(self) -> dict:
         """What produced this encoder's vectors, for a vector file's manifest: model, folder, revision, SHA-256s
         of config.json and the weights, and the settings. Unknown values are None, never guessed."""
-        from flowcore._fs import file_sha256
-
         folder, name, revision = _model_folder(self.model_id, self._source)
         config = os.path.join(folder, "config.json") if folder else None
         weights = {path.name: file_sha256(path) for path in sorted(Path(folder).iterdir())
@@ -217,14 +210,13 @@ class Encoder:
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
-DEFAULT_MODEL_NAME = defaults.MODEL_NAME
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def _model_folder(model_id: str, source: str) -> tuple[str | None, str | None, str | None]:
     """(folder loaded, Hugging Face name, revision) of a model; None where unknown."""
     if model_id == DEFAULT_MODEL:
-        return source, DEFAULT_MODEL_NAME, default_model_revision()
+        return source, DEFAULT_MODEL_NAME, loading.default_model_revision()
     if os.path.isdir(source):
         folder, name = source, None
     else:  # a name in the Hugging Face cache: its snapshot folder is named by the commit

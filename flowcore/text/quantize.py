@@ -12,8 +12,10 @@ import torch
 
 from flowcore.extras import require
 from flowcore.text.loading import shared
+from flowcore.text.pooled_encoder import example_inputs
 
-__all__ = ["QUANTIZE_MODES", "QuantizedModel", "check_quantize", "load_quantized", "weight_type", "widening_matmuls"]
+__all__ = ["QUANTIZE_MODES", "QuantizedModel", "check_quantize", "load_quantized", "quantize_matmuls", "weight_type",
+           "widening_matmuls"]
 
 QUANTIZE_MODES = ("int8",)
 _FEATURE = "quantize='int8' (--quantize int8)"
@@ -102,31 +104,39 @@ class _HiddenStates(torch.nn.Module):
 @shared
 def load_quantized(source: str, input_names: tuple[str, ...], num_layers: int) -> QuantizedModel:
     """The int8 graph of the model in `source`, built once and shared while any Encoder uses it."""
-    onnx = require("onnx", _FEATURE, "onnx")  # check_quantize has required onnxscript too
+    require("onnx", _FEATURE, "onnx")  # check_quantize has required onnxscript too
     require("onnxruntime.quantization", _FEATURE, "onnx")
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(source, local_files_only=True, use_safetensors=True).eval()
-    ids = torch.tensor([[2, 3, 4, 5, 6], [2, 3, 4, 0, 0]])
-    example = {"input_ids": ids, "attention_mask": (ids > 0).long(), "token_type_ids": torch.zeros_like(ids)}
-    example = {name: example[name] for name in input_names}
     batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence", min=1)
-    weights = weight_type(cpu_flags())
     with tempfile.TemporaryDirectory(prefix="flowcore-int8-") as folder:
         fp32, int8 = os.path.join(folder, "model.onnx"), os.path.join(folder, "model_int8.onnx")
         with torch.no_grad():
-            torch.onnx.export(_HiddenStates(model, num_layers).eval(), (), fp32, kwargs=example,
+            torch.onnx.export(_HiddenStates(model, num_layers).eval(), (), fp32, kwargs=example_inputs(input_names),
                               input_names=list(input_names),
                               dynamic_shapes={name: {0: batch, 1: length} for name in input_names},
                               dynamo=True, external_data=False, verbose=False, report=False)
-        quantize_dynamic(fp32, int8, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=False,
-                         nodes_to_exclude=widening_matmuls(onnx.load(fp32)),
-                         weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
-                         extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+        weights = quantize_matmuls(fp32, int8)
         with open(int8, "rb") as handle:
-            onnx_model = handle.read()
-    return QuantizedModel(onnx_model, input_names, weights)
+            return QuantizedModel(handle.read(), input_names, weights)
+
+
+def quantize_matmuls(source, target, keep_float: tuple[str, ...] = ()) -> str:
+    """Write the ONNX file `source` to `target` with its MatMuls dynamically quantised to int8, weights per channel,
+    but `widening_matmuls` and those reading a tensor named with a `keep_float` prefix; returns the weight type."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = onnx.load(str(source))
+    kept = [node.name for node in graph.graph.node
+            if node.op_type == "MatMul" and any(name.startswith(keep_float) for name in node.input)]
+    weights = weight_type(cpu_flags())
+    quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul"], per_channel=True,
+                     reduce_range=False, nodes_to_exclude=widening_matmuls(graph) + kept,
+                     weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
+                     extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+    return weights
 
 
 def widening_matmuls(graph_model) -> list[str]:
